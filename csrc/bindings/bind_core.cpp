@@ -1,0 +1,223 @@
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "../core/descriptor.h"
+#include "../core/device.h"
+#include "../core/error.h"
+#include "../core/live_counts.h"
+#include "../core/workspace.h"
+#include "bindings.h"
+#include "tensor_arg.h"
+
+namespace py = pybind11;
+
+namespace rn {
+namespace {
+
+// Creates and destroys `count` descriptors of one kind: the leak tests' workload, looped in C++ so that 10k
+// iterations take milliseconds.
+void create_destroy(const std::string& kind, int count) {
+  static const std::pair<const char*, cudnnBackendDescriptorType_t> kBackendKinds[] = {
+      {"backend.TENSOR", CUDNN_BACKEND_TENSOR_DESCRIPTOR},
+      {"backend.CONVOLUTION", CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR},
+      {"backend.POINTWISE", CUDNN_BACKEND_POINTWISE_DESCRIPTOR},
+      {"backend.OPERATION_CONVOLUTION_FORWARD", CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR},
+      {"backend.OPERATION_CONVOLUTION_BACKWARD_DATA", CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR},
+      {"backend.OPERATION_CONVOLUTION_BACKWARD_FILTER",
+       CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR},
+      {"backend.OPERATION_POINTWISE", CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR},
+      {"backend.OPERATIONGRAPH", CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR},
+      {"backend.ENGINEHEUR", CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR},
+      {"backend.ENGINE", CUDNN_BACKEND_ENGINE_DESCRIPTOR},
+      {"backend.ENGINECFG", CUDNN_BACKEND_ENGINECFG_DESCRIPTOR},
+      {"backend.KNOB_CHOICE", CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR},
+      {"backend.EXECUTION_PLAN", CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR},
+      {"backend.VARIANT_PACK", CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR},
+  };
+  for (int i = 0; i < count; ++i) {
+    if (kind == "tensor") {
+      TensorDescriptor d;
+    } else if (kind == "filter") {
+      FilterDescriptor d;
+    } else if (kind == "convolution") {
+      ConvolutionDescriptor d;
+    } else if (kind == "activation") {
+      ActivationDescriptor d;
+    } else if (kind == "pooling") {
+      PoolingDescriptor d;
+    } else if (kind == "handle") {
+      Handle d;
+    } else {
+      bool found = false;
+      for (const auto& [name, type] : kBackendKinds) {
+        if (kind == name) {
+          BackendDescriptor d(type);
+          found = true;
+          break;
+        }
+      }
+      if (!found) throw ValueError("kind: unknown descriptor kind '" + kind + "'");
+    }
+  }
+}
+
+std::vector<std::string> descriptor_kinds() {
+  return {"tensor",
+          "filter",
+          "convolution",
+          "activation",
+          "pooling",
+          "backend.TENSOR",
+          "backend.CONVOLUTION",
+          "backend.POINTWISE",
+          "backend.OPERATION_CONVOLUTION_FORWARD",
+          "backend.OPERATION_CONVOLUTION_BACKWARD_DATA",
+          "backend.OPERATION_CONVOLUTION_BACKWARD_FILTER",
+          "backend.OPERATION_POINTWISE",
+          "backend.OPERATIONGRAPH",
+          "backend.ENGINEHEUR",
+          "backend.ENGINE",
+          "backend.ENGINECFG",
+          "backend.KNOB_CHOICE",
+          "backend.EXECUTION_PLAN",
+          "backend.VARIANT_PACK"};
+}
+
+// Builds a group of descriptors and fails while setting the last one: proves RAII cleans up a half-built group.
+void failing_construction() {
+  TensorDescriptor x;
+  FilterDescriptor w;
+  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 3, 8, 8));
+  BackendDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  RN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, -1, 3, 3, 3));
+}
+
+py::dict stats_dict(const WorkspaceStats& s) {
+  py::dict d;
+  d["size"] = s.size;
+  d["peak_request"] = s.peak_request;
+  d["limit"] = s.limit == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(s.limit));
+  d["grows"] = s.grows;
+  d["requests"] = s.requests;
+  return d;
+}
+
+py::object g_cudnn_error, g_cuda_error, g_no_gpu_error;
+
+void raise_with_status(const py::object& type, const std::string& message, const std::string& status,
+                       int code) {
+  py::object exc = type(message);
+  exc.attr("status") = status;
+  exc.attr("code") = code;
+  PyErr_SetObject(type.ptr(), exc.ptr());
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  g_cudnn_error = py::reinterpret_borrow<py::object>(
+      py::exception<CudnnError>(m, "CudnnError", PyExc_RuntimeError).ptr());
+  g_cuda_error = py::reinterpret_borrow<py::object>(py::exception<CudaError>(m, "CudaError", PyExc_RuntimeError).ptr());
+  g_no_gpu_error =
+      py::reinterpret_borrow<py::object>(py::exception<NoDeviceError>(m, "NoGPUError", PyExc_RuntimeError).ptr());
+  m.attr("CudnnError").attr("__doc__") =
+      "A cuDNN call failed. str() names the status, the call, file:line, the op's shapes and cuDNN's own message; "
+      ".status is the status name and .code its number.";
+  m.attr("CudaError").attr("__doc__") = "A CUDA runtime call failed (.status, .code).";
+  m.attr("NoGPUError").attr("__doc__") = "A GPU operation was called on a machine without a usable CUDA device.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CudnnError& e) {
+      raise_with_status(g_cudnn_error, e.what(), cudnn_status_name(e.status), static_cast<int>(e.status));
+    } catch (const CudaError& e) {
+      raise_with_status(g_cuda_error, e.what(), cudaGetErrorName(e.code), static_cast<int>(e.code));
+    } catch (const NoDeviceError& e) {
+      PyErr_SetString(g_no_gpu_error.ptr(), e.what());
+    } catch (const TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.attr("CUDNN_VERSION_COMPILED") = CUDNN_VERSION;
+  m.attr("CUDNN_MAJOR_COMPILED") = CUDNN_MAJOR;
+  m.attr("CUDART_VERSION_COMPILED") = CUDART_VERSION;
+  m.def("cudnn_version", [] { return cudnnGetVersion(); }, "Version of the cuDNN library loaded (e.g. 91900).");
+  m.def("device_count", &device_count, "Number of usable CUDA devices (0 without a GPU).");
+  m.def("device_unavailable_reason", &device_unavailable_reason);
+  m.def("live_descriptors", &live_descriptor_counts,
+        "{kind: live count} of every cuDNN object kind created so far, from the C++ counters.");
+  m.def("descriptor_kinds", &descriptor_kinds, "Kinds accepted by _create_destroy.");
+  m.def("_create_destroy", &create_destroy, py::arg("kind"), py::arg("count"));
+  m.def("_failing_construction", &failing_construction);
+  m.def("release_handles", &release_handles, "Destroy the per-device cuDNN handles (re-created on next use).");
+  m.def(
+      "_handle_stream",
+      [](uintptr_t stream) {
+        cudnnHandle_t handle = cudnn_handle(stream_arg(stream));
+        cudaStream_t bound = nullptr;
+        RN_CUDNN_CHECK(cudnnGetStream(handle, &bound));
+        return reinterpret_cast<uintptr_t>(bound);
+      },
+      py::arg("stream"), "Bind the current device's handle to `stream`; returns the stream cuDNN reports.");
+
+  m.def(
+      "set_workspace_limit",
+      [](py::object bytes) {
+        set_workspace_limit(bytes.is_none() ? SIZE_MAX : bytes.cast<size_t>());
+      },
+      py::arg("bytes"), "Cap every workspace request (and algorithm search) at `bytes`; None removes the cap.");
+  m.def("workspace_limit", [] {
+    const size_t limit = workspace_limit();
+    return limit == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(limit));
+  });
+  m.def("workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
+        "The current device's workspace pool: size, peak_request, limit, grows, requests.");
+  m.def(
+      "reserve_workspace",
+      [](size_t bytes, uintptr_t stream) { WorkspacePool::current().reserve(bytes, stream_arg(stream)); },
+      py::arg("bytes"), py::arg("stream") = 0, "Grow the current device's pool to `bytes` now (before capture).");
+  m.def("release_workspace", [] { WorkspacePool::current().release(); },
+        "Free the current device's workspace buffer (it regrows on demand).");
+  m.def(
+      "_workspace_get",
+      [](size_t bytes, uintptr_t stream) {
+        return reinterpret_cast<uintptr_t>(WorkspacePool::current().get(bytes, stream_arg(stream)));
+      },
+      py::arg("bytes"), py::arg("stream") = 0);
+  m.def(
+      "_set_out_of_memory_hook",
+      [](py::object hook) {
+        if (hook.is_none()) {
+          set_out_of_memory_hook(nullptr);
+          return;
+        }
+        auto* held = new py::object(hook);  // Leaked on purpose: must outlive interpreter teardown order.
+        set_out_of_memory_hook([held] {
+          py::gil_scoped_acquire gil;
+          (*held)();
+        });
+      },
+      py::arg("hook"));
+  m.def(
+      "_parse_tensor",
+      [](py::handle obj, const std::string& name, const std::string& dtype, int ndim, bool check_device) {
+        TensorView v = tensor_arg(obj, name.c_str(), parse_dtype(dtype), {ndim, check_device});
+        py::tuple shape(v.ndim);
+        for (int i = 0; i < v.ndim; ++i) shape[i] = v.shape[i];
+        return py::make_tuple(reinterpret_cast<uintptr_t>(v.data), dtype_name(v.dtype), shape);
+      },
+      py::arg("obj"), py::arg("name"), py::arg("dtype"), py::arg("ndim") = -1, py::arg("check_device") = true,
+      "Validate an array argument exactly as ops do; returns (pointer, dtype, shape).");
+}
+
+}  // namespace rn

@@ -1,0 +1,9 @@
+// resnet_native._C: the compiled core. The Python package wraps these functions; users rarely call them directly.
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "resnet_native native core: cuDNN handle, descriptors, workspace pool, convolution and kernels";
+  rn::bind_core(m);
+}

@@ -1,0 +1,70 @@
+// Element types and precision modes. A precision mode fixes the storage type of activations and weights, the
+// accumulation type, and which math cuDNN may use (strict FMA, TF32 tensor cores, fp16/bf16 tensor cores).
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <string>
+
+namespace rn {
+
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+enum class Precision : uint8_t {
+  FP32 = 0,  // fp32 storage, FMA math only (no tensor cores, no TF32)
+  TF32 = 1,  // fp32 storage, TF32 tensor-core math allowed
+  FP16 = 2,  // fp16 storage, fp32 accumulation, tensor cores
+  BF16 = 3,  // bf16 storage, fp32 accumulation, tensor cores
+};
+
+enum class Layout : uint8_t { NCHW = 0, NHWC = 1 };
+
+inline int dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+  }
+  return "?";
+}
+
+inline cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::F16: return CUDNN_DATA_HALF;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+  }
+  return CUDNN_DATA_FLOAT;
+}
+
+inline DType storage_dtype(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+    case Precision::TF32: return DType::F32;
+    case Precision::FP16: return DType::F16;
+    case Precision::BF16: return DType::BF16;
+  }
+  return DType::F32;
+}
+
+// Legacy API math type for a precision mode.
+inline cudnnMathType_t cudnn_math_type(Precision p) {
+  return p == Precision::FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+}
+
+inline const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "fp32";
+    case Precision::TF32: return "tf32";
+    case Precision::FP16: return "fp16";
+    case Precision::BF16: return "bf16";
+  }
+  return "?";
+}
+
+inline const char* layout_name(Layout l) { return l == Layout::NCHW ? "NCHW" : "NHWC"; }
+
+}  // namespace rn

@@ -1,0 +1,138 @@
+#include "workspace.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "error.h"
+
+namespace rn {
+namespace {
+
+constexpr size_t kGranularity = size_t(1) << 20;  // Round up: avoids a regrow for every few extra bytes.
+
+std::mutex g_mutex;
+size_t g_limit = SIZE_MAX;
+std::function<void()>* g_oom_hook = nullptr;  // Leaked on purpose: may hold a Python object at exit.
+
+std::vector<std::unique_ptr<WorkspacePool>>& pools() {
+  static auto* p = new std::vector<std::unique_ptr<WorkspacePool>>();
+  return *p;
+}
+
+std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+}  // namespace
+
+WorkspacePool& WorkspacePool::current() {
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& p = pools();
+  if (static_cast<int>(p.size()) <= device) p.resize(device + 1);
+  if (!p[device]) {
+    p[device] = std::make_unique<WorkspacePool>();
+    p[device]->limit_ = g_limit;
+  }
+  return *p[device];
+}
+
+void* WorkspacePool::get(size_t bytes, cudaStream_t stream) {
+  ++requests_;
+  if (bytes > peak_request_) peak_request_ = bytes;
+  if (bytes > limit_) {
+    throw ValueError("workspace request of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                     std::to_string(limit_) + " bytes (resnet_native.set_workspace_limit)");
+  }
+  if (bytes <= size_) return data_;
+  return grow(bytes, stream, /*throw_on_failure=*/true);
+}
+
+void* WorkspacePool::try_get(size_t bytes, cudaStream_t stream) {
+  ++requests_;
+  if (bytes > peak_request_) peak_request_ = bytes;
+  if (bytes > limit_) return nullptr;
+  if (bytes <= size_) return data_;
+  return grow(bytes, stream, /*throw_on_failure=*/false);
+}
+
+void WorkspacePool::reserve(size_t bytes, cudaStream_t stream) {
+  if (bytes > limit_) {
+    throw ValueError("workspace reserve of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                     std::to_string(limit_) + " bytes");
+  }
+  if (bytes > size_) grow(bytes, stream, true);
+}
+
+void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failure) {
+  if (stream_is_capturing(stream)) {
+    // cudaMalloc/cudaFree are illegal during capture: the caller must reserve() beforehand.
+    if (!throw_on_failure) return nullptr;
+    throw ValueError("workspace would grow from " + mib(size_) + " to " + mib(bytes) +
+                     " during CUDA-graph capture; call resnet_native.reserve_workspace() before capturing");
+  }
+  const size_t rounded = (bytes + kGranularity - 1) / kGranularity * kGranularity;
+  if (data_) {
+    // cudaFree synchronises the device, so work still reading the old buffer finishes first.
+    RN_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  void* ptr = nullptr;
+  cudaError_t err = cudaMalloc(&ptr, rounded);
+  if (err == cudaErrorMemoryAllocation && g_oom_hook && *g_oom_hook) {
+    cudaGetLastError();
+    (*g_oom_hook)();
+    err = cudaMalloc(&ptr, rounded);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (!throw_on_failure) return nullptr;
+    throw CudaError(err, std::string(cudaGetErrorName(err)) + ": could not allocate " + mib(rounded) +
+                             " of cuDNN workspace");
+  }
+  data_ = ptr;
+  size_ = rounded;
+  ++grows_;
+  return data_;
+}
+
+void WorkspacePool::release() {
+  if (data_) {
+    RN_CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+}
+
+WorkspaceStats WorkspacePool::stats() const {
+  WorkspaceStats s;
+  s.size = size_;
+  s.peak_request = peak_request_;
+  s.limit = limit_;
+  s.grows = grows_;
+  s.requests = requests_;
+  return s;
+}
+
+void set_out_of_memory_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_oom_hook) g_oom_hook = new std::function<void()>();
+  *g_oom_hook = std::move(hook);
+}
+
+void set_workspace_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_limit = bytes;
+  for (auto& pool : pools()) {
+    if (pool) pool->set_limit(bytes);
+  }
+}
+
+size_t workspace_limit() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_limit;
+}
+
+}  // namespace rn

@@ -1,0 +1,65 @@
+// One grow-only device buffer per GPU, shared by every op that needs cuDNN workspace.
+//
+// Why one buffer: ops on a device run in stream order, so at most one op uses workspace at a time, and the
+// largest request bounds the memory. The pool only grows outside CUDA-graph capture; code that will be
+// captured calls reserve() first, and a request that would grow the pool during capture raises instead of
+// allocating. The cap (set_limit) is also the workspace bound given to algorithm search.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace rn {
+
+struct WorkspaceStats {
+  size_t size = 0;          // bytes currently allocated
+  size_t peak_request = 0;  // largest request seen
+  size_t limit = 0;         // cap on requests (SIZE_MAX: none)
+  int64_t grows = 0;        // number of (re)allocations
+  int64_t requests = 0;     // number of get() calls
+};
+
+class WorkspacePool {
+ public:
+  // The pool of the current device.
+  static WorkspacePool& current();
+
+  // A buffer of at least `bytes`, valid until the next call on this pool. Throws rn::ValueError when `bytes`
+  // exceeds the limit, CudaError when the device is out of memory (after the OOM hook ran and a retry failed).
+  void* get(size_t bytes, cudaStream_t stream);
+  // Like get(), but returns nullptr instead of throwing when the request cannot be met (algorithm fallback).
+  void* try_get(size_t bytes, cudaStream_t stream);
+  // Whether a request of `bytes` is within the limit (it may still fail for lack of memory).
+  bool within_limit(size_t bytes) const { return bytes <= limit_; }
+
+  void set_limit(size_t bytes) { limit_ = bytes; }
+  size_t limit() const { return limit_; }
+  // Grow to at least `bytes` now (before CUDA-graph capture).
+  void reserve(size_t bytes, cudaStream_t stream);
+  // Free the buffer (synchronises the device first, so in-flight ops finish with it).
+  void release();
+  WorkspaceStats stats() const;
+
+ private:
+  void* grow(size_t bytes, cudaStream_t stream, bool throw_on_failure);
+
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  size_t peak_request_ = 0;
+  size_t limit_ = SIZE_MAX;
+  int64_t grows_ = 0;
+  int64_t requests_ = 0;
+};
+
+// Called once when cudaMalloc fails, before the single retry. The bindings install one that frees cupy's
+// cached blocks (cupy.get_default_memory_pool().free_all_blocks()), so both allocators share the card.
+void set_out_of_memory_hook(std::function<void()> hook);
+
+// Every device's pool limit (new and existing pools).
+void set_workspace_limit(size_t bytes);
+size_t workspace_limit();
+
+}  // namespace rn

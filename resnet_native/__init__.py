@@ -1,0 +1,70 @@
+"""resnet_native: ResNets on cuDNN, called directly from a small C++/CUDA core.
+
+Arrays are cupy arrays (or anything with __cuda_array_interface__ / DLPack). See README.md and ARCHITECTURE.md.
+"""
+
+from ._loader import CUDNN_LIBRARY, _C
+from ._runtime import cuda_available, current_stream, require_gpu
+
+__version__ = "0.1.0"
+
+CudnnError = _C.CudnnError
+CudaError = _C.CudaError
+NoGPUError = _C.NoGPUError
+
+
+def cudnn_version() -> int:
+    """Version of the cuDNN library loaded at run time, e.g. 91900 for 9.19.0."""
+    return _C.cudnn_version()
+
+
+def live_descriptors() -> dict:
+    """{kind: live count} of cuDNN handles and descriptors, read from the C++ counters."""
+    return dict(_C.live_descriptors())
+
+
+def set_workspace_limit(nbytes) -> None:
+    """Cap every cuDNN workspace request, and the workspace algorithm search may assume, at `nbytes` (None: no cap)."""
+    if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"nbytes: expected a non-negative int or None, got {nbytes!r}")
+    _C.set_workspace_limit(nbytes)
+
+
+def workspace_limit():
+    return _C.workspace_limit()
+
+
+def workspace_stats() -> dict:
+    """The current device's workspace pool: size, peak_request, limit, grows, requests."""
+    require_gpu()
+    return dict(_C.workspace_stats())
+
+
+def reserve_workspace(nbytes: int) -> None:
+    """Grow the workspace pool to `nbytes` now, e.g. before capturing a CUDA graph."""
+    require_gpu()
+    _C.reserve_workspace(nbytes, current_stream())
+
+
+def release_workspace() -> None:
+    """Free the current device's workspace buffer; it is re-allocated on demand."""
+    require_gpu()
+    _C.release_workspace()
+
+
+__all__ = [
+    "CUDNN_LIBRARY",
+    "CudaError",
+    "CudnnError",
+    "NoGPUError",
+    "cuda_available",
+    "cudnn_version",
+    "current_stream",
+    "live_descriptors",
+    "release_workspace",
+    "require_gpu",
+    "reserve_workspace",
+    "set_workspace_limit",
+    "workspace_limit",
+    "workspace_stats",
+]

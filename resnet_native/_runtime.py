@@ -1,0 +1,40 @@
+"""The Python side of the runtime: which stream ops run on, and cupy's memory pool.
+
+Every op passes cupy's current stream to the core, which binds the cuDNN handle to it, so work is ordered with
+the user's cupy work on any stream. cupy is imported lazily: `import resnet_native` works without it.
+"""
+
+from ._loader import _C
+
+
+def cuda_available() -> bool:
+    """True when a CUDA GPU is usable (the driver loads and at least one device is present)."""
+    return _C.device_count() > 0
+
+
+def require_gpu() -> None:
+    """Raise resnet_native.NoGPUError with the reason when no GPU is usable."""
+    if not cuda_available():
+        raise _C.NoGPUError(
+            "resnet_native: this operation needs a CUDA GPU, but none is usable "
+            f"({_C.device_unavailable_reason()})"
+        )
+
+
+def current_stream() -> int:
+    """cupy's current stream as an integer handle (0: the legacy default stream)."""
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+def _free_cupy_cache() -> None:
+    try:
+        import cupy
+    except ImportError:
+        return
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+# When the workspace pool's cudaMalloc fails, free cupy's cached blocks and retry once.
+_C._set_out_of_memory_hook(_free_cupy_cache)
