@@ -40,9 +40,9 @@ def cudnn_home():
     if os.environ.get("CUDNN_HOME"):
         return os.environ["CUDNN_HOME"]
     try:
-        import nvidia.cudnn  # the wheel named in build-system.requires (or installed, with --no-build-isolation)
+        import nvidia.cudnn  # from build-system.requires, or installed (--no-build-isolation)
     except ImportError:
-        sys.exit("resnet_native: cuDNN not found; pip install nvidia-cudnn-cu13 (or -cu12), or set CUDNN_HOME")
+        sys.exit("resnet_native: cuDNN not found; pip install nvidia-cudnn-cu13 (or -cu12) or set CUDNN_HOME")
     return list(nvidia.cudnn.__path__)[0]
 
 
@@ -98,7 +98,9 @@ def make_extension():
     cxx_flags = ["-O3", "-std=c++17", "-fvisibility=hidden"]
     nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC,-fvisibility=hidden",
                   "-lineinfo", *cuda_archs()]
-    cuda_lib = os.path.join(cuda, "lib64") if os.path.isdir(os.path.join(cuda, "lib64")) else os.path.join(cuda, "lib")
+    cuda_lib = os.path.join(cuda, "lib64")
+    if not os.path.isdir(cuda_lib):
+        cuda_lib = os.path.join(cuda, "lib")
     cudnn_lib = os.path.join(cudnn, "lib")
     ext = Pybind11Extension(
         "resnet_native._C",
@@ -109,7 +111,7 @@ def make_extension():
         # The wheel ships only libcudnn.so.9 (no unversioned link), hence -l:. Static cudart: no CUDA
         # runtime wheel is needed at run time, only the driver.
         extra_link_args=["-l:libcudnn.so.9", "-lcudart_static", "-ldl", "-lrt", "-lpthread",
-                         # Installed wheel: site-packages/resnet_native/_C.so -> site-packages/nvidia/cudnn/lib.
+                         # Installed: site-packages/resnet_native/_C.so -> site-packages/nvidia/cudnn/lib
                          "-Wl,-rpath,$ORIGIN/../nvidia/cudnn/lib"],
     )
     ext.extra_compile_args = {"cxx": cxx_flags, "nvcc": nvcc_flags}

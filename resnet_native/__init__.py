@@ -1,10 +1,17 @@
 """resnet_native: ResNets on cuDNN, called directly from a small C++/CUDA core.
 
-Arrays are cupy arrays (or anything with __cuda_array_interface__ / DLPack). See README.md and ARCHITECTURE.md.
+Arrays are cupy arrays (or anything with __cuda_array_interface__ / DLPack).
+See README.md and ARCHITECTURE.md.
 """
 
-from ._loader import CUDNN_LIBRARY, _C
+from . import kernels, multi_tensor, norm, pool  # noqa: F401  (native ops: kernels, BN, pooling)
+from ._loader import _C, CUDNN_LIBRARY
 from ._runtime import cuda_available, current_stream, require_gpu
+from .classifier import CIFAR10Classifier  # released CIFAR-10 models (resnet_native.release)
+from .conv import ConvSpec, _drop_cached_descriptors, conv2d, conv_output_shape  # noqa: F401
+from .models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
+from .optim import SGD, AdamW, GradScaler  # resnet_native.optim: also schedules
+from .step import TrainStep
 
 __version__ = "0.1.0"
 
@@ -24,7 +31,7 @@ def live_descriptors() -> dict:
 
 
 def set_workspace_limit(nbytes) -> None:
-    """Cap every cuDNN workspace request, and the workspace algorithm search may assume, at `nbytes` (None: no cap)."""
+    """Cap every workspace request (and what algorithm search may use) at `nbytes`; None: no cap."""
     if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
         raise ValueError(f"nbytes: expected a non-negative int or None, got {nbytes!r}")
     _C.set_workspace_limit(nbytes)
@@ -67,4 +74,7 @@ __all__ = [
     "set_workspace_limit",
     "workspace_limit",
     "workspace_stats",
+    "ResNet", "ResNet18", "ResNet34", "ResNet50", "ResNet101", "ResNet152", "SGD", "AdamW", "GradScaler",
+    "TrainStep",
+    "CIFAR10Classifier",
 ]

@@ -29,8 +29,7 @@ void create_destroy(const std::string& kind, int count) {
       {"backend.POINTWISE", CUDNN_BACKEND_POINTWISE_DESCRIPTOR},
       {"backend.OPERATION_CONVOLUTION_FORWARD", CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR},
       {"backend.OPERATION_CONVOLUTION_BACKWARD_DATA", CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR},
-      {"backend.OPERATION_CONVOLUTION_BACKWARD_FILTER",
-       CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR},
+      {"backend.OPERATION_CONVOLUTION_BACKWARD_FILTER", CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR},
       {"backend.OPERATION_POINTWISE", CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR},
       {"backend.OPERATIONGRAPH", CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR},
       {"backend.ENGINEHEUR", CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR},
@@ -89,7 +88,8 @@ std::vector<std::string> descriptor_kinds() {
           "backend.VARIANT_PACK"};
 }
 
-// Builds a group of descriptors and fails while setting the last one: proves RAII cleans up a half-built group.
+// Builds a group of descriptors and fails while setting the last one: proves RAII cleans up a half-built
+// group.
 void failing_construction() {
   TensorDescriptor x;
   FilterDescriptor w;
@@ -110,8 +110,7 @@ py::dict stats_dict(const WorkspaceStats& s) {
 
 py::object g_cudnn_error, g_cuda_error, g_no_gpu_error;
 
-void raise_with_status(const py::object& type, const std::string& message, const std::string& status,
-                       int code) {
+void raise_with_status(const py::object& type, const std::string& message, const std::string& status, int code) {
   py::object exc = type(message);
   exc.attr("status") = status;
   exc.attr("code") = code;
@@ -121,13 +120,14 @@ void raise_with_status(const py::object& type, const std::string& message, const
 }  // namespace
 
 void bind_core(py::module_& m) {
-  g_cudnn_error = py::reinterpret_borrow<py::object>(
-      py::exception<CudnnError>(m, "CudnnError", PyExc_RuntimeError).ptr());
+  g_cudnn_error =
+      py::reinterpret_borrow<py::object>(py::exception<CudnnError>(m, "CudnnError", PyExc_RuntimeError).ptr());
   g_cuda_error = py::reinterpret_borrow<py::object>(py::exception<CudaError>(m, "CudaError", PyExc_RuntimeError).ptr());
   g_no_gpu_error =
       py::reinterpret_borrow<py::object>(py::exception<NoDeviceError>(m, "NoGPUError", PyExc_RuntimeError).ptr());
   m.attr("CudnnError").attr("__doc__") =
-      "A cuDNN call failed. str() names the status, the call, file:line, the op's shapes and cuDNN's own message; "
+      "A cuDNN call failed. str() names the status, the call, file:line, the op's shapes and cuDNN's own "
+      "message; "
       ".status is the status name and .code its number.";
   m.attr("CudaError").attr("__doc__") = "A CUDA runtime call failed (.status, .code).";
   m.attr("NoGPUError").attr("__doc__") = "A GPU operation was called on a machine without a usable CUDA device.";
@@ -172,22 +172,22 @@ void bind_core(py::module_& m) {
 
   m.def(
       "set_workspace_limit",
-      [](py::object bytes) {
-        set_workspace_limit(bytes.is_none() ? SIZE_MAX : bytes.cast<size_t>());
-      },
+      [](py::object bytes) { set_workspace_limit(bytes.is_none() ? SIZE_MAX : bytes.cast<size_t>()); },
       py::arg("bytes"), "Cap every workspace request (and algorithm search) at `bytes`; None removes the cap.");
   m.def("workspace_limit", [] {
     const size_t limit = workspace_limit();
     return limit == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(limit));
   });
-  m.def("workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
-        "The current device's workspace pool: size, peak_request, limit, grows, requests.");
+  m.def(
+      "workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
+      "The current device's workspace pool: size, peak_request, limit, grows, requests.");
   m.def(
       "reserve_workspace",
       [](size_t bytes, uintptr_t stream) { WorkspacePool::current().reserve(bytes, stream_arg(stream)); },
       py::arg("bytes"), py::arg("stream") = 0, "Grow the current device's pool to `bytes` now (before capture).");
-  m.def("release_workspace", [] { WorkspacePool::current().release(); },
-        "Free the current device's workspace buffer (it regrows on demand).");
+  m.def(
+      "release_workspace", [] { WorkspacePool::current().release(); },
+      "Free the current device's workspace buffer (it regrows on demand).");
   m.def(
       "_workspace_get",
       [](size_t bytes, uintptr_t stream) {

@@ -5,6 +5,10 @@
 
 namespace rn {
 
-void bind_core(pybind11::module_& m);  // errors, version, devices, handles, descriptors, workspace
+void bind_core(pybind11::module_& m);          // errors, version, devices, handles, descriptors, workspace
+void bind_conv(pybind11::module_& m);          // convolution engine, algorithm cache, legacy descriptors
+void bind_kernels(pybind11::module_& m);       // elementwise kernels, cast, multi-tensor optimizer kernels
+void bind_norm(pybind11::module_& m);          // batch norm, max / global-average pooling
+void bind_graph_engine(pybind11::module_& m);  // graph-engine plan cache and graph-building test hooks
 
 }  // namespace rn

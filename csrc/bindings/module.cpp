@@ -6,4 +6,8 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "resnet_native native core: cuDNN handle, descriptors, workspace pool, convolution and kernels";
   rn::bind_core(m);
+  rn::bind_conv(m);
+  rn::bind_kernels(m);
+  rn::bind_norm(m);
+  rn::bind_graph_engine(m);
 }

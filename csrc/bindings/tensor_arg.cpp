@@ -40,9 +40,13 @@ constexpr int32_t kDLCUDA = 2;
 constexpr int32_t kDLCUDAManaged = 13;
 constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4;
 
-std::string arg_prefix(const char* name) { return std::string(name) + ": "; }
+std::string arg_prefix(const char* name) {
+  return std::string(name) + ": ";
+}
 
-std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__qualname__")); }
+std::string type_name(py::handle obj) {
+  return py::str(py::type::of(obj).attr("__qualname__"));
+}
 
 std::string module_type_name(py::handle obj) {
   py::object type = py::type::of(obj);
@@ -55,9 +59,12 @@ bool typestr_matches(const std::string& typestr, DType dtype) {
   if (typestr.size() < 3) return false;
   const std::string kind_size = typestr.substr(1);
   switch (dtype) {
-    case DType::F32: return kind_size == "f4";
-    case DType::F16: return kind_size == "f2";
-    case DType::BF16: return kind_size == "u2" || kind_size == "V2" || kind_size == "i2";
+    case DType::F32:
+      return kind_size == "f4";
+    case DType::F16:
+      return kind_size == "f2";
+    case DType::BF16:
+      return kind_size == "u2" || kind_size == "V2" || kind_size == "i2";
   }
   return false;
 }
@@ -65,9 +72,12 @@ bool typestr_matches(const std::string& typestr, DType dtype) {
 bool dlpack_dtype_matches(const DLDataType& t, DType dtype) {
   if (t.lanes != 1) return false;
   switch (dtype) {
-    case DType::F32: return t.code == kDLFloat && t.bits == 32;
-    case DType::F16: return t.code == kDLFloat && t.bits == 16;
-    case DType::BF16: return (t.code == kDLBfloat || t.code == kDLUInt || t.code == kDLInt) && t.bits == 16;
+    case DType::F32:
+      return t.code == kDLFloat && t.bits == 32;
+    case DType::F16:
+      return t.code == kDLFloat && t.bits == 16;
+    case DType::BF16:
+      return (t.code == kDLBfloat || t.code == kDLUInt || t.code == kDLInt) && t.bits == 16;
   }
   return false;
 }
@@ -120,8 +130,7 @@ void check_device(const TensorView& view, const char* name) {
   }
 }
 
-TensorView from_cuda_array_interface(py::handle obj, const char* name, DType dtype,
-                                     const TensorArgOptions& options) {
+TensorView from_cuda_array_interface(py::handle obj, const char* name, DType dtype, const TensorArgOptions& options) {
   py::dict iface = obj.attr("__cuda_array_interface__");
   TensorView view;
   view.dtype = dtype;
@@ -140,8 +149,7 @@ TensorView from_cuda_array_interface(py::handle obj, const char* name, DType dty
   py::object strides = iface.contains("strides") ? py::object(iface["strides"]) : py::none();
   const bool has_strides = !strides.is_none();
   py::tuple stride_tuple = has_strides ? py::tuple(strides) : py::tuple();
-  if (!is_c_contiguous(view, has_strides, [&](int i) { return stride_tuple[i].cast<int64_t>(); },
-                       dtype_size(dtype))) {
+  if (!is_c_contiguous(view, has_strides, [&](int i) { return stride_tuple[i].cast<int64_t>(); }, dtype_size(dtype))) {
     throw ValueError(arg_prefix(name) + "expected a C-contiguous array, got shape " + view.shape_str() +
                      " with strides " + std::string(py::str(strides)) + " (use cupy.ascontiguousarray)");
   }
@@ -167,8 +175,7 @@ TensorView from_dlpack(py::handle obj, const char* name, DType dtype, const Tens
   TensorView view;
   view.dtype = dtype;
   if (!dlpack_dtype_matches(t.dtype, dtype)) {
-    throw TypeError(arg_prefix(name) + "expected a " + dtype_name(dtype) + " array, got " +
-                    dlpack_dtype_name(t.dtype));
+    throw TypeError(arg_prefix(name) + "expected a " + dtype_name(dtype) + " array, got " + dlpack_dtype_name(t.dtype));
   }
   if (t.ndim > TensorView::kMaxDims) throw ValueError(arg_prefix(name) + "too many dimensions");
   view.ndim = t.ndim;
@@ -193,8 +200,10 @@ TensorView tensor_arg(py::handle obj, const char* name, DType dtype, TensorArgOp
   } else if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
     view = from_dlpack(obj, name, dtype, options);
   } else {
-    throw TypeError(arg_prefix(name) + "expected a CUDA array (cupy.ndarray or any object with "
-                    "__cuda_array_interface__ or DLPack), got " + module_type_name(obj) +
+    throw TypeError(arg_prefix(name) +
+                    "expected a CUDA array (cupy.ndarray or any object with "
+                    "__cuda_array_interface__ or DLPack), got " +
+                    module_type_name(obj) +
                     (py::hasattr(obj, "__array_interface__") ? " in host memory (copy it with cupy.asarray)" : ""));
   }
   if (options.check_device) {
@@ -217,8 +226,8 @@ void check_shape(const TensorView& t, const char* name, std::initializer_list<in
     std::string want = "(";
     i = 0;
     for (int64_t e : expected) want += (i++ ? ", " : "") + std::to_string(e);
-    throw ValueError(arg_prefix(name) + "expected shape " + want + (expected.size() == 1 ? ",)" : ")") +
-                     ", got " + t.shape_str());
+    throw ValueError(arg_prefix(name) + "expected shape " + want + (expected.size() == 1 ? ",)" : ")") + ", got " +
+                     t.shape_str());
   }
 }
 

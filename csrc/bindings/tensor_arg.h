@@ -1,8 +1,8 @@
 // The one place where Python arrays become TensorViews. Accepts any object exposing
 // __cuda_array_interface__ (cupy, numba, ...) or DLPack (__dlpack__ / __dlpack_device__: torch, jax, ...).
 // Checks, in this order, and raises naming the argument: is it a device array at all (TypeError), dtype
-// (TypeError), rank and emptiness (ValueError), C-contiguity (ValueError), and finally that the memory lives on
-// the current CUDA device (TypeError for host memory, ValueError for another device).
+// (TypeError), rank and emptiness (ValueError), C-contiguity (ValueError), and finally that the memory lives
+// on the current CUDA device (TypeError for host memory, ValueError for another device).
 //
 // bfloat16: cupy has no bfloat16 dtype, so a bf16 argument may be a uint16 array holding bf16 bit patterns,
 // an ml_dtypes bfloat16 array ("<V2"), or a DLPack bfloat16 tensor.
@@ -17,8 +17,8 @@
 namespace rn {
 
 struct TensorArgOptions {
-  int ndim = -1;              // required rank, -1: any
-  bool check_device = true;   // tests of the parser on CPU-only machines turn this off
+  int ndim = -1;             // required rank, -1: any
+  bool check_device = true;  // tests of the parser on CPU-only machines turn this off
 };
 
 TensorView tensor_arg(pybind11::handle obj, const char* name, DType dtype, TensorArgOptions options = {});
@@ -35,6 +35,8 @@ Precision parse_precision(const std::string& name);  // "fp32" | "tf32" | "fp16"
 Layout parse_layout(const std::string& name);        // "NCHW" | "NHWC"
 
 // A stream handle passed from Python as an integer (cupy's Stream.ptr); 0 is the legacy default stream.
-inline cudaStream_t stream_arg(uintptr_t ptr) { return reinterpret_cast<cudaStream_t>(ptr); }
+inline cudaStream_t stream_arg(uintptr_t ptr) {
+  return reinterpret_cast<cudaStream_t>(ptr);
+}
 
 }  // namespace rn

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 
 #include "../core/dtype.h"
 
@@ -28,26 +29,35 @@ struct ConvParams {
   uint8_t engine;         // ConvEngineKind actually keyed (Legacy or Graph; Auto resolves per engine)
   uint8_t epilogue;       // EpilogueFlags (Forward only)
   uint8_t deterministic;  // 1: only deterministic algorithms
-  uint8_t padding_[2];
-  int32_t x[4];  // logical N, C, H, W of the input
-  int32_t w[4];  // K, C / groups, R, S
-  int32_t y[4];  // logical N, K, P, Q of the output
+  uint8_t algo_mode;      // AlgoMode asked for: find, heuristic and fixed choices are cached separately
+  uint8_t reserved0_;     // explicit padding (always 0): the struct has no implicit padding bytes
+  int32_t x[4];           // logical N, C, H, W of the input
+  int32_t w[4];           // K, C / groups, R, S
+  int32_t y[4];           // logical N, K, P, Q of the output
   int32_t pad[2], stride[2], dilation[2];
   int32_t groups;
+  int32_t fixed_algo;      // AlgoMode::Fixed: the algorithm asked for (legacy algo enum / graph engine id); else 0
+  int32_t reserved1_;      // explicit padding (always 0)
   uint64_t workspace_cap;  // bytes; UINT64_MAX: no cap
 
   ConvParams() { std::memset(this, 0, sizeof(*this)); }
   bool operator==(const ConvParams& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
+  bool operator!=(const ConvParams& o) const { return !(*this == o); }
 
-  // One line, stable across runs: the key of the on-disk cache file.
+  // One line, stable across runs: the key of the on-disk cache file, e.g.
+  // "conv2d.v1 dir=fwd dev=0 prec=fp16 layout=NHWC engine=legacy epi=bias+relu det=0 mode=find fixed=0
+  //  x=8,64,32,32 w=64,64,3,3 y=8,64,32,32 pad=1,1 stride=1,1 dil=1,1 groups=1 ws=none" (on one line).
   std::string to_string() const;
   // Inverse of to_string(); throws rn::ValueError on malformed text.
   static ConvParams from_string(const std::string& text);
 };
 
+// Bytewise equality and hashing are only sound without padding bytes (whose values copies need not keep).
+static_assert(std::has_unique_object_representations_v<ConvParams>, "ConvParams must have no padding bytes");
+
 struct ConvParamsHash {
   size_t operator()(const ConvParams& p) const {
-    // FNV-1a over the bytes: the struct is zero-filled, so padding never holds garbage.
+    // FNV-1a over the bytes (there are no padding bytes, see the static_assert above).
     const auto* bytes = reinterpret_cast<const unsigned char*>(&p);
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof(p); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
@@ -55,18 +65,48 @@ struct ConvParamsHash {
   }
 };
 
+// Names used in keys, cache files and Python ("fwd", "bwd_data", "bwd_filter"; "auto", "legacy", "graph";
+// "find", "heuristic", "fixed"; "none" or "+"-joined "bias", "residual", "relu"). The parsers throw rn::ValueError.
+const char* direction_name(ConvDirection d);
+const char* engine_name(ConvEngineKind e);
+const char* algo_mode_name(AlgoMode m);
+std::string epilogue_name(uint8_t flags);
+ConvDirection parse_direction(const std::string& name);
+ConvEngineKind parse_engine(const std::string& name);
+AlgoMode parse_algo_mode(const std::string& name);
+uint8_t parse_epilogue(const std::string& name);
+
 // What algorithm search decided for one ConvParams. Everything needed to run again without re-timing:
 // for the legacy engine the algo enum and math type; for the graph engine the engine id and knob choices
 // ("knob=value;knob=value"), from which the execution plan is rebuilt after a cache-file load.
 struct AlgoChoice {
-  uint8_t engine = 0;       // ConvEngineKind::Legacy or Graph
-  uint8_t mode = 0;         // AlgoMode that produced it
-  int32_t algo = -1;        // legacy: cudnnConvolution*Algo_t; graph: engine global index
-  int32_t math_type = 0;    // legacy: cudnnMathType_t as returned by Find
-  std::string knobs;        // graph: knob choices
-  uint64_t workspace = 0;   // bytes needed
-  float time_ms = -1.0f;    // measured by Find; -1 when not timed
-  std::string fused_path;   // which path ran for fused ops ("fused", "unfused: <why>")
+  uint8_t engine = 0;      // ConvEngineKind::Legacy or Graph
+  uint8_t mode = 0;        // AlgoMode that produced it
+  int32_t algo = -1;       // legacy: cudnnConvolution*Algo_t; graph: engine global index
+  int32_t math_type = 0;   // legacy: cudnnMathType_t as returned by Find
+  std::string knobs;       // graph: knob choices
+  uint64_t workspace = 0;  // bytes needed
+  float time_ms = -1.0f;   // measured by Find; -1 when not timed
+  std::string fused_path;  // which path ran for fused ops ("fused", "unfused: <why>")
+};
+
+}  // namespace rn
+
+#include "../core/tensor.h"
+
+namespace rn {
+
+// The arrays of one convolution call, already validated by the bindings. Unused operands are undefined views.
+//   Forward:        x, w -> y            (epilogue: + bias, + alpha2 * z, relu)
+//   BackwardData:   dy (in `y`), w -> dx (in `x`)
+//   BackwardFilter: x, dy (in `y`) -> dw (in `w`)
+struct ConvOperands {
+  TensorView x, w, y;
+  TensorView z;         // residual input (Forward with kEpilogueResidual)
+  TensorView bias;      // (K,) in the storage dtype (Forward with kEpilogueBias)
+  float alpha1 = 1.0f;  // scale of the convolution result
+  float alpha2 = 1.0f;  // scale of z
+  float beta = 0.0f;    // output accumulation: out = conv + beta * out (BackwardFilter gradient accumulation)
 };
 
 }  // namespace rn

@@ -58,7 +58,7 @@ class Descriptor {
   struct Name {                                                               \
     using Raw = RawType;                                                      \
     static int kind() { return Kind; }                                        \
-    static cudnnStatus_t create(Raw* raw) { return CreateFn(raw); }          \
+    static cudnnStatus_t create(Raw* raw) { return CreateFn(raw); }           \
     static void destroy(Raw raw) { DestroyFn(raw); }                          \
   }
 
@@ -69,8 +69,8 @@ RN_LEGACY_DESCRIPTOR_TRAITS(FilterTraits, cudnnFilterDescriptor_t, kFilter, cudn
                             cudnnDestroyFilterDescriptor);
 RN_LEGACY_DESCRIPTOR_TRAITS(ConvolutionTraits, cudnnConvolutionDescriptor_t, kConvolution,
                             cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor);
-RN_LEGACY_DESCRIPTOR_TRAITS(ActivationTraits, cudnnActivationDescriptor_t, kActivation,
-                            cudnnCreateActivationDescriptor, cudnnDestroyActivationDescriptor);
+RN_LEGACY_DESCRIPTOR_TRAITS(ActivationTraits, cudnnActivationDescriptor_t, kActivation, cudnnCreateActivationDescriptor,
+                            cudnnDestroyActivationDescriptor);
 RN_LEGACY_DESCRIPTOR_TRAITS(PoolingTraits, cudnnPoolingDescriptor_t, kPooling, cudnnCreatePoolingDescriptor,
                             cudnnDestroyPoolingDescriptor);
 #undef RN_LEGACY_DESCRIPTOR_TRAITS

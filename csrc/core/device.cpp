@@ -36,9 +36,13 @@ DeviceState& state() {
 
 }  // namespace
 
-int device_count() { return state().count; }
+int device_count() {
+  return state().count;
+}
 
-std::string device_unavailable_reason() { return state().reason; }
+std::string device_unavailable_reason() {
+  return state().reason;
+}
 
 int current_device() {
   if (device_count() == 0) {

@@ -19,8 +19,8 @@ int current_device();
 cudnnHandle_t cudnn_handle(cudaStream_t stream);
 // True while `stream` is being captured into a CUDA graph: nothing may allocate or synchronise then.
 bool stream_is_capturing(cudaStream_t stream);
-// Destroys every handle (they are re-created on next use). Handles still alive at process exit are left to the
-// driver's teardown on purpose: destroying them from static destructors races the CUDA runtime's own.
+// Destroys every handle (they are re-created on next use). Handles still alive at process exit are left to
+// the driver's teardown on purpose: destroying them from static destructors races the CUDA runtime's own.
 void release_handles();
 
 }  // namespace rn

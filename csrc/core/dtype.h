@@ -20,22 +20,30 @@ enum class Precision : uint8_t {
 
 enum class Layout : uint8_t { NCHW = 0, NHWC = 1 };
 
-inline int dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+inline int dtype_size(DType t) {
+  return t == DType::F32 ? 4 : 2;
+}
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "float32";
-    case DType::F16: return "float16";
-    case DType::BF16: return "bfloat16";
+    case DType::F32:
+      return "float32";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
   }
   return "?";
 }
 
 inline cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::F16: return CUDNN_DATA_HALF;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F32:
+      return CUDNN_DATA_FLOAT;
+    case DType::F16:
+      return CUDNN_DATA_HALF;
+    case DType::BF16:
+      return CUDNN_DATA_BFLOAT16;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -43,9 +51,12 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
 inline DType storage_dtype(Precision p) {
   switch (p) {
     case Precision::FP32:
-    case Precision::TF32: return DType::F32;
-    case Precision::FP16: return DType::F16;
-    case Precision::BF16: return DType::BF16;
+    case Precision::TF32:
+      return DType::F32;
+    case Precision::FP16:
+      return DType::F16;
+    case Precision::BF16:
+      return DType::BF16;
   }
   return DType::F32;
 }
@@ -57,14 +68,20 @@ inline cudnnMathType_t cudnn_math_type(Precision p) {
 
 inline const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::FP32: return "fp32";
-    case Precision::TF32: return "tf32";
-    case Precision::FP16: return "fp16";
-    case Precision::BF16: return "bf16";
+    case Precision::FP32:
+      return "fp32";
+    case Precision::TF32:
+      return "tf32";
+    case Precision::FP16:
+      return "fp16";
+    case Precision::BF16:
+      return "bf16";
   }
   return "?";
 }
 
-inline const char* layout_name(Layout l) { return l == Layout::NCHW ? "NCHW" : "NHWC"; }
+inline const char* layout_name(Layout l) {
+  return l == Layout::NCHW ? "NCHW" : "NHWC";
+}
 
 }  // namespace rn

@@ -22,14 +22,18 @@ OpContext::OpContext(Describe describe, const void* data)
   t_current_context = this;
 }
 
-OpContext::~OpContext() { t_current_context = outer_; }
+OpContext::~OpContext() {
+  t_current_context = outer_;
+}
 
 std::string OpContext::current() {
   const OpContext* ctx = t_current_context;
   return ctx ? ctx->describe_(ctx->data_) : std::string();
 }
 
-std::string cudnn_status_name(cudnnStatus_t status) { return cudnnGetErrorString(status); }
+std::string cudnn_status_name(cudnnStatus_t status) {
+  return cudnnGetErrorString(status);
+}
 
 std::string cudnn_last_error() {
   char buffer[1024] = {0};
@@ -45,8 +49,8 @@ void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file,
 }
 
 void throw_cuda_error(cudaError_t code, const char* expr, const char* file, int line) {
-  std::string message = std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")" +
-                        where(expr, file, line);
+  std::string message =
+      std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")" + where(expr, file, line);
   throw CudaError(code, message);
 }
 

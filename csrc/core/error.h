@@ -65,20 +65,20 @@ std::string cudnn_last_error();
 
 }  // namespace rn
 
-#define RN_CUDNN_CHECK(expr)                                                   \
-  do {                                                                         \
-    const cudnnStatus_t rn_status_ = (expr);                                   \
-    if (rn_status_ != CUDNN_STATUS_SUCCESS) {                                  \
-      ::rn::throw_cudnn_error(rn_status_, #expr, __FILE__, __LINE__);          \
-    }                                                                          \
+#define RN_CUDNN_CHECK(expr)                                          \
+  do {                                                                \
+    const cudnnStatus_t rn_status_ = (expr);                          \
+    if (rn_status_ != CUDNN_STATUS_SUCCESS) {                         \
+      ::rn::throw_cudnn_error(rn_status_, #expr, __FILE__, __LINE__); \
+    }                                                                 \
   } while (0)
 
-#define RN_CUDA_CHECK(expr)                                                    \
-  do {                                                                         \
-    const cudaError_t rn_code_ = (expr);                                       \
-    if (rn_code_ != cudaSuccess) {                                             \
-      ::rn::throw_cuda_error(rn_code_, #expr, __FILE__, __LINE__);             \
-    }                                                                          \
+#define RN_CUDA_CHECK(expr)                                        \
+  do {                                                             \
+    const cudaError_t rn_code_ = (expr);                           \
+    if (rn_code_ != cudaSuccess) {                                 \
+      ::rn::throw_cuda_error(rn_code_, #expr, __FILE__, __LINE__); \
+    }                                                              \
   } while (0)
 
 // After every kernel launch: catches bad launch configurations immediately.

@@ -22,7 +22,9 @@ std::vector<std::unique_ptr<WorkspacePool>>& pools() {
   return *p;
 }
 
-std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+std::string mib(size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
 
 }  // namespace
 
@@ -89,8 +91,8 @@ void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failu
   if (err != cudaSuccess) {
     cudaGetLastError();
     if (!throw_on_failure) return nullptr;
-    throw CudaError(err, std::string(cudaGetErrorName(err)) + ": could not allocate " + mib(rounded) +
-                             " of cuDNN workspace");
+    throw CudaError(
+        err, std::string(cudaGetErrorName(err)) + ": could not allocate " + mib(rounded) + " of cuDNN workspace");
   }
   data_ = ptr;
   size_ = rounded;

@@ -28,7 +28,8 @@ class WorkspacePool {
   static WorkspacePool& current();
 
   // A buffer of at least `bytes`, valid until the next call on this pool. Throws rn::ValueError when `bytes`
-  // exceeds the limit, CudaError when the device is out of memory (after the OOM hook ran and a retry failed).
+  // exceeds the limit, CudaError when the device is out of memory (after the OOM hook ran and a retry
+  // failed).
   void* get(size_t bytes, cudaStream_t stream);
   // Like get(), but returns nullptr instead of throwing when the request cannot be met (algorithm fallback).
   void* try_get(size_t bytes, cudaStream_t stream);

@@ -1,0 +1,177 @@
+"""Shared benchmark plumbing: CUDA-event timing (warm-up, then the median of repeats), a run budget, plain-text
+tables and an atomically written JSON file.
+
+Timing: `fn` is called `warmup` times (this is also where algorithm search happens), then `repeats` times between
+a pair of CUDA events recorded on the current stream; each sample is divided by `inner` (the calls per event pair,
+raised automatically for very short functions so that the events' own overhead does not dominate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+# Aim for at least this much GPU time between a pair of events.
+_MIN_SAMPLE_MS = 0.5
+_MAX_INNER = 50
+
+
+def _summary(samples: list, inner: int) -> dict:
+    return {
+        "median_ms": statistics.median(samples),
+        "min_ms": min(samples),
+        "max_ms": max(samples),
+        "repeats": len(samples),
+        "inner": inner,
+    }
+
+
+def _timed(fn, warmup: int, repeats: int, inner, new_event, elapsed_ms, synchronize) -> dict:
+    for _ in range(max(warmup, 1)):
+        fn()
+    synchronize()
+    if inner is None:  # one probe sample decides how many calls go between two events
+        start, end = new_event(), new_event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        probe = max(elapsed_ms(start, end), 1e-3)
+        inner = int(min(_MAX_INNER, max(1, _MIN_SAMPLE_MS // probe + 1)))
+    samples = []
+    for _ in range(repeats):
+        start, end = new_event(), new_event()
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(elapsed_ms(start, end) / inner)
+    return _summary(samples, inner)
+
+
+def cupy_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
+    """Time `fn` (work on cupy's current stream) with cupy CUDA events; returns median/min/max in ms."""
+    import cupy as cp
+
+    return _timed(
+        fn,
+        warmup,
+        repeats,
+        inner,
+        new_event=cp.cuda.Event,
+        elapsed_ms=cp.cuda.get_elapsed_time,
+        synchronize=lambda: cp.cuda.get_current_stream().synchronize(),
+    )
+
+
+def torch_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
+    """Time `fn` (work on torch's current stream) with torch CUDA events; returns median/min/max in ms."""
+    import torch
+
+    return _timed(
+        fn,
+        warmup,
+        repeats,
+        inner,
+        new_event=lambda: torch.cuda.Event(enable_timing=True),
+        elapsed_ms=lambda start, end: start.elapsed_time(end),
+        synchronize=torch.cuda.synchronize,
+    )
+
+
+class Budget:
+    """Wall-clock budget of a run: optional sections check `exhausted()` before each item and skip the rest."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def exhausted(self) -> bool:
+        return self.seconds > 0 and self.elapsed() > self.seconds
+
+
+def environment() -> dict:
+    """GPU, library versions and host: the header of a results file."""
+    info = {"python": sys.version.split()[0], "platform": platform.platform()}
+    try:
+        import cupy as cp
+
+        device = cp.cuda.runtime.getDevice()
+        name = cp.cuda.runtime.getDeviceProperties(device)["name"]
+        info["gpu"] = name.decode() if isinstance(name, bytes) else name
+        info["cupy"] = cp.__version__
+        info["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    except Exception as e:  # the header must not stop a run
+        info["gpu"] = f"unavailable ({e})"
+    try:
+        import resnet_native as rn
+
+        info["resnet_native"] = rn.__version__
+        info["cudnn"] = rn.cudnn_version()
+    except Exception as e:
+        info["resnet_native"] = f"unavailable ({e})"
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_cudnn"] = torch.backends.cudnn.version()
+    except Exception:
+        info["torch"] = None
+    return info
+
+
+def format_table(rows: list, columns: list, title: str | None = None) -> str:
+    """Rows (dicts) as an aligned text table of `columns` ((key, header) pairs); floats with 3 decimals."""
+
+    def cell(value):
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        return str(value)
+
+    table = [[header for _, header in columns]] + [[cell(row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = [title] if title else []
+    for i, r in enumerate(table):
+        cells = (c.rjust(w) if i and _numeric(c) else c.ljust(w) for c, w in zip(r, widths, strict=True))
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def write_json(path, payload: dict) -> None:
+    """Write `payload` to `path` as JSON, atomically (a temporary file in the same folder, then a rename)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bench.", suffix=".json.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,23 @@
+// engine='auto': decides per problem between the legacy and the graph engine by timing both once.
+//
+// Each engine chooses under its own key (ConvParams::engine = Legacy / Graph), so both choices are cached, stay
+// valid and are saved to the cache file; the winner's choice is what the dispatcher stores under the auto key.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../conv_params.h"
+
+namespace rn::graph {
+
+// Runs the call on each engine (one warm-up that also searches on a cache miss, then kAutoRuns timed runs,
+// median) and returns the faster engine's choice with time_ms set to its median. An engine that cannot run
+// the problem loses; when both fail, the legacy engine's error is raised.
+// A call that accumulates into its output (ops.beta != 0) is not run repeatedly: the engines' own search
+// times decide when both exist (algo='find'), else the graph engine is preferred.
+// Throws ValueError during CUDA-graph capture (timing synchronises).
+AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, bool allow_fusion, cudaStream_t stream);
+
+constexpr int kAutoRuns = 3;
+
+}  // namespace rn::graph

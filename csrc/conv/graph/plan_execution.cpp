@@ -1,0 +1,100 @@
+#include "plan_execution.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "../../core/error.h"
+#include "../../core/workspace.h"
+#include "backend_attr.h"
+
+namespace rn::graph {
+namespace {
+
+BackendDescriptor make_variant_pack(const ExecutionPlan& plan, const ConvOperands& ops, void* workspace) {
+  std::vector<void*> pointers;
+  pointers.reserve(plan.graph->io_uids.size());
+  for (int64_t uid : plan.graph->io_uids) pointers.push_back(operand_pointer(ops, uid));
+  BackendDescriptor pack = make_backend(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  set_int64s(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, plan.graph->io_uids);
+  set_pointers(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, pointers);
+  set_pointer(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, workspace);
+  finalize(pack.get());
+  return pack;
+}
+
+class CudaEvent {
+ public:
+  CudaEvent() { RN_CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~CudaEvent() { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+void* operand_pointer(const ConvOperands& ops, int64_t uid) {
+  switch (uid) {
+    case kUidX:
+      return ops.x.data;
+    case kUidW:
+      return ops.w.data;
+    case kUidY:
+      return ops.y.data;
+    case kUidZ:
+      return ops.z.data;
+    case kUidBias:
+      return ops.bias.data;
+    default:
+      throw ValueError("graph engine: no operand has tensor uid " + std::to_string(uid));
+  }
+}
+
+void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
+  void* workspace = nullptr;
+  if (plan.workspace > 0) workspace = WorkspacePool::current().get(static_cast<size_t>(plan.workspace), stream);
+  BackendDescriptor pack = make_variant_pack(plan, ops, workspace);
+  RN_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
+}
+
+float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream, int runs,
+                int64_t output, bool scratch_output) {
+  // One pool request holds the workspace and, after it (256-byte aligned), the scratch output if any.
+  const size_t workspace_bytes = (static_cast<size_t>(plan.workspace) + 255) / 256 * 256;
+  TensorView* out = nullptr;
+  ConvOperands timed = ops;
+  if (scratch_output) {
+    out = output == kUidX ? &timed.x : output == kUidW ? &timed.w : &timed.y;
+  }
+  const size_t total = workspace_bytes + (out ? out->nbytes() : 0);
+  void* base = nullptr;
+  if (total > 0) {
+    base = WorkspacePool::current().try_get(total, stream);
+    if (!base) return -1.0f;
+  }
+  if (out) out->data = static_cast<char*>(base) + workspace_bytes;
+  void* workspace = plan.workspace > 0 ? base : nullptr;
+  BackendDescriptor pack = make_variant_pack(plan, timed, workspace);
+  // Warm-up: also the check that the engine accepts these operands at all.
+  if (cudnnBackendExecute(handle, plan.plan->get(), pack.get()) != CUDNN_STATUS_SUCCESS) return -2.0f;
+
+  CudaEvent start, stop;
+  std::vector<float> times;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    RN_CUDA_CHECK(cudaEventRecord(start.get(), stream));
+    const cudnnStatus_t status = cudnnBackendExecute(handle, plan.plan->get(), pack.get());
+    RN_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
+    RN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    if (status != CUDNN_STATUS_SUCCESS) return -2.0f;
+    float ms = 0.0f;
+    RN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace rn::graph

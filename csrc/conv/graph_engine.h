@@ -1,0 +1,38 @@
+// The cuDNN 9 graph (backend) API convolution engine: operation graphs for conv forward (with fused bias /
+// residual / ReLU epilogues), backward-data and backward-filter; engine heuristics (mode A, FALLBACK when A
+// yields nothing), optional timing of the top candidates, and execution plans cached per ConvParams.
+// The legacy engine (legacy_engine.h) implements the same two functions; conv_dispatch.cpp chooses.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "conv_params.h"
+
+// Tells conv_dispatch.cpp that this engine is compiled in.
+#define RN_HAVE_GRAPH_ENGINE 1
+
+namespace rn::graph {
+
+// Chooses an engine configuration for `params` (mode Find times the candidates on the given operands, whose
+// outputs may be overwritten; Heuristic takes the first candidate that passes the filters; Fixed takes the
+// engine named by `fixed_algo`). Candidates are filtered by the numerical notes the precision forbids (TF32
+// in strict fp32), by determinism when params.deterministic, and by params.workspace_cap. Throws CudnnError
+// naming the shape when no engine supports the problem.
+AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mode, int fixed_algo,
+                  cudnnHandle_t handle, cudaStream_t stream);
+
+// Runs `choice` (re-building and caching its execution plan if needed, e.g. after a cache-file load).
+// Takes workspace from WorkspacePool; allocates nothing else, so it can be captured in a CUDA graph once the
+// plan exists and the pool is large enough.
+void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, cudnnHandle_t handle,
+         cudaStream_t stream);
+
+// Drops every cached execution plan (their descriptors are destroyed).
+void clear_plans();
+// Number of cached execution plans.
+size_t num_plans();
+
+}  // namespace rn::graph

@@ -1,0 +1,449 @@
+#include "legacy_engine.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "../core/error.h"
+#include "../core/workspace.h"
+#include "legacy_descriptors.h"
+
+namespace rn::legacy {
+namespace {
+
+// One row of cudnnFind*/cudnnGet*_v7 results, whatever the direction.
+struct Candidate {
+  int algo = -1;
+  cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED;
+  float time_ms = -1.0f;
+  cudnnDeterminism_t determinism = CUDNN_NON_DETERMINISTIC;
+  cudnnMathType_t math_type = CUDNN_DEFAULT_MATH;
+};
+
+// A candidate that passed the filters, with the workspace it needs under the math type it will run with.
+struct Picked {
+  int algo;
+  cudnnMathType_t math_type;
+  size_t workspace;
+  float time_ms;
+};
+
+ConvDirection direction_of(const ConvParams& p) {
+  return static_cast<ConvDirection>(p.direction);
+}
+Precision precision_of(const ConvParams& p) {
+  return static_cast<Precision>(p.precision);
+}
+int algo_count(ConvDirection d) {
+  return static_cast<int>(algo_names(d).size());
+}
+
+template <class Perf>
+std::vector<Candidate> to_candidates(const std::vector<Perf>& perf, int count) {
+  std::vector<Candidate> out;
+  for (int i = 0; i < count && i < static_cast<int>(perf.size()); ++i) {
+    Candidate c;
+    c.algo = static_cast<int>(perf[i].algo);
+    c.status = perf[i].status;
+    c.time_ms = perf[i].time;
+    c.determinism = perf[i].determinism;
+    c.math_type = perf[i].mathType;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The math type a candidate runs with under the precision, or nullopt when the precision forbids it. Strict
+// fp32 runs every algorithm with FMA math whatever the search reported; TF32 and bf16 data must not be
+// down-converted to fp16.
+std::optional<cudnnMathType_t> run_math_type(Precision precision, cudnnMathType_t reported) {
+  switch (precision) {
+    case Precision::FP32:
+      return CUDNN_FMA_MATH;
+    case Precision::FP16:
+      return reported;
+    case Precision::TF32:
+    case Precision::BF16:
+      if (reported == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return std::nullopt;
+      return reported;
+  }
+  return std::nullopt;
+}
+
+cudnnStatus_t workspace_size(ConvDirection dir, cudnnHandle_t h, const ConvDescriptors& d, int algo, size_t* bytes) {
+  switch (dir) {
+    case ConvDirection::Forward:
+      return cudnnGetConvolutionForwardWorkspaceSize(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+    case ConvDirection::BackwardData:
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                                                          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+    case ConvDirection::BackwardFilter:
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+  }
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+std::vector<Candidate> heuristic_candidates(ConvDirection dir, cudnnHandle_t h, const ConvDescriptors& d) {
+  int max_count = 0, returned = 0;
+  switch (dir) {
+    case ConvDirection::Forward: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                                            static_cast<int>(perf.size()), &returned, perf.data()));
+      return to_candidates(perf, returned);
+    }
+    case ConvDirection::BackwardData: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<int>(perf.size()), &returned, perf.data()));
+      return to_candidates(perf, returned);
+    }
+    case ConvDirection::BackwardFilter: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), static_cast<int>(perf.size()), &returned, perf.data()));
+      return to_candidates(perf, returned);
+    }
+  }
+  return {};
+}
+
+// Times every algorithm on the given buffers (`out` receives the results of each run).
+std::vector<Candidate> find_candidates(ConvDirection dir, cudnnHandle_t h, const ConvDescriptors& d,
+                                       const ConvOperands& ops, void* out, void* ws, size_t ws_size) {
+  int max_count = 0, returned = 0;
+  switch (dir) {
+    case ConvDirection::Forward: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x.get(), ops.x.data, d.w.get(), ops.w.data,
+                                                            d.conv.get(), d.y.get(), out, static_cast<int>(perf.size()),
+                                                            &returned, perf.data(), ws, ws_size));
+      return to_candidates(perf, returned);
+    }
+    case ConvDirection::BackwardData: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          h, d.w.get(), ops.w.data, d.y.get(), ops.y.data, d.conv.get(), d.x.get(), out, static_cast<int>(perf.size()),
+          &returned, perf.data(), ws, ws_size));
+      return to_candidates(perf, returned);
+    }
+    case ConvDirection::BackwardFilter: {
+      RN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(std::max(max_count, 1));
+      RN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          h, d.x.get(), ops.x.data, d.y.get(), ops.y.data, d.conv.get(), d.w.get(), out, static_cast<int>(perf.size()),
+          &returned, perf.data(), ws, ws_size));
+      return to_candidates(perf, returned);
+    }
+  }
+  return {};
+}
+
+void execute(ConvDirection dir, cudnnHandle_t h, const ConvDescriptors& d, int algo, const ConvOperands& ops, void* ws,
+             size_t ws_size) {
+  const float alpha = ops.alpha1;
+  const float beta = ops.beta;
+  switch (dir) {
+    case ConvDirection::Forward:
+      RN_CUDNN_CHECK(cudnnConvolutionForward(h, &alpha, d.x.get(), ops.x.data, d.w.get(), ops.w.data, d.conv.get(),
+                                             static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_size, &beta,
+                                             d.y.get(), ops.y.data));
+      return;
+    case ConvDirection::BackwardData:
+      RN_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &alpha, d.w.get(), ops.w.data, d.y.get(), ops.y.data, d.conv.get(),
+                                                  static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_size, &beta,
+                                                  d.x.get(), ops.x.data));
+      return;
+    case ConvDirection::BackwardFilter:
+      RN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &alpha, d.x.get(), ops.x.data, d.y.get(), ops.y.data,
+                                                    d.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+                                                    ws, ws_size, &beta, d.w.get(), ops.w.data));
+      return;
+  }
+}
+
+// The first candidate, in the given order, that succeeded, passes the determinism and math filters, needs at
+// most `max_workspace` bytes (and at most the cap) and whose workspace the pool can give now.
+std::optional<Picked> first_fitting(const ConvParams& params, const std::vector<Candidate>& candidates,
+                                    size_t max_workspace, cudnnHandle_t h, cudaStream_t stream) {
+  const ConvDirection dir = direction_of(params);
+  WorkspacePool& pool = WorkspacePool::current();
+  for (const Candidate& c : candidates) {
+    if (c.status != CUDNN_STATUS_SUCCESS || c.algo < 0 || c.algo >= algo_count(dir)) continue;
+    if (params.deterministic && c.determinism != CUDNN_DETERMINISTIC) continue;
+    const std::optional<cudnnMathType_t> math = run_math_type(precision_of(params), c.math_type);
+    if (!math) continue;
+    // The workspace of the algorithm under the math type it will really run with.
+    size_t bytes = 0;
+    if (workspace_size(dir, h, *descriptors(params, *math), c.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    if (bytes > max_workspace || bytes > params.workspace_cap) continue;
+    if (bytes > 0 && pool.try_get(bytes, stream) == nullptr) continue;
+    return Picked{c.algo, *math, bytes, c.time_ms};
+  }
+  return std::nullopt;
+}
+
+size_t round_up(size_t bytes, size_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+// Find mode. Returns nullopt, without searching, when not even the scratch output of an accumulating
+// backward-filter call fits in the workspace pool.
+std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands& ops, const ConvDescriptors& d,
+                                   cudnnHandle_t h, cudaStream_t stream, bool* searched) {
+  const ConvDirection dir = direction_of(params);
+  WorkspacePool& pool = WorkspacePool::current();
+  // Largest first: every algorithm's workspace (within the cap), so that Find can try them all when memory allows.
+  std::vector<size_t> sizes{0};
+  for (int algo = 0; algo < algo_count(dir); ++algo) {
+    size_t bytes = 0;
+    if (workspace_size(dir, h, d, algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= params.workspace_cap) {
+      sizes.push_back(bytes);
+    }
+  }
+  std::sort(sizes.begin(), sizes.end(), [](size_t a, size_t b) { return a > b; });
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+
+  // Find writes every candidate's result into the output. An accumulating backward-filter call must keep dw,
+  // so its search writes into scratch space at the start of the pool buffer instead.
+  void* out = dir == ConvDirection::Forward ? ops.y.data : dir == ConvDirection::BackwardData ? ops.x.data : ops.w.data;
+  const bool scratch_output = dir == ConvDirection::BackwardFilter && ops.beta != 0.0f;
+  const size_t scratch = scratch_output ? round_up(ops.w.nbytes(), 256) : 0;
+  void* base = nullptr;
+  size_t ws_size = 0;
+  bool have = false;
+  for (size_t bytes : sizes) {
+    const size_t total = scratch + bytes;
+    if (total > params.workspace_cap) continue;
+    base = pool.try_get(total, stream);
+    if (base != nullptr || total == 0) {
+      ws_size = bytes;
+      have = true;
+      break;
+    }
+  }
+  if (!have) return std::nullopt;
+  if (scratch_output) out = base;
+  void* ws = ws_size > 0 ? static_cast<char*>(base) + scratch : nullptr;
+  const std::vector<Candidate> timed = find_candidates(dir, h, d, ops, out, ws, ws_size);
+  *searched = true;
+  // cuDNN returns the results fastest first.
+  return first_fitting(params, timed, ws_size, h, stream);
+}
+
+[[noreturn]] void throw_no_algorithm(const ConvParams& params) {
+  std::string why = "no cuDNN legacy convolution algorithm supports " + params.to_string();
+  if (params.deterministic) why += " (deterministic algorithms only)";
+  if (params.workspace_cap != UINT64_MAX) {
+    why += " within the workspace limit of " + std::to_string(params.workspace_cap) + " bytes";
+  }
+  throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED, why);
+}
+
+}  // namespace
+
+const std::vector<std::string>& algo_names(ConvDirection direction) {
+  static const std::vector<std::string> forward = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const std::vector<std::string> backward_data = {"ALGO_0",     "ALGO_1",   "FFT",
+                                                         "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const std::vector<std::string> backward_filter = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT == 8 && CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT == 6 &&
+                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT == 7,
+                "cuDNN's algorithm lists changed: update the name tables");
+  switch (direction) {
+    case ConvDirection::Forward:
+      return forward;
+    case ConvDirection::BackwardData:
+      return backward_data;
+    case ConvDirection::BackwardFilter:
+      return backward_filter;
+  }
+  return forward;
+}
+
+std::string algo_name(ConvDirection direction, int algo) {
+  const auto& names = algo_names(direction);
+  return algo >= 0 && algo < static_cast<int>(names.size()) ? names[algo] : "algo" + std::to_string(algo);
+}
+
+bool algo_is_deterministic(ConvDirection direction, int algo) {
+  switch (direction) {
+    case ConvDirection::Forward:
+      return true;
+    case ConvDirection::BackwardData:
+      return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    case ConvDirection::BackwardFilter:
+      return algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+  }
+  return false;
+}
+
+std::string math_type_name(int math_type) {
+  switch (math_type) {
+    case CUDNN_DEFAULT_MATH:
+      return "DEFAULT_MATH";
+    case CUDNN_TENSOR_OP_MATH:
+      return "TENSOR_OP_MATH";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "TENSOR_OP_MATH_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH:
+      return "FMA_MATH";
+  }
+  return "math" + std::to_string(math_type);
+}
+
+AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mode, int fixed_algo,
+                  cudnnHandle_t handle, cudaStream_t stream) {
+  const ConvDirection dir = direction_of(params);
+  const Precision precision = precision_of(params);
+  const cudnnMathType_t search_math = cudnn_math_type(precision);
+  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, search_math);
+
+  AlgoChoice choice;
+  choice.engine = static_cast<uint8_t>(ConvEngineKind::Legacy);
+  choice.mode = static_cast<uint8_t>(mode);
+  std::optional<Picked> picked;
+  if (mode == AlgoMode::Fixed) {
+    if (fixed_algo < 0 || fixed_algo >= algo_count(dir)) {
+      throw ValueError("algo: " + std::to_string(fixed_algo) + " is not a " + direction_name(dir) +
+                       " algorithm of the legacy engine");
+    }
+    if (params.deterministic && !algo_is_deterministic(dir, fixed_algo)) {
+      throw ValueError("algo: " + algo_name(dir, fixed_algo) + " is non-deterministic, but deterministic=True");
+    }
+    const cudnnMathType_t math = *run_math_type(precision, search_math);
+    size_t bytes = 0;
+    const cudnnStatus_t status = workspace_size(dir, handle, *descriptors(params, math), fixed_algo, &bytes);
+    if (status != CUDNN_STATUS_SUCCESS) {
+      throw ValueError("algo: " + algo_name(dir, fixed_algo) + " does not support this convolution (" +
+                       cudnn_status_name(status) + "): " + params.to_string());
+    }
+    if (bytes <= params.workspace_cap && (bytes == 0 || WorkspacePool::current().try_get(bytes, stream))) {
+      picked = Picked{fixed_algo, math, bytes, -1.0f};
+    } else {
+      // Its workspace cannot be had (cap or out of memory): the best candidate that fits instead.
+      picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+      choice.mode = static_cast<uint8_t>(AlgoMode::Heuristic);
+    }
+  } else if (mode == AlgoMode::Find) {
+    bool searched = false;
+    picked = find_fastest(params, ops, *d, handle, stream, &searched);
+    if (!searched) {
+      picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+      choice.mode = static_cast<uint8_t>(AlgoMode::Heuristic);
+    }
+  } else {
+    picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+  }
+  if (!picked) throw_no_algorithm(params);
+  choice.algo = picked->algo;
+  choice.math_type = static_cast<int32_t>(picked->math_type);
+  choice.workspace = picked->workspace;
+  choice.time_ms = picked->time_ms;
+  return choice;
+}
+
+void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, cudnnHandle_t handle,
+         cudaStream_t stream) {
+  const ConvDirection dir = direction_of(params);
+  WorkspacePool& pool = WorkspacePool::current();
+  void* ws = pool.try_get(choice.workspace, stream);
+  if (ws != nullptr || choice.workspace == 0) {
+    execute(dir, handle, *descriptors(params, static_cast<cudnnMathType_t>(choice.math_type)), choice.algo, ops, ws,
+            choice.workspace);
+    return;
+  }
+  // The chosen algorithm's workspace cannot be had now: the best candidate that needs less.
+  const cudnnMathType_t search_math = cudnn_math_type(precision_of(params));
+  const std::optional<Picked> alt =
+      first_fitting(params, heuristic_candidates(dir, handle, *descriptors(params, search_math)), choice.workspace - 1,
+                    handle, stream);
+  if (!alt) {
+    throw CudaError(cudaErrorMemoryAllocation,
+                    "no convolution algorithm fits in the workspace that can be allocated (" +
+                        algo_name(dir, choice.algo) + " needs " + std::to_string(choice.workspace) +
+                        " bytes): " + params.to_string());
+  }
+  execute(dir, handle, *descriptors(params, alt->math_type), alt->algo, ops, pool.try_get(alt->workspace, stream),
+          alt->workspace);
+}
+
+std::optional<FusionRefusal> try_forward_fused(const ConvParams& params, const AlgoChoice& choice,
+                                               const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
+  if (!(params.epilogue & kEpilogueBias)) {
+    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward needs a bias", true};
+  }
+  const bool relu = params.epilogue & kEpilogueRelu;
+  if (!relu && choice.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+    return FusionRefusal{"unfused: identity activation needs IMPLICIT_PRECOMP_GEMM, the algorithm is " +
+                             algo_name(ConvDirection::Forward, choice.algo),
+                         true};
+  }
+  void* ws = WorkspacePool::current().try_get(choice.workspace, stream);
+  if (ws == nullptr && choice.workspace > 0) return FusionRefusal{"unfused: workspace unavailable", false};
+  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, static_cast<cudnnMathType_t>(choice.math_type));
+
+  const void* z = ops.z.data;
+  float alpha2 = ops.alpha2;
+  if (!(params.epilogue & kEpilogueResidual)) {
+    // The call always reads z. Without a residual, z is y with alpha2 = 0; y is zeroed first because 0 * NaN
+    // (whatever the output held) would still be NaN.
+    RN_CUDA_CHECK(cudaMemsetAsync(ops.y.data, 0, ops.y.nbytes(), stream));
+    z = ops.y.data;
+    alpha2 = 0.0f;
+  }
+  const float alpha1 = ops.alpha1;
+  const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
+      handle, &alpha1, d->x.get(), ops.x.data, d->w.get(), ops.w.data, d->conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), ws, choice.workspace, &alpha2, d->y.get(), z, d->bias.get(),
+      ops.bias.data, relu ? d->relu.get() : d->identity.get(), d->y.get(), ops.y.data);
+  if (status == CUDNN_STATUS_SUCCESS) return std::nullopt;
+  const int category = CUDNN_STATUS_CATEGORY(status);
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM ||
+      category == CUDNN_STATUS_INTERNAL_ERROR) {
+    // cuDNN refused this combination (or could not build its kernel, e.g. a runtime-fusion compile failure).
+    // Falling back is safe whatever ran: the unfused path recomputes all of y from inputs y does not overlap.
+    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward returned " + cudnn_status_name(status), true};
+  }
+  throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
+}
+
+void run_forward_unfused(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops,
+                         cudnnHandle_t handle, cudaStream_t stream) {
+  ConvOperands conv_ops = ops;
+  conv_ops.beta = 0.0f;
+  run(params, choice, conv_ops, handle, stream);
+  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, static_cast<cudnnMathType_t>(choice.math_type));
+  const float one = 1.0f, zero = 0.0f, alpha2 = ops.alpha2;
+  if (params.epilogue & kEpilogueBias) {
+    RN_CUDNN_CHECK(cudnnAddTensor(handle, &one, d->bias.get(), ops.bias.data, &one, d->y.get(), ops.y.data));
+  }
+  if (params.epilogue & kEpilogueResidual) {
+    RN_CUDNN_CHECK(cudnnAddTensor(handle, &alpha2, d->y.get(), ops.z.data, &one, d->y.get(), ops.y.data));
+  }
+  if (params.epilogue & kEpilogueRelu) {
+    RN_CUDNN_CHECK(
+        cudnnActivationForward(handle, d->relu.get(), &one, d->y.get(), ops.y.data, &zero, d->y.get(), ops.y.data));
+  }
+}
+
+void backward_bias(const TensorView& dy, const TensorView& db, Layout layout, cudnnHandle_t handle) {
+  const std::array<int, 4> n = nchw_dims(dy, layout);
+  const cudnnDataType_t dtype = cudnn_dtype(dy.dtype);
+  TensorDescriptor dy_desc;
+  TensorDescriptor db_desc;
+  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(dy_desc.get(), tensor_format(layout), dtype, n[0], n[1], n[2], n[3]));
+  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(db_desc.get(), tensor_format(layout), dtype, 1, n[1], 1, 1));
+  const float one = 1.0f, zero = 0.0f;
+  RN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, dy_desc.get(), dy.data, &zero, db_desc.get(), db.data));
+}
+
+}  // namespace rn::legacy

@@ -1,0 +1,263 @@
+#include "multi_tensor.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "../core/error.h"
+#include "launch_config.h"
+
+namespace rn::kernels {
+namespace {
+
+// dtype codes are rn::DType: 0 fp32, 1 fp16, 2 bf16.
+__device__ __forceinline__ float load_element(uint64_t ptr, int32_t dtype, int64_t i) {
+  switch (dtype) {
+    case 1:
+      return __half2float(reinterpret_cast<const __half*>(ptr)[i]);
+    case 2:
+      return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(ptr)[i]);
+    default:
+      return reinterpret_cast<const float*>(ptr)[i];
+  }
+}
+
+__device__ __forceinline__ void store_element(uint64_t ptr, int32_t dtype, int64_t i, float v) {
+  switch (dtype) {
+    case 1:
+      reinterpret_cast<__half*>(ptr)[i] = __float2half_rn(v);
+      break;
+    case 2:
+      reinterpret_cast<__nv_bfloat16*>(ptr)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      reinterpret_cast<float*>(ptr)[i] = v;
+      break;
+  }
+}
+
+__device__ __forceinline__ float read_scalar(const ScalarArg& s) {
+  return s.ptr ? *s.ptr : s.value;
+}
+
+// Every block walks chunks; each thread of a block handles elements of the chunk with stride blockDim.x.
+// A Body (copied per thread) provides begin() once per thread, bind(t) once per chunk, apply(i) per element
+// and end() once per thread (all threads of a block reach it, so it may synchronise the block).
+template <typename Body>
+__global__ void multi_tensor_kernel(DeviceChunks chunks, Body body, const int32_t* skip_if_set) {
+  if (skip_if_set != nullptr && *skip_if_set != 0) return;  // uniform over the grid: the update is skipped
+  body.begin();
+  for (int64_t c = blockIdx.x; c < chunks.count; c += gridDim.x) {
+    const int32_t t = chunks.tensor[c];
+    const int64_t start = chunks.start[c];
+    const int64_t end = min(start + kMultiTensorChunk, chunks.numel[t]);
+    body.bind(t);
+    for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) body.apply(i);
+  }
+  body.end();
+}
+
+template <typename Body>
+void launch(const DeviceChunks& chunks, const Body& body, const int32_t* skip_if_set, cudaStream_t stream) {
+  if (chunks.count == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>(chunks.count, static_cast<int64_t>(sm_count()) * 16));
+  multi_tensor_kernel<Body><<<blocks, kThreadsPerBlock, 0, stream>>>(chunks, body, skip_if_set);
+  RN_CUDA_CHECK_LAUNCH();
+}
+
+struct SgdBody {
+  DeviceTensorList params, grads, bufs, copies;
+  bool has_bufs, has_copies;
+  ScalarArg lr_arg, inv_scale_arg;
+  SgdOptions o;
+  // Per-thread state.
+  float lr, inv_scale;
+  float* p;
+  uint64_t g;
+  int32_t g_dtype;
+  float* buf;
+  uint64_t copy;
+  int32_t copy_dtype;
+
+  __device__ void begin() {
+    lr = read_scalar(lr_arg);
+    inv_scale = read_scalar(inv_scale_arg);
+  }
+  __device__ void bind(int32_t t) {
+    p = reinterpret_cast<float*>(params.ptrs[t]);
+    g = grads.ptrs[t];
+    g_dtype = grads.dtypes[t];
+    buf = has_bufs ? reinterpret_cast<float*>(bufs.ptrs[t]) : nullptr;
+    copy = has_copies ? copies.ptrs[t] : 0;
+    copy_dtype = has_copies ? copies.dtypes[t] : 0;
+  }
+  __device__ void apply(int64_t i) {
+    float d = load_element(g, g_dtype, i) * inv_scale;
+    float w = p[i];
+    if (o.weight_decay != 0.0f) d += o.weight_decay * w;
+    if (buf != nullptr) {
+      const float b = o.first_step ? d : o.momentum * buf[i] + (1.0f - o.dampening) * d;
+      buf[i] = b;
+      d = o.nesterov ? d + o.momentum * b : b;
+    }
+    w -= lr * d;
+    p[i] = w;
+    if (copy != 0) store_element(copy, copy_dtype, i, w);
+  }
+  __device__ void end() {}
+};
+
+struct AdamWBody {
+  DeviceTensorList params, grads, exp_avgs, exp_avg_sqs, copies;
+  bool has_copies;
+  ScalarArg lr_arg, inv_scale_arg, step_arg;
+  AdamWOptions o;
+  // Per-thread state.
+  float lr, inv_scale, decay, step_size, bias_correction2_sqrt;
+  float *p, *m, *v;
+  uint64_t g;
+  int32_t g_dtype;
+  uint64_t copy;
+  int32_t copy_dtype;
+
+  __device__ void begin() {
+    lr = read_scalar(lr_arg);
+    inv_scale = read_scalar(inv_scale_arg);
+    const double step = read_scalar(step_arg);
+    // Bias corrections in double, as PyTorch computes them on the host.
+    const double bias_correction1 = 1.0 - pow(static_cast<double>(o.beta1), step);
+    const double bias_correction2 = 1.0 - pow(static_cast<double>(o.beta2), step);
+    step_size = static_cast<float>(lr / bias_correction1);
+    bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+    decay = 1.0f - lr * o.weight_decay;
+  }
+  __device__ void bind(int32_t t) {
+    p = reinterpret_cast<float*>(params.ptrs[t]);
+    m = reinterpret_cast<float*>(exp_avgs.ptrs[t]);
+    v = reinterpret_cast<float*>(exp_avg_sqs.ptrs[t]);
+    g = grads.ptrs[t];
+    g_dtype = grads.dtypes[t];
+    copy = has_copies ? copies.ptrs[t] : 0;
+    copy_dtype = has_copies ? copies.dtypes[t] : 0;
+  }
+  __device__ void apply(int64_t i) {
+    const float d = load_element(g, g_dtype, i) * inv_scale;
+    const float w = p[i] * decay;
+    const float mi = m[i] + (1.0f - o.beta1) * (d - m[i]);
+    const float vi = o.beta2 * v[i] + (1.0f - o.beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) / bias_correction2_sqrt + o.eps;
+    const float updated = w - step_size * mi / denom;
+    p[i] = updated;
+    if (copy != 0) store_element(copy, copy_dtype, i, updated);
+  }
+  __device__ void end() {}
+};
+
+struct FiniteBody {
+  DeviceTensorList tensors;
+  int32_t* found_inf;
+  bool bad;
+  uint64_t ptr;
+  int32_t dtype;
+
+  __device__ void begin() { bad = false; }
+  __device__ void bind(int32_t t) {
+    ptr = tensors.ptrs[t];
+    dtype = tensors.dtypes[t];
+  }
+  __device__ void apply(int64_t i) {
+    if (!isfinite(load_element(ptr, dtype, i))) bad = true;
+  }
+  __device__ void end() {
+    // One store per block that saw a non-finite value; 1 is the only value ever written, so races are benign.
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1;
+  }
+};
+
+struct ZeroBody {
+  DeviceTensorList tensors;
+  uint64_t ptr;
+  int32_t dtype;
+  __device__ void begin() {}
+  __device__ void bind(int32_t t) {
+    ptr = tensors.ptrs[t];
+    dtype = tensors.dtypes[t];
+  }
+  __device__ void apply(int64_t i) { store_element(ptr, dtype, i, 0.0f); }
+  __device__ void end() {}
+};
+
+struct ScaleBody {
+  DeviceTensorList tensors;
+  ScalarArg factor_arg;
+  float factor;
+  uint64_t ptr;
+  int32_t dtype;
+  __device__ void begin() { factor = read_scalar(factor_arg); }
+  __device__ void bind(int32_t t) {
+    ptr = tensors.ptrs[t];
+    dtype = tensors.dtypes[t];
+  }
+  __device__ void apply(int64_t i) { store_element(ptr, dtype, i, load_element(ptr, dtype, i) * factor); }
+  __device__ void end() {}
+};
+
+}  // namespace
+
+void sgd_step(const TensorTable& params, const TensorTable& grads, const TensorTable* bufs, const TensorTable* copies,
+              ScalarArg lr, ScalarArg inv_scale, const int32_t* found_inf, const SgdOptions& options,
+              cudaStream_t stream) {
+  SgdBody body{};
+  body.params = params.list();
+  body.grads = grads.list();
+  body.has_bufs = bufs != nullptr && options.momentum != 0.0f;
+  if (body.has_bufs) body.bufs = bufs->list();
+  body.has_copies = copies != nullptr;
+  if (copies) body.copies = copies->list();
+  body.lr_arg = lr;
+  body.inv_scale_arg = inv_scale;
+  body.o = options;
+  launch(params.chunks(), body, found_inf, stream);
+}
+
+void adamw_step(const TensorTable& params, const TensorTable& grads, const TensorTable& exp_avgs,
+                const TensorTable& exp_avg_sqs, const TensorTable* copies, ScalarArg lr, ScalarArg inv_scale,
+                ScalarArg step, const int32_t* found_inf, const AdamWOptions& options, cudaStream_t stream) {
+  AdamWBody body{};
+  body.params = params.list();
+  body.grads = grads.list();
+  body.exp_avgs = exp_avgs.list();
+  body.exp_avg_sqs = exp_avg_sqs.list();
+  body.has_copies = copies != nullptr;
+  if (copies) body.copies = copies->list();
+  body.lr_arg = lr;
+  body.inv_scale_arg = inv_scale;
+  body.step_arg = step;
+  body.o = options;
+  launch(params.chunks(), body, found_inf, stream);
+}
+
+void check_finite(const TensorTable& tensors, int32_t* found_inf, cudaStream_t stream) {
+  FiniteBody body{};
+  body.tensors = tensors.list();
+  body.found_inf = found_inf;
+  launch(tensors.chunks(), body, nullptr, stream);
+}
+
+void zero(const TensorTable& tensors, cudaStream_t stream) {
+  ZeroBody body{};
+  body.tensors = tensors.list();
+  launch(tensors.chunks(), body, nullptr, stream);
+}
+
+void scale(const TensorTable& tensors, ScalarArg factor, cudaStream_t stream) {
+  ScaleBody body{};
+  body.tensors = tensors.list();
+  body.factor_arg = factor;
+  launch(tensors.chunks(), body, nullptr, stream);
+}
+
+}  // namespace rn::kernels

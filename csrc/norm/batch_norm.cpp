@@ -1,0 +1,442 @@
+#include "batch_norm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "../core/descriptor.h"
+#include "../core/device.h"
+#include "../core/error.h"
+#include "../core/workspace.h"
+#include "../kernels/cudnn_tensor_4d.h"
+#include "../kernels/elementwise.h"
+
+namespace rn {
+namespace {
+
+std::atomic<int> g_mode_policy{static_cast<int>(BatchNormModePolicy::Auto)};
+std::atomic<bool> g_fuse_bf16{false};
+thread_local BatchNormPath t_last_path;
+
+// Shapes for which cuDNN refused a fused call: (forward?, dtype, n, c, h, w, has_z) -> status name.
+using RefusalKey = std::tuple<bool, int, int, int, int, int, bool>;
+std::mutex g_refusals_mutex;
+std::map<RefusalKey, std::string>& refusals() {
+  static auto* map = new std::map<RefusalKey, std::string>();
+  return *map;
+}
+
+RefusalKey refusal_key(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z) {
+  return {forward, static_cast<int>(dtype), d[0], d[1], d[2], d[3], has_z};
+}
+
+// How cuDNN says no to a fused call or the persistent mode. cuDNN 9 groups statuses by thousands: 2xxx bad
+// parameter, 3xxx not supported. A bad-parameter status counts too: the fused ops and the persistent mode are
+// documented for narrow sets of configurations, and the plain spatial call (which reports a real argument
+// error) runs next anyway.
+bool is_refusal(cudnnStatus_t status) {
+  const int group = static_cast<int>(status) / 1000;
+  return group == 2 || group == 3;
+}
+
+const char* mode_name(cudnnBatchNormMode_t mode) {
+  return mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "persistent" : "spatial";
+}
+
+cudnnBatchNormMode_t preferred_mode(Layout layout) {
+  switch (static_cast<BatchNormModePolicy>(g_mode_policy.load())) {
+    case BatchNormModePolicy::Persistent:
+      return CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+    case BatchNormModePolicy::Spatial:
+      return CUDNN_BATCHNORM_SPATIAL;
+    case BatchNormModePolicy::Auto:
+      break;
+  }
+  return layout == Layout::NHWC ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+}
+
+struct Fusion {
+  bool fused = false;
+  cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
+  std::string why_not;  // when !fused
+};
+
+Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
+                     cudnnBatchNormMode_t mode) {
+  Fusion f;
+  if (!relu) {
+    f.why_not = "no ReLU to fuse";
+  } else if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
+    f.why_not = "spatial mode";
+  } else if (layout != Layout::NHWC) {
+    f.why_not = "NCHW layout";
+  } else if (dtype == DType::F32) {
+    f.why_not = "fp32 activations";
+  } else if (dtype == DType::BF16 && !g_fuse_bf16.load()) {
+    f.why_not = "bf16 fusion disabled (cuDNN documents fp16)";
+  } else if (d[1] % 4 != 0) {
+    f.why_not = "C not a multiple of 4";
+  } else {
+    std::lock_guard<std::mutex> lock(g_refusals_mutex);
+    const auto it = refusals().find(refusal_key(forward, dtype, d, has_z));
+    if (it != refusals().end()) f.why_not = "cuDNN refused this shape (" + it->second + ")";
+  }
+  f.fused = f.why_not.empty();
+  f.ops = has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+  return f;
+}
+
+// Which reserve buffers were last filled by a fused forward call, and for which problem. The fused backward
+// reads the ReLU mask cuDNN left in the reserve, so it may run only after a fused forward of the same problem
+// into that same buffer; anything else (a refusal, a policy change, a buffer reused) takes the unfused backward,
+// which needs only y.
+struct ReserveRecord {
+  RefusalKey problem;
+  bool fused;
+};
+std::map<const void*, ReserveRecord>& reserve_records() {
+  static auto* map = new std::map<const void*, ReserveRecord>();
+  return *map;
+}
+constexpr size_t kMaxReserveRecords = 1 << 14;  // a few per BN layer; cleared wholesale past this
+
+void record_forward(const TensorView& reserve, const RefusalKey& problem, bool fused) {
+  if (!reserve.defined()) return;
+  std::lock_guard<std::mutex> lock(g_refusals_mutex);
+  auto& records = reserve_records();
+  if (records.size() >= kMaxReserveRecords) records.clear();
+  records[reserve.data] = {problem, fused};
+}
+
+bool filled_by_fused_forward(const TensorView& reserve, const RefusalKey& problem) {
+  if (!reserve.defined()) return false;
+  std::lock_guard<std::mutex> lock(g_refusals_mutex);
+  const auto it = reserve_records().find(reserve.data);
+  return it != reserve_records().end() && it->second.fused && it->second.problem == problem;
+}
+
+void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnStatus_t status) {
+  std::lock_guard<std::mutex> lock(g_refusals_mutex);
+  refusals()[refusal_key(forward, dtype, d, has_z)] = cudnn_status_name(status);
+}
+
+// The activation tensor descriptor (x, y, z, dy, dx, dz all share it) and the derived 1xCx1x1 fp32 one.
+struct BnDescriptors {
+  TensorDescriptor data;
+  TensorDescriptor param;
+};
+
+BnDescriptors make_descriptors(Layout layout, DType dtype, const std::array<int, 4>& d, cudnnBatchNormMode_t mode) {
+  BnDescriptors desc{make_tensor_4d(layout, dtype, d), TensorDescriptor()};
+  RN_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(desc.param.get(), desc.data.get(), mode));
+  return desc;
+}
+
+ActivationDescriptor make_relu() {
+  ActivationDescriptor act;
+  RN_CUDNN_CHECK(cudnnSetActivationDescriptor(act.get(), CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+  return act;
+}
+
+// The fused kernels want a real workspace pointer even when they report needing none.
+constexpr size_t kMinWorkspace = 256;
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+// y += z and/or ReLU after a plain BN call; returns what ran.
+std::string run_epilogue(const TensorView& y, const TensorView& z, bool relu, cudaStream_t stream) {
+  if (z.defined()) {
+    kernels::add(y, z, y, relu, stream);
+    return relu ? " + add_relu kernel" : " + add kernel";
+  }
+  if (relu) {
+    kernels::relu(y, y, stream);
+    return " + relu kernel";
+  }
+  return "";
+}
+
+// *no_workspace is set (and SUCCESS returned without running anything) when the workspace pool cannot provide
+// the workspace (its limit): the caller then runs the unfused path, without remembering a refusal.
+cudnnStatus_t fused_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                            const BatchNormTrainArgs& a, const std::array<int, 4>& d, cudaStream_t stream,
+                            bool* no_workspace) {
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  const ActivationDescriptor act = make_relu();
+  const bool has_z = a.z.defined();
+  size_t workspace_bytes = 0, reserve_bytes = 0;
+  cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+      handle, mode, ops, desc.data.get(), desc.data.get(), desc.data.get(), desc.param.get(), act.get(),
+      &workspace_bytes);
+  if (status != CUDNN_STATUS_SUCCESS) return status;
+  status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, mode, ops, act.get(), desc.data.get(),
+                                                                &reserve_bytes);
+  if (status != CUDNN_STATUS_SUCCESS) return status;
+  const size_t reserve_given = a.reserve.defined() ? a.reserve.nbytes() : 0;
+  if (reserve_given < reserve_bytes) {
+    throw ValueError("reserve: the fused batch-norm path needs " + std::to_string(reserve_bytes) +
+                     " bytes of reserve space, got " + std::to_string(reserve_given) +
+                     " (allocate it with resnet_native.norm.batch_norm_reserve_size)");
+  }
+  workspace_bytes = std::max(workspace_bytes, kMinWorkspace);
+  void* workspace = WorkspacePool::current().try_get(workspace_bytes, stream);
+  *no_workspace = workspace == nullptr;
+  if (*no_workspace) return CUDNN_STATUS_SUCCESS;
+  return cudnnBatchNormalizationForwardTrainingEx(
+      handle, mode, ops, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), has_z ? a.z.data : nullptr,
+      desc.data.get(), a.y.data, desc.param.get(), a.gamma.data, a.beta.data, a.momentum, a.running_mean.data,
+      a.running_var.data, a.eps, a.save_mean.data, a.save_invstd.data, act.get(), workspace, workspace_bytes,
+      reserve_given ? a.reserve.data : nullptr, reserve_given);
+}
+
+cudnnStatus_t plain_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, const BatchNormTrainArgs& a,
+                            const std::array<int, 4>& d) {
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  return cudnnBatchNormalizationForwardTraining(
+      handle, mode, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), a.y.data, desc.param.get(), a.gamma.data,
+      a.beta.data, a.momentum, a.running_mean.data, a.running_var.data, a.eps, a.save_mean.data, a.save_invstd.data);
+}
+
+// Where a backward call writes dgamma / dbeta: the caller's arrays, or (to accumulate) scratch that is then
+// added into them by the add kernel. cuDNN's own blending (betaParamDiff) is not relied on: whether every
+// kernel behind these calls honours it is not documented.
+struct ParamGrads {
+  TensorView dgamma, dbeta;
+};
+
+cudnnStatus_t fused_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                             const BatchNormBackwardArgs& a, const ParamGrads& g, void* workspace,
+                             size_t workspace_bytes, const std::array<int, 4>& d) {
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  const ActivationDescriptor act = make_relu();
+  return cudnnBatchNormalizationBackwardEx(
+      handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), a.y.data,
+      desc.data.get(), a.dy.data, desc.data.get(), a.has_z ? a.dz.data : nullptr, desc.data.get(), a.dx.data,
+      desc.param.get(), a.gamma.data, a.beta.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data,
+      a.save_invstd.data, act.get(), workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
+}
+
+cudnnStatus_t fused_backward_workspace(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                                       const BatchNormBackwardArgs& a, const std::array<int, 4>& d, size_t* bytes) {
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  const ActivationDescriptor act = make_relu();
+  return cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, mode, ops, desc.data.get(), desc.data.get(),
+                                                           desc.data.get(), desc.data.get(), desc.data.get(),
+                                                           desc.param.get(), act.get(), bytes);
+}
+
+cudnnStatus_t plain_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, const BatchNormBackwardArgs& a,
+                             const TensorView& dy, const ParamGrads& g, const std::array<int, 4>& d) {
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  return cudnnBatchNormalizationBackward(handle, mode, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data,
+                                         desc.data.get(), dy.data, desc.data.get(), a.dx.data, desc.param.get(),
+                                         a.gamma.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data,
+                                         a.save_invstd.data);
+}
+
+size_t align_up(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+// One workspace-pool buffer carved into: [cuDNN workspace | masked dy | dgamma scratch | dbeta scratch], each
+// part present only when needed.
+struct BackwardScratch {
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  TensorView masked_dy;
+  ParamGrads grads;
+};
+
+BackwardScratch carve_scratch(const BatchNormBackwardArgs& a, size_t workspace_bytes, bool need_masked_dy,
+                              cudaStream_t stream) {
+  const size_t masked_bytes = need_masked_dy ? align_up(a.dy.nbytes()) : 0;
+  const size_t param_bytes = a.accumulate ? align_up(a.dgamma.nbytes()) : 0;
+  workspace_bytes = workspace_bytes ? align_up(workspace_bytes) : 0;
+  const size_t total = workspace_bytes + masked_bytes + 2 * param_bytes;
+  auto* base = static_cast<unsigned char*>(total ? WorkspacePool::current().get(total, stream) : nullptr);
+  BackwardScratch s;
+  s.workspace = workspace_bytes ? base : nullptr;
+  s.workspace_bytes = workspace_bytes;
+  if (need_masked_dy) {
+    s.masked_dy = a.dy;
+    s.masked_dy.data = base + workspace_bytes;
+  }
+  s.grads = {a.dgamma, a.dbeta};
+  if (a.accumulate) {
+    s.grads.dgamma.data = base + workspace_bytes + masked_bytes;
+    s.grads.dbeta.data = base + workspace_bytes + masked_bytes + param_bytes;
+  }
+  return s;
+}
+
+// dgamma += scratch, dbeta += scratch when accumulating.
+void finish_param_grads(const BatchNormBackwardArgs& a, const ParamGrads& g, cudaStream_t stream) {
+  if (!a.accumulate) return;
+  kernels::add(a.dgamma, g.dgamma, a.dgamma, false, stream);
+  kernels::add(a.dbeta, g.dbeta, a.dbeta, false, stream);
+}
+
+// Runs `call(mode)`; a persistent call cuDNN refuses is retried in spatial mode. Throws on failure.
+template <typename Call>
+cudnnBatchNormMode_t run_with_mode_fallback(cudnnBatchNormMode_t mode, const char* expr, Call&& call) {
+  cudnnStatus_t status = call(mode);
+  // The persistent mode is only a faster variant: whatever it refuses is retried in spatial mode, where a
+  // genuinely bad argument is reported.
+  if (status != CUDNN_STATUS_SUCCESS && mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT && is_refusal(status)) {
+    mode = CUDNN_BATCHNORM_SPATIAL;
+    status = call(mode);
+  }
+  if (status != CUDNN_STATUS_SUCCESS) throw_cudnn_error(status, expr, __FILE__, __LINE__);
+  return mode;
+}
+
+}  // namespace
+
+void set_batch_norm_mode_policy(BatchNormModePolicy policy) {
+  g_mode_policy.store(static_cast<int>(policy));
+}
+BatchNormModePolicy batch_norm_mode_policy() {
+  return static_cast<BatchNormModePolicy>(g_mode_policy.load());
+}
+void set_batch_norm_fuse_bf16(bool enabled) {
+  g_fuse_bf16.store(enabled);
+}
+bool batch_norm_fuse_bf16() {
+  return g_fuse_bf16.load();
+}
+
+void clear_batch_norm_refusals() {
+  std::lock_guard<std::mutex> lock(g_refusals_mutex);
+  refusals().clear();
+}
+
+size_t batch_norm_reserve_size(Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
+                               cudaStream_t stream) {
+  const cudnnBatchNormMode_t mode = preferred_mode(layout);
+  const Fusion fusion = decide_fusion(true, layout, dtype, d, relu, has_z, mode);
+  if (!fusion.fused) return 0;
+  const BnDescriptors desc = make_descriptors(layout, dtype, d, mode);
+  const ActivationDescriptor act = make_relu();
+  size_t bytes = 0;
+  const cudnnStatus_t status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+      cudnn_handle(stream), mode, fusion.ops, act.get(), desc.data.get(), &bytes);
+  if (status == CUDNN_STATUS_SUCCESS) return bytes;
+  if (is_refusal(status)) return 0;  // the forward will be refused too and run unfused
+  throw_cudnn_error(status, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", __FILE__, __LINE__);
+}
+
+void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t stream) {
+  const std::array<int, 4> d = nchw_dims(a.x, a.layout);
+  const DType dtype = a.x.dtype;
+  const bool has_z = a.z.defined();
+  const cudnnHandle_t handle = cudnn_handle(stream);
+  const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
+  const RefusalKey problem = refusal_key(true, dtype, d, has_z);
+  Fusion fusion = decide_fusion(true, a.layout, dtype, d, a.relu, has_z, mode);
+  if (fusion.fused) {
+    bool no_workspace = false;
+    const cudnnStatus_t status = fused_forward(handle, mode, fusion.ops, a, d, stream, &no_workspace);
+    if (no_workspace) {
+      fusion.why_not = "workspace over the limit";
+    } else if (status == CUDNN_STATUS_SUCCESS) {
+      record_forward(a.reserve, problem, true);
+      t_last_path = {"train", true, mode_name(mode),
+                     has_z ? "cudnnBatchNormalizationForwardTrainingEx(BN_ADD_ACTIVATION)"
+                           : "cudnnBatchNormalizationForwardTrainingEx(BN_ACTIVATION)"};
+      return;
+    } else if (is_refusal(status)) {
+      remember_refusal(true, dtype, d, has_z, status);
+      fusion.why_not = "cuDNN refused the fused call (" + cudnn_status_name(status) + ")";
+    } else {
+      throw_cudnn_error(status, "cudnnBatchNormalizationForwardTrainingEx", __FILE__, __LINE__);
+    }
+  }
+  record_forward(a.reserve, problem, false);
+  const cudnnBatchNormMode_t ran =
+      run_with_mode_fallback(mode, "cudnnBatchNormalizationForwardTraining",
+                             [&](cudnnBatchNormMode_t m) { return plain_forward(handle, m, a, d); });
+  std::string detail = "cudnnBatchNormalizationForwardTraining" + run_epilogue(a.y, a.z, a.relu, stream);
+  if (a.relu) detail += " (unfused: " + fusion.why_not + ")";
+  t_last_path = {"train", false, mode_name(ran), detail};
+}
+
+void batch_norm_forward_inference(const BatchNormInferArgs& a, cudaStream_t stream) {
+  const std::array<int, 4> d = nchw_dims(a.x, a.layout);
+  // Inference has no reduction, so the persistent mode has nothing to speed up: always spatial.
+  const cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
+  const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
+  RN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+      cudnn_handle(stream), mode, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), a.y.data, desc.param.get(),
+      a.gamma.data, a.beta.data, a.running_mean.data, a.running_var.data, a.eps));
+  t_last_path = {"infer", false, mode_name(mode),
+                 "cudnnBatchNormalizationForwardInference" + run_epilogue(a.y, a.z, a.relu, stream)};
+}
+
+void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
+  const std::array<int, 4> d = nchw_dims(a.x, a.layout);
+  const DType dtype = a.x.dtype;
+  const cudnnHandle_t handle = cudnn_handle(stream);
+  const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
+  Fusion fusion = decide_fusion(false, a.layout, dtype, d, a.relu, a.has_z, mode);
+  if (fusion.fused && !filled_by_fused_forward(a.reserve, refusal_key(true, dtype, d, a.has_z))) {
+    fusion.fused = false;
+    fusion.why_not =
+        a.reserve.defined() ? "the forward call that filled `reserve` did not run fused" : "no reserve space given";
+  }
+  const std::string accumulate_note = a.accumulate ? " + add kernels (accumulate)" : "";
+  if (fusion.fused) {
+    size_t workspace_bytes = 0;
+    cudnnStatus_t status = fused_backward_workspace(handle, mode, fusion.ops, a, d, &workspace_bytes);
+    const size_t scratch_bytes =
+        align_up(std::max(workspace_bytes, kMinWorkspace)) + (a.accumulate ? 2 * align_up(a.dgamma.nbytes()) : 0);
+    if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(scratch_bytes)) {
+      fusion.fused = false;
+      fusion.why_not = "workspace over the limit";
+    } else if (status == CUDNN_STATUS_SUCCESS) {
+      const BackwardScratch scratch =
+          carve_scratch(a, std::max(workspace_bytes, kMinWorkspace), /*need_masked_dy=*/false, stream);
+      status =
+          fused_backward(handle, mode, fusion.ops, a, scratch.grads, scratch.workspace, scratch.workspace_bytes, d);
+      if (status == CUDNN_STATUS_SUCCESS) {
+        finish_param_grads(a, scratch.grads, stream);
+        t_last_path = {"backward", true, mode_name(mode),
+                       std::string(a.has_z ? "cudnnBatchNormalizationBackwardEx(BN_ADD_ACTIVATION)"
+                                           : "cudnnBatchNormalizationBackwardEx(BN_ACTIVATION)") +
+                           accumulate_note};
+        return;
+      }
+    }
+    if (fusion.fused) {
+      if (!is_refusal(status)) throw_cudnn_error(status, "cudnnBatchNormalizationBackwardEx", __FILE__, __LINE__);
+      remember_refusal(false, dtype, d, a.has_z, status);
+      fusion.why_not = "cuDNN refused the fused call (" + cudnn_status_name(status) + ")";
+    }
+  }
+  // Unfused: the gradient reaching bn(x) [+ z] is dy masked by y > 0; with z it is also dz.
+  const BackwardScratch scratch = carve_scratch(a, 0, /*need_masked_dy=*/a.relu && !a.has_z, stream);
+  std::string detail;
+  TensorView grad = a.dy;
+  if (a.relu) {
+    grad = a.has_z ? a.dz : scratch.masked_dy;
+    kernels::relu_backward(a.dy, a.y, grad, stream);
+    detail = "relu_backward kernel + ";
+  } else if (a.has_z) {
+    RN_CUDA_CHECK(cudaMemcpyAsync(a.dz.data, a.dy.data, a.dy.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    detail = "dz copy + ";
+  }
+  const cudnnBatchNormMode_t ran = run_with_mode_fallback(
+      mode, "cudnnBatchNormalizationBackward",
+      [&](cudnnBatchNormMode_t m) { return plain_backward(handle, m, a, grad, scratch.grads, d); });
+  finish_param_grads(a, scratch.grads, stream);
+  detail += "cudnnBatchNormalizationBackward" + accumulate_note;
+  if (a.relu) detail += " (unfused: " + fusion.why_not + ")";
+  t_last_path = {"backward", false, mode_name(ran), detail};
+}
+
+BatchNormPath batch_norm_last_path() {
+  return t_last_path;
+}
+
+}  // namespace rn

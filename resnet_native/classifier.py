@@ -1,0 +1,183 @@
+"""CIFAR10Classifier: load a released model (cifar10_models/version_X/) and classify images.
+
+    clf = resnet_native.CIFAR10Classifier(version="A")         # or a path to a version folder
+    clf.predict("cat.png")        -> 3                           # PIL image, path, HWC uint8 array
+    clf.predict([img1, img2])     -> array([3, 5])               # list, or an (N, 32, 32, 3) uint8 array
+    clf.predict_proba(img)        -> (10,) float32 probabilities
+    clf.classes                   -> ('airplane', 'automobile', ...)
+
+Images that are not 32x32 are resized (bilinear) and converted to RGB, as the release's preprocess.py does.
+Normalisation runs on the host through the same lookup table the trainer's GPU kernel uses, so the network sees
+bit-identical inputs to those it was evaluated on during training.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from .data.cifar10 import CLASSES
+
+DEFAULT_MODELS_DIR = "cifar10_models"
+IMAGE_SIZE = (32, 32)
+
+
+def models_dir_default() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("RESNET_NATIVE_MODELS", DEFAULT_MODELS_DIR))
+
+
+def resolve_version_dir(version, models_dir=None) -> pathlib.Path:
+    """'A' -> <models_dir>/version_A; a path to a version folder is used as is."""
+    p = pathlib.Path(str(version))
+    if p.is_dir() and (p / "config.yaml").is_file():
+        return p
+    root = pathlib.Path(models_dir) if models_dir is not None else models_dir_default()
+    d = root / f"version_{version}"
+    if not (d / "config.yaml").is_file():
+        have = sorted(x.name for x in root.glob("version_*")) if root.is_dir() else []
+        raise FileNotFoundError(f"CIFAR-10 model version {version!r}: no {d}/config.yaml (found: {have or 'none'})")
+    return d
+
+
+def load_release_config(version_dir) -> dict:
+    import yaml
+
+    with open(pathlib.Path(version_dir) / "config.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def load_weights(version_dir) -> dict:
+    """The release's state_dict: model.safetensors (when present) or model.npz, as NumPy arrays."""
+    d = pathlib.Path(version_dir)
+    if (d / "model.safetensors").is_file():
+        from safetensors.numpy import load_file
+
+        return dict(load_file(str(d / "model.safetensors")))
+    if (d / "model.npz").is_file():
+        with np.load(d / "model.npz", allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    raise FileNotFoundError(f"{d}: neither model.safetensors nor model.npz")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Input forms
+
+
+def load_image(image) -> np.ndarray:
+    """A PIL image, a path, or an (H, W, 3) / (H, W) uint8 array -> uint8 (32, 32, 3) RGB."""
+    from PIL import Image
+
+    if isinstance(image, str | os.PathLike):
+        with Image.open(image) as im:
+            return load_image(im.convert("RGB"))
+    if isinstance(image, Image.Image):
+        im = image.convert("RGB")
+        if im.size != IMAGE_SIZE:
+            im = im.resize(IMAGE_SIZE, Image.Resampling.BILINEAR)
+        return np.asarray(im, dtype=np.uint8)
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8:
+            raise TypeError(f"image: expected a uint8 array, got {image.dtype}")
+        if image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4)):
+            if image.shape[:2] == IMAGE_SIZE and image.ndim == 3 and image.shape[2] == 3:
+                return np.ascontiguousarray(image)
+            return load_image(Image.fromarray(image.squeeze(-1) if image.ndim == 3 and image.shape[2] == 1
+                                              else image))
+        raise ValueError(f"image: expected an (H, W, 3) HWC array, got shape {image.shape}")
+    raise TypeError(f"image: expected a PIL image, a path, or a uint8 array, got {type(image).__name__}")
+
+
+def to_batch(images) -> tuple[np.ndarray, bool]:
+    """Any accepted input -> (uint8 (N, 32, 32, 3), whether it was a single image)."""
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        if images.dtype != np.uint8:
+            raise TypeError(f"images: expected a uint8 (N, H, W, 3) array, got {images.dtype}")
+        if images.shape[1:] == (*IMAGE_SIZE, 3):
+            return np.ascontiguousarray(images), False
+        return np.stack([load_image(im) for im in images]), False
+    if isinstance(images, list | tuple):
+        if not images:
+            return np.zeros((0, *IMAGE_SIZE, 3), np.uint8), False
+        return np.stack([load_image(im) for im in images]), False
+    return load_image(images)[None], True
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_release_model(config: dict, weights: dict):
+    """The network described by a release's config.yaml, with its weights, in eval mode (needs a GPU)."""
+    import resnet_native as rn
+
+    from .train import MODELS
+
+    m = config["model"]
+    model = getattr(rn, MODELS[m["name"]])(num_classes=int(m["num_classes"]), stem=m["stem"], layout=m["layout"],
+                                           dtype=m["dtype"])
+    if hasattr(model, "cuda"):
+        model.cuda()
+    model.load_state_dict(weights)
+    model.eval()
+    return model
+
+
+class CIFAR10Classifier:
+    """A released CIFAR-10 model. version: 'A', 'B', ... (looked up in models_dir, default ./cifar10_models or
+    $RESNET_NATIVE_MODELS) or the path of a version folder. model: use this network instead of building the
+    release's (for tests or a custom device setup); it must provide forward(x, train=False) -> logits."""
+
+    def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None):
+        self.version_dir = resolve_version_dir(version, models_dir)
+        self.config = load_release_config(self.version_dir)
+        self.classes = tuple(self.config.get("classes", CLASSES))
+        m = self.config["model"]
+        self.layout, self.dtype = m["layout"], m["dtype"]
+        self.batch_size = int(batch_size)
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size: expected > 0, got {batch_size}")
+        self.model = model if model is not None else build_release_model(self.config, load_weights(self.version_dir))
+
+    def __repr__(self):
+        return f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']})"
+
+    def preprocess(self, images) -> tuple[np.ndarray, bool]:
+        """Inputs -> (normalised batch in the model's layout and storage dtype, single?)."""
+        from .data.augment import normalize_on_host
+
+        batch, single = to_batch(images)
+        return normalize_on_host(batch, layout=self.layout, dtype=self.dtype), single
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        import resnet_native as rn
+
+        if rn.cuda_available():
+            import cupy
+
+            x = cupy.asarray(x)
+        logits = self.model.forward(x, train=False)
+        return np.asarray(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
+
+    def logits(self, images) -> np.ndarray:
+        x, single = self.preprocess(images)
+        out = [self._forward(x[s:s + self.batch_size]) for s in range(0, len(x), self.batch_size)]
+        logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
+        return logits[0] if single else logits
+
+    def predict_proba(self, images) -> np.ndarray:
+        """Class probabilities: (10,) for one image, (N, 10) for a batch."""
+        return softmax(self.logits(images))
+
+    def predict(self, images):
+        """Class ids: an int for one image, an int64 array for a batch (names: self.classes[id])."""
+        logits = self.logits(images)
+        if logits.ndim == 1:
+            return int(np.argmax(logits))
+        return np.argmax(logits, axis=1).astype(np.int64)

@@ -1,0 +1,361 @@
+"""GPU data augmentation for CIFAR-10: random crop with zero padding, horizontal flip, Cutout, normalisation.
+
+Split in two so each half can be checked on its own:
+  (a) host-side sampling (NumPy): per epoch, a seeded permutation and, for every image, its crop offsets, flip and
+      Cutout centre -> an int32 (6, N) parameter table (sample_epoch). Seeded by (seed, epoch) alone, so any epoch's
+      batches can be rebuilt without replaying the ones before it (which is what makes --resume exact);
+  (b) one fused CUDA kernel per batch that applies a slice of that table: gather the source pixel, zero-pad, flip,
+      Cutout, normalise through a per-channel lookup table, and write the model's layout and storage dtype
+      (apply_reference is the same computation in NumPy, used to check the kernel exactly).
+
+Semantics (torchvision's RandomCrop(32, padding=4) -> RandomHorizontalFlip -> ToTensor -> Normalize -> Cutout as in
+DeVries & Taylor): the crop reads the image padded with zeros (black; normalised like any black pixel), the flip
+mirrors the crop, and the Cutout square (side `cutout`, centre uniform over the output image, clipped at the
+borders) is set to 0 after normalisation, i.e. to the data-set mean.
+
+Normalisation goes through a (3, 256) lookup table computed in float64 and rounded once to the storage dtype, so the
+kernel does no arithmetic at all and its output is bit-exact with the reference (fp16 and bf16 included; bf16 is
+stored as uint16 bits because cupy has no bfloat16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+# Precision mode -> NumPy storage dtype of the model's input.
+STORAGE_DTYPES = {"fp32": np.float32, "tf32": np.float32, "fp16": np.float16, "bf16": np.uint16}
+LAYOUTS = ("NHWC", "NCHW")
+
+# Rows of the (6, N) parameter table.
+ROW_INDEX, ROW_OFFSET_Y, ROW_OFFSET_X, ROW_FLIP, ROW_CUT_Y, ROW_CUT_X = range(6)
+NUM_ROWS = 6
+
+# Independent random streams derived from one seed.
+STREAM_AUGMENT, STREAM_AUTOAUGMENT, STREAM_SUBSET = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """crop_padding: zero padding of the random crop (0: no crop); flip: random horizontal flip;
+    cutout: side of the Cutout square (0: off)."""
+
+    crop_padding: int = 4
+    flip: bool = True
+    cutout: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
+            raise ValueError(f"crop_padding: expected an int >= 0, got {self.crop_padding!r}")
+        if not isinstance(self.cutout, int) or self.cutout < 0:
+            raise ValueError(f"cutout: expected an int >= 0, got {self.cutout!r}")
+
+
+def epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    """The generator of one (seed, epoch, purpose): independent of every other epoch and purpose."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), int(stream)]))
+
+
+def storage_dtype(dtype: str):
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
+    return STORAGE_DTYPES[dtype]
+
+
+def check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (a) host-side sampling
+
+
+def sample_epoch(seed: int, epoch: int, n: int, config: AugmentConfig, height: int = 32, width: int = 32,
+                 shuffle: bool = True) -> np.ndarray:
+    """The int32 (6, n) parameter table of one epoch; column j describes the epoch's j-th image:
+    source index (a permutation of 0..n-1), crop offsets in [0, 2*padding] (offset == padding: no shift),
+    flip (0/1), Cutout centre (y in [0, height), x in [0, width))."""
+    rng = epoch_rng(seed, epoch, STREAM_AUGMENT)
+    p = config.crop_padding
+    table = np.empty((NUM_ROWS, n), np.int32)
+    table[ROW_INDEX] = rng.permutation(n) if shuffle else np.arange(n)
+    table[ROW_OFFSET_Y] = rng.integers(0, 2 * p + 1, n)
+    table[ROW_OFFSET_X] = rng.integers(0, 2 * p + 1, n)
+    table[ROW_FLIP] = rng.integers(0, 2, n) if config.flip else 0
+    table[ROW_CUT_Y] = rng.integers(0, height, n)
+    table[ROW_CUT_X] = rng.integers(0, width, n)
+    return table
+
+
+def identity_params(n: int, config: AugmentConfig | None = None, start: int = 0) -> np.ndarray:
+    """A table that applies no augmentation (evaluation): images start..start+n-1 in order, centred, unflipped."""
+    p = config.crop_padding if config is not None else 0
+    table = np.zeros((NUM_ROWS, n), np.int32)
+    table[ROW_INDEX] = np.arange(start, start + n)
+    table[ROW_OFFSET_Y] = p
+    table[ROW_OFFSET_X] = p
+    return table
+
+
+def cutout_box(cy: int, cx: int, size: int, height: int = 32, width: int = 32) -> tuple[int, int, int, int]:
+    """(y0, y1, x0, x1), the half-open rows/columns of a Cutout square centred at (cy, cx), clipped to the image."""
+    y0, x0 = cy - size // 2, cx - size // 2
+    return max(y0, 0), min(y0 + size, height), max(x0, 0), min(x0 + size, width)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Normalisation table
+
+
+def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even float32 -> bfloat16, as uint16 bits (finite inputs)."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def normalization_lut(dtype: str, mean=MEAN, std=STD) -> np.ndarray:
+    """(3, 256) table: lut[c, v] = (v / 255 - mean[c]) / std[c], computed in float64, stored in the dtype's
+    storage type (bf16: uint16 bits, rounded via float32)."""
+    values = (np.arange(256, dtype=np.float64)[None, :] / 255.0 - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]
+    st = storage_dtype(dtype)
+    if st is np.uint16:
+        return _float32_to_bf16_bits(values.astype(np.float32))
+    return values.astype(st)
+
+
+def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Storage array (host) -> float32 values (bf16 bits are widened)."""
+    return bf16_bits_to_float32(x) if storage_dtype(dtype) is np.uint16 else np.asarray(x, np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# NumPy reference of the kernel
+
+
+def apply_reference(images: np.ndarray, params: np.ndarray, lut: np.ndarray, *, layout: str = "NHWC",
+                    crop_padding: int = 4, cutout: int = 0) -> np.ndarray:
+    """What the kernel computes, in NumPy: params is a (6, B) slice of a parameter table, images the uint8
+    (N, H, W, 3) source. Returns (B, H, W, 3) (NHWC) or (B, 3, H, W) (NCHW) in lut's dtype."""
+    check_layout(layout)
+    params = np.asarray(params)
+    _, h, w, _ = images.shape
+    b = params.shape[1]
+    y = np.arange(h)[None, :, None]
+    x = np.arange(w)[None, None, :]
+    col = lambda row: params[row][:, None, None]  # noqa: E731
+    xs = np.where(col(ROW_FLIP) != 0, w - 1 - x, x)
+    sy = y + col(ROW_OFFSET_Y) - crop_padding
+    sx = xs + col(ROW_OFFSET_X) - crop_padding
+    inside = (sy >= 0) & (sy < h) & (sx >= 0) & (sx < w)
+    y0 = col(ROW_CUT_Y) - cutout // 2
+    x0 = col(ROW_CUT_X) - cutout // 2
+    in_cut = (cutout > 0) & (y >= y0) & (y < y0 + cutout) & (x >= x0) & (x < x0 + cutout)
+    idx = np.broadcast_to(col(ROW_INDEX), (b, h, w))
+    pixels = images[idx, np.clip(sy, 0, h - 1), np.clip(sx, 0, w - 1)]  # (B, H, W, 3)
+    pixels = np.where(inside[..., None], pixels, 0)
+    out = lut[np.arange(3)[None, None, None, :], pixels]
+    out = np.where(in_cut[..., None], np.zeros((), lut.dtype), out)
+    return np.ascontiguousarray(out if layout == "NHWC" else out.transpose(0, 3, 1, 2))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (b) the CUDA kernel
+
+# One thread per output pixel; the element type only matters for its size (the lookup table already holds the
+# final bits), so one template serves fp32/tf32 (4 bytes) and fp16/bf16 (2 bytes).
+KERNEL_SOURCE = r"""
+template <typename T>
+__device__ __forceinline__ void augment_pixel(const unsigned char* __restrict__ images,
+                                              const int* __restrict__ params, int table_stride, int batch_start,
+                                              int batch, int height, int width, int pad, int cut, int nchw,
+                                              const T* __restrict__ lut, T* __restrict__ out, long long t) {
+  const long long pixels = (long long)height * width;
+  if (t >= (long long)batch * pixels) return;
+  const int x = (int)(t % width);
+  const int y = (int)((t / width) % height);
+  const int b = (int)(t / pixels);
+  const int j = batch_start + b;
+  const int image = params[0 * table_stride + j];
+  const int offset_y = params[1 * table_stride + j];
+  const int offset_x = params[2 * table_stride + j];
+  const int flip = params[3 * table_stride + j];
+  const int cut_y0 = params[4 * table_stride + j] - cut / 2;
+  const int cut_x0 = params[5 * table_stride + j] - cut / 2;
+
+  const int xs = flip ? width - 1 - x : x;
+  const int sy = y + offset_y - pad;
+  const int sx = xs + offset_x - pad;
+  const bool inside = sy >= 0 && sy < height && sx >= 0 && sx < width;
+  const bool in_cut = cut > 0 && y >= cut_y0 && y < cut_y0 + cut && x >= cut_x0 && x < cut_x0 + cut;
+  const unsigned char* src = images + ((long long)image * pixels + (inside ? (long long)sy * width + sx : 0)) * 3;
+  for (int c = 0; c < 3; ++c) {
+    T v = (T)0;
+    if (!in_cut) v = lut[c * 256 + (inside ? src[c] : 0)];
+    const long long o = nchw ? (((long long)b * 3 + c) * height + y) * width + x : t * 3 + c;
+    out[o] = v;
+  }
+}
+
+extern "C" __global__ void augment_2byte(const unsigned char* __restrict__ images, const int* __restrict__ params,
+                                         int table_stride, int batch_start, int batch, int height, int width,
+                                         int pad, int cut, int nchw, const unsigned short* __restrict__ lut,
+                                         unsigned short* __restrict__ out) {
+  augment_pixel<unsigned short>(images, params, table_stride, batch_start, batch, height, width, pad, cut, nchw,
+                                lut, out, (long long)blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+extern "C" __global__ void augment_4byte(const unsigned char* __restrict__ images, const int* __restrict__ params,
+                                         int table_stride, int batch_start, int batch, int height, int width,
+                                         int pad, int cut, int nchw, const unsigned int* __restrict__ lut,
+                                         unsigned int* __restrict__ out) {
+  augment_pixel<unsigned int>(images, params, table_stride, batch_start, batch, height, width, pad, cut, nchw,
+                              lut, out, (long long)blockIdx.x * blockDim.x + threadIdx.x);
+}
+"""
+
+THREADS_PER_BLOCK = 256
+_kernels = {}
+
+
+def _kernel(itemsize: int):
+    """The compiled kernel for 2- or 4-byte outputs (compiled once per process by NVRTC, cached by cupy)."""
+    if itemsize not in _kernels:
+        import cupy
+
+        module = cupy.RawModule(code=KERNEL_SOURCE)
+        _kernels[itemsize] = module.get_function(f"augment_{itemsize}byte")
+    return _kernels[itemsize]
+
+
+def launch_augment(images, params, batch_start: int, batch: int, lut, out, *, layout: str = "NHWC",
+                   crop_padding: int = 4, cutout: int = 0) -> None:
+    """Run the kernel on cupy's current stream: out[b] = augment(images[params[0, batch_start + b]], ...).
+
+    images: cupy uint8 (N, H, W, 3); params: cupy int32 (6, M) table (C-contiguous); lut: cupy (3, 256) in the
+    output's storage dtype; out: cupy (batch, H, W, 3) or (batch, 3, H, W), C-contiguous. No allocation, no sync.
+    """
+
+    check_layout(layout)
+    _, h, w, c = images.shape
+    if images.dtype != np.uint8 or c != 3 or not images.flags.c_contiguous:
+        raise ValueError(f"images: expected a C-contiguous uint8 (N, H, W, 3) array, got {images.dtype} "
+                         f"{images.shape}")
+    if params.dtype != np.int32 or params.ndim != 2 or params.shape[0] != NUM_ROWS or not params.flags.c_contiguous:
+        raise ValueError(f"params: expected a C-contiguous int32 (6, M) table, got {params.dtype} {params.shape}")
+    if not 0 <= batch_start <= batch_start + batch <= params.shape[1]:
+        raise ValueError(f"batch: [{batch_start}, {batch_start + batch}) is outside the table's {params.shape[1]}")
+    want = (batch, h, w, 3) if layout == "NHWC" else (batch, 3, h, w)
+    if tuple(out.shape) != want or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous {want} array for {layout}, got {tuple(out.shape)}")
+    if lut.dtype != out.dtype or lut.shape != (3, 256) or out.dtype.itemsize not in (2, 4):
+        raise ValueError(f"lut: expected (3, 256) of out's dtype {out.dtype}, got {lut.dtype} {lut.shape}")
+    total = batch * h * w
+    if total == 0:
+        return
+    grid = (total + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    i32 = np.int32
+    _kernel(out.dtype.itemsize)(
+        (grid,), (THREADS_PER_BLOCK,),
+        (images, params, i32(params.shape[1]), i32(batch_start), i32(batch), i32(h), i32(w), i32(crop_padding),
+         i32(cutout), i32(layout == "NCHW"), lut, out),
+    )  # cupy launches on its current stream
+
+
+class GpuAugmenter:
+    """The whole uint8 training set on the GPU, served as augmented, normalised batches.
+
+    for x, y in augmenter.epoch(e): ...   # x: (B, H, W, 3) / (B, 3, H, W) in the storage dtype; y: int32 (B,)
+    Each epoch uploads one (6, N) int32 table (one host-to-device copy); each batch is one kernel launch into a
+    reused output buffer (stream order keeps the previous step's reads ahead of the next write).
+    drop_last: skip the final partial batch so every step has the same shape.
+    """
+
+    def __init__(self, images, labels, *, batch_size: int, layout: str = "NHWC", dtype: str = "fp16",
+                 config: AugmentConfig = AugmentConfig(), seed: int = 0, drop_last: bool = True):
+        import cupy
+
+        self.layout = check_layout(layout)
+        self.dtype = dtype
+        self.config = config
+        self.seed = int(seed)
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+        images = np.asarray(images) if not hasattr(images, "__cuda_array_interface__") else images
+        if images.ndim != 4 or images.shape[3] != 3 or images.dtype != np.uint8:
+            raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.dtype} {images.shape}")
+        if len(labels) != len(images):
+            raise ValueError(f"labels: {len(labels)} labels for {len(images)} images")
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size: expected > 0, got {batch_size}")
+        self.images = cupy.ascontiguousarray(cupy.asarray(images))
+        self.labels = cupy.asarray(labels, dtype=cupy.int32)
+        self.lut = cupy.asarray(normalization_lut(dtype))
+        self._out = {}
+
+    def __len__(self):
+        n = len(self.labels)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    @property
+    def num_images(self) -> int:
+        return int(len(self.labels))
+
+    def _buffer(self, batch):
+        import cupy
+
+        if batch not in self._out:
+            _, h, w, _ = self.images.shape
+            shape = (batch, h, w, 3) if self.layout == "NHWC" else (batch, 3, h, w)
+            self._out[batch] = cupy.empty(shape, dtype=self.lut.dtype)
+        return self._out[batch]
+
+    def epoch(self, epoch: int, images=None):
+        """Yield (x, labels) for every batch of the epoch. images: a replacement uint8 source of the same shape
+        (e.g. this epoch's AutoAugmented copy), indexed like the resident set."""
+        import cupy
+
+        src = self.images if images is None else images
+        if tuple(src.shape) != tuple(self.images.shape):
+            raise ValueError(f"images: expected {tuple(self.images.shape)}, got {tuple(src.shape)}")
+        _, h, w, _ = src.shape
+        table = cupy.asarray(sample_epoch(self.seed, epoch, self.num_images, self.config, h, w))
+        labels = self.labels[table[ROW_INDEX]]  # epoch order; each batch's labels are a contiguous slice
+        for i in range(len(self)):
+            start = i * self.batch_size
+            batch = min(self.batch_size, self.num_images - start)
+            out = self._buffer(batch)
+            launch_augment(src, table, start, batch, self.lut, out, layout=self.layout,
+                           crop_padding=self.config.crop_padding, cutout=self.config.cutout)
+            yield out, labels[start:start + batch]
+
+
+def normalize_on_gpu(images, *, layout: str = "NHWC", dtype: str = "fp16", out=None):
+    """Normalise a whole uint8 (N, H, W, 3) set without augmentation (evaluation), with the training kernel."""
+    import cupy
+
+    images = cupy.ascontiguousarray(cupy.asarray(images, dtype=cupy.uint8))
+    n, h, w, _ = images.shape
+    lut = cupy.asarray(normalization_lut(dtype))
+    if out is None:
+        out = cupy.empty((n, h, w, 3) if layout == "NHWC" else (n, 3, h, w), dtype=lut.dtype)
+    table = cupy.asarray(identity_params(n))
+    launch_augment(images, table, 0, n, lut, out, layout=layout, crop_padding=0, cutout=0)
+    return out
+
+
+def normalize_on_host(images: np.ndarray, *, layout: str = "NHWC", dtype: str = "fp32") -> np.ndarray:
+    """NumPy twin of normalize_on_gpu (bit-identical): uint8 (N, H, W, 3) -> storage dtype, in the layout."""
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    return apply_reference(images, identity_params(len(images)), normalization_lut(dtype), layout=layout,
+                           crop_padding=0, cutout=0)

@@ -1,0 +1,431 @@
+"""CIFAR-10 readers: the official python batches, the binary version, image folders, and tar archives of any of them.
+
+Every source decodes to the same thing: uint8 images (N, 32, 32, 3) in HWC order and int32 labels in CIFAR-10's
+class order, train and test. The first read of a source is cached as an uncompressed .npz (next to the source when
+that folder is writable, else in the user cache dir), keyed by the source's sizes and mtimes, so later runs load the
+arrays in well under a second instead of decoding 60,000 images again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pathlib
+import pickle
+import re
+import tarfile
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+IMAGE_SHAPE = (32, 32, 3)
+_RECORD_BYTES = 1 + 32 * 32 * 3  # binary version: one label byte, then the image in CHW order
+
+# Bump when the decoded arrays would change for the same source (invalidates every cache file).
+_CACHE_FORMAT = 1
+_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+_TEST_BATCH = "test_batch"
+_SPLITS = ("train", "test")
+# Below this many images a process pool costs more than it saves.
+_PARALLEL_MIN_IMAGES = 2000
+
+
+@dataclass(frozen=True)
+class CIFAR10Data:
+    """Decoded CIFAR-10: uint8 (N, 32, 32, 3) images and int32 (N,) labels per split."""
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    source: str = ""
+    classes: tuple = field(default=CLASSES)
+
+    def __repr__(self):
+        return (f"CIFAR10Data(train={len(self.train_labels)}, test={len(self.test_labels)}, "
+                f"source={self.source!r})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Source discovery
+
+
+def default_data_path() -> pathlib.Path | None:
+    """$RESNET_NATIVE_CIFAR10, else the first of .data/{cifar10-jpeg.tar.xz, cifar10-jpeg, cifar-10-batches-py,
+    cifar-10-batches-bin} under the current directory that exists, else None."""
+    env = os.environ.get("RESNET_NATIVE_CIFAR10")
+    if env:
+        return pathlib.Path(env)
+    for name in ("cifar10-jpeg.tar.xz", "cifar10-jpeg", "cifar-10-batches-py", "cifar-10-batches-bin",
+                 "cifar-10-python.tar.gz", "cifar-10-binary.tar.gz"):
+        candidate = pathlib.Path(".data") / name
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def detect_format(path) -> tuple[str, pathlib.Path]:
+    """('python' | 'binary' | 'folder' | 'tar', root) for a CIFAR-10 source; ValueError when it is none of them.
+
+    A folder may hold the data directly or in one sub-folder (e.g. root/cifar-10-batches-py/).
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"CIFAR-10 source not found: {path}")
+    if path.is_file():
+        if tarfile.is_tarfile(path):
+            return "tar", path
+        raise ValueError(f"CIFAR-10 source {path}: a file must be a tar archive (.tar, .tar.gz, .tar.xz)")
+    for root in [path, *sorted(p for p in path.iterdir() if p.is_dir())]:
+        if (root / _TRAIN_BATCHES[0]).is_file() and (root / _TEST_BATCH).is_file():
+            return "python", root
+        if (root / f"{_TRAIN_BATCHES[0]}.bin").is_file() and (root / f"{_TEST_BATCH}.bin").is_file():
+            return "binary", root
+        if (root / "train").is_dir() and (root / "test").is_dir():
+            return "folder", root
+    raise ValueError(
+        f"CIFAR-10 source {path}: expected python batches (data_batch_1..5, test_batch), binary batches "
+        f"(data_batch_1..5.bin, test_batch.bin) or image folders (train/<class>/*, test/<class>/*)"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Record formats
+
+
+class _ArrayOnlyUnpickler(pickle.Unpickler):
+    """The official batches hold numpy arrays and lists; refusing every other global keeps a crafted pickle from
+    running code."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"CIFAR-10 batch: refusing to load {module}.{name}")
+
+
+def parse_python_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.ndarray]:
+    """One pickled batch of the python version -> (uint8 (N,32,32,3), int32 (N,))."""
+    d = _ArrayOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    if not isinstance(d, dict):
+        raise ValueError(f"{name}: expected a pickled dict, got {type(d).__name__}")
+    d = {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
+    if "data" not in d or "labels" not in d:
+        raise ValueError(f"{name}: expected keys 'data' and 'labels', got {sorted(d)}")
+    data = np.asarray(d["data"], dtype=np.uint8)
+    labels = np.asarray(d["labels"], dtype=np.int32)
+    if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
+        raise ValueError(f"{name}: data {data.shape} / labels {labels.shape} are not (N, 3072) / (N,)")
+    return np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)), _check_labels(labels, name)
+
+
+def parse_binary_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.ndarray]:
+    """One file of the binary version (records of 1 label byte + 3072 CHW bytes) -> (images, labels)."""
+    if len(raw) % _RECORD_BYTES:
+        raise ValueError(f"{name}: {len(raw)} bytes is not a whole number of {_RECORD_BYTES}-byte records")
+    records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, _RECORD_BYTES)
+    labels = records[:, 0].astype(np.int32)
+    images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(images), _check_labels(labels, name)
+
+
+def _check_labels(labels, name):
+    if labels.size and (labels.min() < 0 or labels.max() >= len(CLASSES)):
+        raise ValueError(f"{name}: labels outside 0..9 (min {labels.min()}, max {labels.max()})")
+    return labels
+
+
+def _concat(parts):
+    if not parts:
+        return np.zeros((0, *IMAGE_SHAPE), np.uint8), np.zeros((0,), np.int32)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _read_batches(root: pathlib.Path, parse, suffix: str):
+    split_arrays = []
+    for names in (_TRAIN_BATCHES, (_TEST_BATCH,)):
+        parts = []
+        for name in names:
+            p = root / f"{name}{suffix}"
+            if not p.is_file():
+                raise FileNotFoundError(f"CIFAR-10 batch missing: {p}")
+            parts.append(parse(p.read_bytes(), str(p)))
+        split_arrays.append(_concat(parts))
+    return split_arrays
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Image decoding
+
+
+def _image_extensions() -> frozenset:
+    from PIL import Image
+
+    Image.init()
+    return frozenset(ext.lower() for ext in Image.registered_extensions())
+
+
+def decode_image(source, name: str = "image") -> np.ndarray:
+    """An encoded image (bytes, or a path) -> uint8 (32, 32, 3) RGB; ValueError naming it when it is not 32x32."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else source) as im:
+        arr = np.asarray(im.convert("RGB"))
+    if arr.shape != IMAGE_SHAPE:
+        raise ValueError(f"{name}: expected a 32x32 image, got {arr.shape[1]}x{arr.shape[0]}")
+    return arr
+
+
+def _decode_chunk(items):
+    """Worker entry: [(source, name), ...] -> uint8 (n, 32, 32, 3)."""
+    out = np.empty((len(items), *IMAGE_SHAPE), np.uint8)
+    for i, (source, name) in enumerate(items):
+        out[i] = decode_image(source, name)
+    return out
+
+
+def decode_images(items, workers: int | None = None) -> np.ndarray:
+    """Decode [(bytes or path, name), ...] in order, with a process pool when there are many.
+
+    The pool forks (like PyTorch's DataLoader): workers only run numpy and PIL, never CUDA, so a CUDA context in
+    the parent is harmless, and unlike 'spawn'/'forkserver' nothing re-imports the caller's main module.
+    """
+    items = list(items)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 16)
+    if workers <= 1 or len(items) < _PARALLEL_MIN_IMAGES:
+        return _decode_chunk(items)
+    chunk = max(256, -(-len(items) // (workers * 4)))
+    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+    import multiprocessing
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return np.concatenate(list(pool.map(_decode_chunk, chunks)))
+
+
+def _class_index(name: str, where: str) -> int:
+    try:
+        return CLASSES.index(name.lower())
+    except ValueError:
+        raise ValueError(f"{where}: folder {name!r} is not a CIFAR-10 class (expected one of {CLASSES})") from None
+
+
+def _decode_listing(listing, workers):
+    """listing: {split: [(class_index, file_name, source), ...]} -> [(images, labels) for train, test].
+
+    Sorted by (class, file name): the same order whether the files come from a folder or a tar archive.
+    """
+    items, counts = [], []
+    for split in _SPLITS:
+        entries = sorted(listing.get(split, []), key=lambda e: (e[0], e[1]))
+        items.append(entries)
+        counts.append(len(entries))
+    flat = [(e[2], f"{split}/{CLASSES[e[0]]}/{e[1]}") for split, entries in zip(_SPLITS, items, strict=True)
+            for e in entries]
+    images = decode_images(flat, workers)
+    out, start = [], 0
+    for entries, n in zip(items, counts, strict=True):
+        labels = np.array([e[0] for e in entries], dtype=np.int32)
+        out.append((images[start:start + n], labels))
+        start += n
+    return out
+
+
+def _read_folder(root: pathlib.Path, workers):
+    exts = _image_extensions()
+    listing = {}
+    for split in _SPLITS:
+        split_dir = root / split
+        entries = []
+        for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            label = _class_index(class_dir.name, str(split_dir))
+            for f in class_dir.iterdir():
+                if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in exts:
+                    entries.append((label, f.name, str(f)))
+        listing[split] = entries
+    return _decode_listing(listing, workers)
+
+
+_BATCH_NAME = re.compile(r"^(data_batch_[1-5]|test_batch)(\.bin)?$")
+
+
+def _read_tar(path: pathlib.Path, workers):
+    """Streams the archive once (no extraction to disk): batches are parsed as they pass, images are kept encoded
+    and decoded afterwards in parallel."""
+    exts = _image_extensions()
+    batches = {}  # name -> parsed (images, labels)
+    listing = {split: [] for split in _SPLITS}
+    with tarfile.open(path, mode="r|*") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            parts = pathlib.PurePosixPath(member.name).parts
+            base = parts[-1]
+            if base.startswith("."):
+                continue
+            m = _BATCH_NAME.match(base)
+            if m:
+                raw = tar.extractfile(member).read()
+                parse = parse_binary_batch if m.group(2) else parse_python_batch
+                batches[base] = parse(raw, f"{path}:{member.name}")
+            elif len(parts) >= 3 and parts[-3] in _SPLITS and pathlib.PurePosixPath(base).suffix.lower() in exts:
+                label = _class_index(parts[-2], f"{path}:{'/'.join(parts[:-1])}")
+                listing[parts[-3]].append((label, base, tar.extractfile(member).read()))
+    if batches:
+        suffix = ".bin" if any(k.endswith(".bin") for k in batches) else ""
+        split_arrays = []
+        for names in (_TRAIN_BATCHES, (_TEST_BATCH,)):
+            missing = [n + suffix for n in names if n + suffix not in batches]
+            if missing:
+                raise ValueError(f"{path}: archive lacks CIFAR-10 batches {missing}")
+            split_arrays.append(_concat([batches[n + suffix] for n in names]))
+        return split_arrays
+    if not listing["train"] and not listing["test"]:
+        raise ValueError(f"{path}: archive holds neither CIFAR-10 batches nor train/<class>/* image folders")
+    return _decode_listing(listing, workers)
+
+
+def decode_source(path, workers: int | None = None) -> CIFAR10Data:
+    """Decode a CIFAR-10 source without any cache."""
+    kind, root = detect_format(path)
+    if kind == "python":
+        (tr, trl), (te, tel) = _read_batches(root, parse_python_batch, "")
+    elif kind == "binary":
+        (tr, trl), (te, tel) = _read_batches(root, parse_binary_batch, ".bin")
+    elif kind == "folder":
+        (tr, trl), (te, tel) = _read_folder(root, workers)
+    else:
+        (tr, trl), (te, tel) = _read_tar(root, workers)
+    return CIFAR10Data(tr, trl, te, tel, source=str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cache
+
+
+def source_fingerprint(path) -> str:
+    """A key that changes when the source changes: absolute path plus every file's relative path, size and mtime."""
+    path = pathlib.Path(path).resolve()
+    h = hashlib.sha256(f"cifar10-cache-v{_CACHE_FORMAT}|{path}".encode())
+    if path.is_file():
+        st = path.stat()
+        h.update(f"|{st.st_size}|{st.st_mtime_ns}".encode())
+    else:
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames.sort()
+            for name in sorted(filenames):
+                p = os.path.join(dirpath, name)
+                st = os.stat(p)
+                h.update(f"|{os.path.relpath(p, path)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def user_cache_dir() -> pathlib.Path:
+    base = os.environ.get("RESNET_NATIVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "resnet_native")
+    return pathlib.Path(base) / "cifar10"
+
+
+def _cache_name(path: pathlib.Path, key: str) -> str:
+    return f"{path.name}.cifar10cache-{key}.npz"
+
+
+def _cache_dirs(path: pathlib.Path, cache_dir) -> list[pathlib.Path]:
+    if cache_dir is not None:
+        return [pathlib.Path(cache_dir)]
+    return [path.resolve().parent, user_cache_dir()]
+
+
+def atomic_write_npz(target, arrays: dict) -> None:
+    """np.savez to a temporary file in the target's folder, fsync, then os.replace: readers never see half a file."""
+    target = pathlib.Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a cache is shared like the source it came from
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            d = CIFAR10Data(z["train_images"], z["train_labels"], z["test_images"], z["test_labels"],
+                            source=source)
+    except (OSError, KeyError, ValueError):
+        return None  # unreadable or foreign: decode again and overwrite it
+    ok = all(a.dtype == np.uint8 and a.shape[1:] == IMAGE_SHAPE for a in (d.train_images, d.test_images))
+    ok = ok and len(d.train_images) == len(d.train_labels) and len(d.test_images) == len(d.test_labels)
+    return d if ok else None
+
+
+def cache_path_for(path, cache_dir=None) -> pathlib.Path | None:
+    """The existing cache file of a source, or None."""
+    path = pathlib.Path(path)
+    name = _cache_name(path, source_fingerprint(path))
+    for d in _cache_dirs(path, cache_dir):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int | None = None) -> CIFAR10Data:
+    """Load CIFAR-10 from any supported source (see detect_format), through the .npz cache.
+
+    path: a folder of python or binary batches, an image-folder root (train/<class>/*, test/<class>/*), or a tar
+    archive of any of these (read by streaming; nothing is extracted). None: default_data_path().
+    cache: read/write the decoded arrays as <source name>.cifar10cache-<key>.npz next to the source (or in
+    cache_dir; falls back to the user cache dir when the source's folder is read-only).
+    workers: decoding processes for image sources (default: CPU count, at most 16).
+    """
+    if path is None:
+        path = default_data_path()
+        if path is None:
+            raise FileNotFoundError("CIFAR-10: no path given and none found (set RESNET_NATIVE_CIFAR10 or use "
+                                    "resnet_native.data.download())")
+    path = pathlib.Path(path)
+    if not cache:
+        return decode_source(path, workers)
+    existing = cache_path_for(path, cache_dir)
+    if existing is not None:
+        data = _load_cache(existing, str(path))
+        if data is not None:
+            return data
+    data = decode_source(path, workers)
+    name = _cache_name(path, source_fingerprint(path))
+    arrays = dict(train_images=data.train_images, train_labels=data.train_labels,
+                  test_images=data.test_images, test_labels=data.test_labels)
+    for d in _cache_dirs(path, cache_dir):
+        try:
+            atomic_write_npz(d / name, arrays)
+        except OSError:
+            continue  # read-only folder: try the next place
+        _remove_stale_caches(d, path, name)
+        break
+    return data
+
+
+def _remove_stale_caches(folder: pathlib.Path, path: pathlib.Path, keep: str) -> None:
+    for old in folder.glob(f"{path.name}.cifar10cache-*.npz"):
+        if old.name != keep:
+            try:
+                old.unlink()
+            except OSError:
+                pass

@@ -1,0 +1,95 @@
+"""Fetch the official CIFAR-10 archive (for users with internet; tests never call this).
+
+The archive is downloaded to a temporary file beside its destination, checked against the published MD5 and a
+SHA-256, and only then renamed into place, so an interrupted or corrupted download never looks like a good one.
+load_cifar10() reads the .tar.gz directly; extract=True also unpacks it (members are checked to stay inside root).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import tarfile
+import tempfile
+import urllib.request
+
+# name -> (url, md5 published on the CIFAR page, sha256, folder inside the archive)
+ARCHIVES = {
+    "python": ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+               "c58f30108f718f92721af3b95e74349a",
+               "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+               "cifar-10-batches-py"),
+    "binary": ("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+               "c32a1d4ab5d03f1284b67883e8d87530",
+               "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd",
+               "cifar-10-batches-bin"),
+}
+
+
+def file_digests(path) -> tuple[str, str]:
+    """(md5, sha256) hex digests of a file."""
+    md5, sha = hashlib.md5(), hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            md5.update(block)
+            sha.update(block)
+    return md5.hexdigest(), sha.hexdigest()
+
+
+def verify_archive(path, kind: str = "python") -> None:
+    """ValueError unless the file's MD5 and SHA-256 are the official archive's."""
+    _, md5, sha, _ = ARCHIVES[kind]
+    got_md5, got_sha = file_digests(path)
+    if got_md5 != md5 or got_sha != sha:
+        raise ValueError(f"{path}: checksum mismatch for the CIFAR-10 {kind} archive "
+                         f"(md5 {got_md5}, expected {md5}; sha256 {got_sha}, expected {sha})")
+
+
+def safe_extract(archive, root) -> None:
+    """Extract a tar archive under root, refusing members that would land outside it or are links/devices."""
+    root = pathlib.Path(root).resolve()
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for m in members:
+            target = (root / m.name).resolve()
+            if root != target and root not in target.parents:
+                raise ValueError(f"{archive}: member {m.name!r} would be extracted outside {root}")
+            if not (m.isfile() or m.isdir()):
+                raise ValueError(f"{archive}: member {m.name!r} is not a regular file or folder")
+        tar.extractall(root, members=members)
+
+
+def download(root=".data", kind: str = "python", *, extract: bool = True, timeout: float = 60.0) -> pathlib.Path:
+    """Download the official CIFAR-10 archive ('python' or 'binary' version) into root.
+
+    Returns the extracted batches folder (extract=True) or the verified archive. An archive already present and
+    verified is not downloaded again.
+    """
+    if kind not in ARCHIVES:
+        raise ValueError(f"kind: expected one of {sorted(ARCHIVES)}, got {kind!r}")
+    url, _, _, folder = ARCHIVES[kind]
+    root = pathlib.Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    archive = root / url.rsplit("/", 1)[1]
+    try:
+        verify_archive(archive, kind)
+    except (OSError, ValueError):
+        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".part", dir=root)
+        try:
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+                for block in iter(lambda: resp.read(1 << 20), b""):
+                    out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            verify_archive(tmp, kind)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, archive)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    if not extract:
+        return archive
+    if not (root / folder / "test_batch").exists() and not (root / folder / "test_batch.bin").exists():
+        safe_extract(archive, root)
+    return root / folder

@@ -1,0 +1,165 @@
+"""BatchNorm2d on cuDNN batch norm (resnet_native.norm), optionally fused with a residual add and ReLU.
+
+    y = [relu](bn(x) [+ z])
+
+The blocks use the fused form for "bn2 + shortcut + relu"; resnet_native.norm runs cuDNN's fused Ex kernels
+where cuDNN supports them (NHWC fp16/bf16) and the plain call plus the custom kernels elsewhere, behind this
+one layer. gamma, beta and the running statistics stay fp32 whatever the activation dtype. PyTorch
+semantics: running stats updated with `momentum` (running = (1 - m) * running + m * batch, unbiased
+variance), num_batches_tracked counted.
+"""
+
+import numpy as np
+
+from ._backend import LAYOUTS, native_dtype, ops, to_host, upload
+from .checks import check_activation, check_choice, check_same_shape, positive_int
+from .module import Module
+
+
+class BatchNorm2d(Module):
+    def __init__(self, num_features, *, layout="NHWC", eps=1e-5, momentum=0.1, relu=False, residual=False):
+        super().__init__()
+        self.num_features = positive_int("num_features", num_features)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        if not eps > 0:
+            raise ValueError(f"eps: expected > 0, got {eps!r}")
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum: expected a float in [0, 1], got {momentum!r}")
+        self.eps = float(eps)
+        self.momentum = float(momentum)
+        self.relu = bool(relu)
+        self.residual = bool(residual)
+        self.weight = self.add_parameter("weight", np.ones(num_features, np.float32))
+        self.bias = self.add_parameter("bias", np.zeros(num_features, np.float32))
+        self.running_mean = np.zeros(num_features, np.float32)  # device arrays after cuda()
+        self.running_var = np.ones(num_features, np.float32)
+        self.num_batches_tracked = 0
+        self._saved = None
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def _buffers_to_device(self):
+        self.running_mean = upload(self.running_mean, ops.master_dtype)
+        self.running_var = upload(self.running_var, ops.master_dtype)
+
+    def _state_items(self):
+        c = (self.num_features,)
+        return super()._state_items() + [
+            ("running_mean", c, np.float32),
+            ("running_var", c, np.float32),
+            ("num_batches_tracked", (), np.int64),
+        ]
+
+    def _read_state(self, name):
+        if name == "num_batches_tracked":
+            return np.array(self.num_batches_tracked, dtype=np.int64)
+        if name in ("running_mean", "running_var"):
+            return np.asarray(to_host(getattr(self, name)), dtype=np.float32)
+        return super()._read_state(name)
+
+    def _write_state(self, name, value):
+        if name == "num_batches_tracked":
+            self.num_batches_tracked = int(value)
+        elif name in ("running_mean", "running_var"):
+            if self.on_device:
+                ops.xp.copyto(getattr(self, name), upload(value, ops.master_dtype))
+            else:
+                setattr(self, name, np.array(value, dtype=np.float32))
+        else:
+            super()._write_state(name, value)
+
+    # -- ops -------------------------------------------------------------------------------------------------
+    def forward(self, x, train: bool, z=None):
+        """y = [relu](bn(x) [+ z]); z (same shape as x) is required exactly when the layer was built
+        residual."""
+        self._ensure_device()
+        check_activation("x", x, self.layout, self.num_features)
+        if self.residual != (z is not None):
+            raise ValueError(
+                f"z: this BatchNorm2d was built with residual={self.residual}, got z={type(z).__name__}"
+            )
+        if z is not None:
+            check_same_shape("z", z, "x", x)
+        y = self._buffers.get("y", x.shape, x.dtype)
+        dt = native_dtype(x)
+        if not train:
+            ops.norm.batch_norm_infer(
+                x,
+                self.weight.data,
+                self.bias.data,
+                self.running_mean,
+                self.running_var,
+                layout=self.layout,
+                eps=self.eps,
+                z=z,
+                relu=self.relu,
+                out=y,
+                dtype=dt,
+            )
+            self._saved = None
+            return y
+        c = (self.num_features,)
+        save_mean = self._buffers.get("save_mean", c, ops.master_dtype)
+        save_invstd = self._buffers.get("save_invstd", c, ops.master_dtype)
+        reserve = self._buffers.find("reserve", x.shape)
+        y, save_mean, save_invstd, reserve = ops.norm.batch_norm_train(
+            x,
+            self.weight.data,
+            self.bias.data,
+            self.running_mean,
+            self.running_var,
+            layout=self.layout,
+            momentum=self.momentum,
+            eps=self.eps,
+            z=z,
+            relu=self.relu,
+            out=y,
+            save_mean=save_mean,
+            save_invstd=save_invstd,
+            reserve=reserve,
+            dtype=dt,
+        )
+        self._buffers.store(
+            "reserve", x.shape, reserve
+        )  # cuDNN's reserve space: kept for backward and reused
+        self.num_batches_tracked += 1
+        self._saved = (x, y, save_mean, save_invstd, reserve, z is not None)
+        return y
+
+    def backward(self, dy):
+        """dx, or (dx, dz) for a residual layer (dz: the gradient of z, i.e. dy through the ReLU mask)."""
+        if self._saved is None:
+            raise RuntimeError("BatchNorm2d.backward: nothing saved; call forward(x, train=True) first")
+        x, y, save_mean, save_invstd, reserve, has_z = self._saved
+        self._saved = None
+        check_same_shape("dy", dy, "x", x)
+        dx = self._buffers.get("dx", x.shape, x.dtype)
+        dz = self._buffers.get("dz", x.shape, x.dtype) if has_z else None
+        # dgamma and dbeta are added straight into the fp32 gradients (accumulate=True).
+        dx, _, _, dz = ops.norm.batch_norm_backward(
+            x,
+            dy,
+            self.weight.data,
+            self.bias.data,
+            save_mean,
+            save_invstd,
+            layout=self.layout,
+            eps=self.eps,
+            y=y if self.relu else None,
+            relu=self.relu,
+            has_z=has_z,
+            reserve=reserve,
+            dx=dx,
+            dgamma=self.weight.grad,
+            dbeta=self.bias.grad,
+            dz=dz,
+            dtype=native_dtype(x),
+            accumulate=True,
+        )
+        return (dx, dz) if self.residual else dx
+
+    def _forget_own_saved(self):
+        self._saved = None
+
+    def describe(self):
+        fused = (" + residual" if self.residual else "") + (" + relu" if self.relu else "")
+        return f"{self.num_features}{fused}, eps {self.eps:g}, momentum {self.momentum:g}"

@@ -1,0 +1,40 @@
+"""Argument checks shared by the layers: clear ValueError/TypeError naming the argument, raised before any op
+runs."""
+
+import numpy as np
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    return value
+
+
+def positive_int(name, value, minimum=1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def channel_axis(layout: str) -> int:
+    return 1 if layout == "NCHW" else 3
+
+
+def check_activation(name, x, layout, channels=None) -> None:
+    """Unless x is a 4-D activation in `layout` (NCHW: (N,C,H,W), NHWC: (N,H,W,C)) with `channels`
+    channels."""
+    shape = getattr(x, "shape", None)
+    if shape is None or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: expected a device array, got {type(x).__name__}")
+    if len(shape) != 4:
+        raise ValueError(f"{name}: expected a 4-D {layout} array, got shape {tuple(shape)}")
+    axis = channel_axis(layout)
+    if channels is not None and shape[axis] != channels:
+        raise ValueError(
+            f"{name}: expected {channels} channels ({layout}: shape[{axis}]), got shape {tuple(shape)}"
+        )
+
+
+def check_same_shape(name, a, other_name, b) -> None:
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"{name}: shape {tuple(a.shape)} differs from {other_name}'s {tuple(b.shape)}")

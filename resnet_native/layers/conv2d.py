@@ -1,0 +1,159 @@
+"""Conv2d on resnet_native.conv: forward, and backward to the input and (accumulated) weight gradient."""
+
+import numpy as np
+
+from ._backend import LAYOUTS, PRECISIONS, ops
+from .checks import check_activation, check_choice, positive_int
+from .module import Module
+
+ENGINES = ("auto", "legacy", "graph")
+_default_engine = "auto"
+
+
+def set_default_engine(engine: str) -> None:
+    """Engine used by Conv2d layers built with engine=None from now on: 'auto' | 'legacy' | 'graph'."""
+    global _default_engine
+    _default_engine = check_choice("engine", engine, ENGINES)
+
+
+def default_engine() -> str:
+    return _default_engine
+
+
+def kaiming_normal_fan_out(shape, rng) -> np.ndarray:
+    """torchvision's ResNet conv init: N(0, 2 / fan_out), fan_out = K * R * S, for a (K, C, R, S) filter."""
+    k, _, r, s = shape
+    return rng.standard_normal(shape) * np.sqrt(2.0 / (k * r * s))
+
+
+class Conv2d(Module):
+    """A 2-D convolution without bias (as in ResNets).
+
+    The weight is stored in the layout the op reads: (K, C/g, R, S) for NCHW, (K, R, S, C/g) for NHWC;
+    state_dict() always shows torch's (K, C/g, R, S). needs_input_grad=False (the stem) skips the
+    backward-data convolution.
+    """
+
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        *,
+        dilation=1,
+        groups=1,
+        layout="NHWC",
+        precision="fp32",
+        engine=None,
+        algo="find",
+        deterministic=False,
+        needs_input_grad=True,
+        rng=None,
+    ):
+        super().__init__()
+        self.in_channels = positive_int("in_channels", in_channels)
+        self.out_channels = positive_int("out_channels", out_channels)
+        self.kernel_size = positive_int("kernel_size", kernel_size)
+        self.stride = positive_int("stride", stride)
+        self.padding = positive_int("padding", padding, minimum=0)
+        self.dilation = positive_int("dilation", dilation)
+        self.groups = positive_int("groups", groups)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}"
+            )
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.precision = check_choice("precision", precision, PRECISIONS)
+        self.engine = check_choice("engine", _default_engine if engine is None else engine, ENGINES)
+        self.algo = algo
+        self.deterministic = bool(deterministic)
+        self.needs_input_grad = bool(needs_input_grad)
+        rng = rng if rng is not None else np.random.default_rng()
+        torch_shape = (out_channels, in_channels // groups, kernel_size, kernel_size)
+        self.weight = self.add_parameter(
+            "weight", self._from_torch("weight", kaiming_normal_fan_out(torch_shape, rng))
+        )
+        self._spec = None
+        self._saved_x = None
+
+    # -- layout of the weight --------------------------------------------------------------------------------
+    def _torch_shape(self, name, param):
+        k, c, r = self.out_channels, self.in_channels // self.groups, self.kernel_size
+        return (k, c, r, r)
+
+    def _to_torch(self, name, array):
+        return array.transpose(0, 3, 1, 2) if self.layout == "NHWC" else array
+
+    def _from_torch(self, name, array):
+        return np.ascontiguousarray(array.transpose(0, 2, 3, 1) if self.layout == "NHWC" else array)
+
+    def _own_low_precision_dtype(self):
+        return ops.storage_dtype(self.precision) if self.precision in ("fp16", "bf16") else None
+
+    # -- ops -------------------------------------------------------------------------------------------------
+    def spec(self):
+        if self._spec is None:
+            self._spec = ops.conv.ConvSpec(
+                stride=(self.stride, self.stride),
+                padding=(self.padding, self.padding),
+                dilation=(self.dilation, self.dilation),
+                groups=self.groups,
+                layout=self.layout,
+                precision=self.precision,
+                algo=self.algo,
+                engine=self.engine,
+                deterministic=self.deterministic,
+            )
+        return self._spec
+
+    def output_shape(self, x_shape) -> tuple:
+        if self.layout == "NCHW":
+            n, _, h, w = x_shape
+        else:
+            n, h, w, _ = x_shape
+        extent = self.dilation * (self.kernel_size - 1) + 1
+        p = (h + 2 * self.padding - extent) // self.stride + 1
+        q = (w + 2 * self.padding - extent) // self.stride + 1
+        return (n, self.out_channels, p, q) if self.layout == "NCHW" else (n, p, q, self.out_channels)
+
+    def _weight_for_ops(self):
+        return self.weight.low if self.weight.low is not None else self.weight.data
+
+    def forward(self, x, train: bool):
+        self._ensure_device()
+        check_activation("x", x, self.layout, self.in_channels)
+        y = self._buffers.get("y", self.output_shape(x.shape), x.dtype)
+        ops.conv.conv2d(x, self._weight_for_ops(), self.spec(), out=y)
+        self._saved_x = x if train else None
+        return y
+
+    def backward(self, dy):
+        x = self._saved_x
+        if x is None:
+            raise RuntimeError("Conv2d.backward: nothing saved; call forward(x, train=True) first")
+        self._saved_x = None
+        spec = self.spec()
+        # The filter gradient goes to scratch and is then added: accumulation stays right even when algorithm
+        # search (which may use the output as scratch) runs inside this call.
+        dw = self._buffers.get("dw", self.weight.shape, dy.dtype)
+        ops.conv.conv2d_backward_filter(x, dy, spec, self.weight.shape, out=dw)
+        self.weight.accumulate_grad(dw)
+        if not self.needs_input_grad:
+            return None
+        dx = self._buffers.get("dx", x.shape, dy.dtype)
+        ops.conv.conv2d_backward_data(dy, self._weight_for_ops(), spec, tuple(x.shape), out=dx)
+        return dx
+
+    def _forget_own_saved(self):
+        self._saved_x = None
+
+    def describe(self):
+        k = self.kernel_size
+        text = f"{self.in_channels}->{self.out_channels}, {k}x{k}, stride {self.stride}, pad {self.padding}"
+        if self.dilation != 1:
+            text += f", dilation {self.dilation}"
+        if self.groups != 1:
+            text += f", groups {self.groups}"
+        return text

@@ -1,0 +1,53 @@
+"""MaxPool2d on cuDNN pooling (resnet_native.pool); backward needs the saved input and output."""
+
+from ._backend import LAYOUTS, native_dtype, ops
+from .checks import check_activation, check_choice, check_same_shape, positive_int
+from .module import Module
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size=3, stride=2, padding=1, *, layout="NHWC"):
+        super().__init__()
+        self.kernel_size = positive_int("kernel_size", kernel_size)
+        self.stride = positive_int("stride", stride)
+        self.padding = positive_int("padding", padding, minimum=0)
+        if 2 * self.padding > self.kernel_size:
+            raise ValueError(f"padding: {padding} must be at most half of kernel_size {kernel_size}")
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self._saved = None
+
+    def output_shape(self, x_shape) -> tuple:
+        def out(size):
+            return (size + 2 * self.padding - self.kernel_size) // self.stride + 1
+
+        if self.layout == "NCHW":
+            n, c, h, w = x_shape
+            return (n, c, out(h), out(w))
+        n, h, w, c = x_shape
+        return (n, out(h), out(w), c)
+
+    def _window(self):
+        return dict(kernel=self.kernel_size, stride=self.stride, padding=self.padding, layout=self.layout)
+
+    def forward(self, x, train: bool):
+        check_activation("x", x, self.layout)
+        y = self._buffers.get("y", self.output_shape(x.shape), x.dtype)
+        ops.pool.max_pool2d(x, **self._window(), out=y, dtype=native_dtype(x))
+        self._saved = (x, y) if train else None
+        return y
+
+    def backward(self, dy):
+        if self._saved is None:
+            raise RuntimeError("MaxPool2d.backward: nothing saved; call forward(x, train=True) first")
+        x, y = self._saved
+        self._saved = None
+        check_same_shape("dy", dy, "y", y)
+        dx = self._buffers.get("dx", x.shape, x.dtype)
+        ops.pool.max_pool2d_backward(dy, x, y, **self._window(), out=dx, dtype=native_dtype(x))
+        return dx
+
+    def _forget_own_saved(self):
+        self._saved = None
+
+    def describe(self):
+        return f"{self.kernel_size}x{self.kernel_size}, stride {self.stride}, pad {self.padding}"

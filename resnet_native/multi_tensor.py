@@ -1,0 +1,170 @@
+"""Multi-tensor optimizer kernels: one kernel launch per call, over every tensor of a model.
+
+A TensorList is built once from a list of device arrays (say, every parameter of a model) and holds a small device
+table of their pointers, sizes and dtypes; the functions below take TensorLists and launch one kernel that covers
+all their tensors, cut into chunks spread over the GPU. Nothing is allocated per call, so a captured CUDA graph
+can replay them.
+
+Dtypes: parameters and optimizer state are fp32; gradients may be fp32, fp16 or bf16 (one TensorList may mix
+them); model copies (the fp16/bf16 weights that low-precision ops read) may have None entries for parameters
+without a copy. Scalars that change per step (lr, inv_scale, AdamW's step) are Python numbers or float32 device
+arrays of shape (1,), which the kernel reads on the device (no host synchronisation, graph-friendly).
+found_inf is a cupy int32 array of shape (1,): when it is nonzero on the device the whole update is skipped.
+"""
+
+from ._loader import _C
+from .kernels import resolve_dtype, stream
+
+
+class TensorList:
+    """A fixed list of device arrays and its device table (pointers, sizes, dtypes), built once.
+
+    dtype: None infers each array's dtype ('fp32' / 'fp16'; uint16 arrays need 'bf16'), a string applies to
+    every array, a sequence gives one per array. Entries may be None only in a list used as model_copies.
+    The list keeps references to the arrays, so their memory stays valid while it lives.
+    """
+
+    def __init__(self, arrays, dtype=None):
+        arrays = list(arrays)
+        if not arrays:
+            raise ValueError("arrays: expected at least one array")
+        if isinstance(dtype, (list, tuple)):
+            if len(dtype) != len(arrays):
+                raise ValueError(f"dtype: expected {len(arrays)} dtypes (one per array), got {len(dtype)}")
+            per_array = list(dtype)
+        else:
+            per_array = [dtype] * len(arrays)
+        dtypes = [None if a is None else resolve_dtype(a, f"arrays[{i}]", d)
+                  for i, (a, d) in enumerate(zip(arrays, per_array, strict=True))]
+        self._arrays = arrays
+        self._table = _C.TensorTable(arrays, [d or "fp32" for d in dtypes])
+        self.dtypes = tuple(dtypes)
+        self.sizes = tuple(self._table.numels)
+
+    def __len__(self):
+        return len(self._arrays)
+
+    def __getitem__(self, index):
+        return self._arrays[index]
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    @property
+    def num_chunks(self) -> int:
+        """How many chunks (blocks of work) one launch over this list has."""
+        return self._table.num_chunks
+
+    def __repr__(self):
+        total = sum(s for s in self.sizes if s)
+        return f"TensorList({len(self)} tensors, {total} elements, dtypes {sorted(set(filter(None, self.dtypes)))})"
+
+
+def _table(value, name, *, optional=False):
+    if value is None and optional:
+        return None
+    if not isinstance(value, TensorList):
+        raise TypeError(f"{name}: expected a resnet_native.multi_tensor.TensorList (built once), got "
+                        f"{type(value).__name__}")
+    return value._table
+
+
+def _scalar(value, name):
+    """A Python float, or the float32 (1,) device array itself (the binding validates it)."""
+    if hasattr(value, "__cuda_array_interface__"):
+        return value
+    if hasattr(value, "__dlpack_device__") and value.__dlpack_device__()[0] in (2, 13):  # CUDA DLPack arrays
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got a bool")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got "
+                        f"{type(value).__name__}") from None
+
+
+def _found_inf(found_inf, *, required=False):
+    """found_inf as the float32 view the binding parses (same memory: the kernel reads and writes int32)."""
+    if found_inf is None:
+        if required:
+            raise TypeError("found_inf: expected a cupy int32 array of shape (1,), got None")
+        return None
+    if not hasattr(found_inf, "__cuda_array_interface__"):
+        raise TypeError(f"found_inf: expected a cupy int32 array of shape (1,), got {type(found_inf).__name__}")
+    cai = found_inf.__cuda_array_interface__
+    if cai["typestr"][1:] != "i4":
+        raise TypeError(f"found_inf: expected an int32 array, got element type {cai['typestr']!r}")
+    if tuple(cai["shape"]) != (1,):
+        raise ValueError(f"found_inf: expected shape (1,), got {tuple(cai['shape'])}")
+    import cupy
+
+    return found_inf.view(cupy.float32)
+
+
+def _non_negative(value, name) -> float:
+    value = float(value)
+    if not value >= 0.0:
+        raise ValueError(f"{name}: expected a value >= 0, got {value}")
+    return value
+
+
+def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0, nesterov=False, dampening=0.0,
+             inv_scale=1.0, found_inf=None, model_copies=None, first_step=False):
+    """One PyTorch-SGD update of every parameter, in one launch.
+
+    g = grad * inv_scale + weight_decay * p; buf = momentum * buf + (1 - dampening) * g; g = g + momentum * buf
+    (nesterov) or buf; p -= lr * g; model_copies[i] = p (rounded) where present. With zero-initialised buffers
+    the first step equals PyTorch's (buf = g) when dampening is 0; with dampening, pass first_step=True on the
+    first step. momentum_bufs may be None when momentum is 0.
+    """
+    momentum = _non_negative(momentum, "momentum")
+    dampening = _non_negative(dampening, "dampening")
+    weight_decay = _non_negative(weight_decay, "weight_decay")
+    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+        raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
+    _C.multi_tensor_sgd(_table(params, "params"), _table(grads, "grads"),
+                        _table(momentum_bufs, "momentum_bufs", optional=True),
+                        _table(model_copies, "model_copies", optional=True), _scalar(lr, "lr"),
+                        _scalar(inv_scale, "inv_scale"), _found_inf(found_inf), momentum, dampening, weight_decay,
+                        bool(nesterov), bool(first_step), stream())
+
+
+def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step,
+               inv_scale=1.0, found_inf=None, model_copies=None):
+    """One PyTorch-AdamW update of every parameter, in one launch.
+
+    g = grad * inv_scale; p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+    p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps). step counts from 1 (a number, or a
+    float32 (1,) device array so that skipped steps need not be counted on the host).
+    """
+    for value, name in ((beta1, "beta1"), (beta2, "beta2")):
+        if not 0.0 <= float(value) < 1.0:
+            raise ValueError(f"{name}: expected a value in [0, 1), got {value}")
+    eps = _non_negative(eps, "eps")
+    weight_decay = _non_negative(weight_decay, "weight_decay")
+    step = _scalar(step, "step")
+    if isinstance(step, float) and step < 1.0:
+        raise ValueError(f"step: expected the 1-based step number, got {step}")
+    _C.multi_tensor_adamw(_table(params, "params"), _table(grads, "grads"), _table(exp_avgs, "exp_avgs"),
+                          _table(exp_avg_sqs, "exp_avg_sqs"), _table(model_copies, "model_copies", optional=True),
+                          _scalar(lr, "lr"), _scalar(inv_scale, "inv_scale"), step, _found_inf(found_inf),
+                          float(beta1), float(beta2), eps, weight_decay, stream())
+
+
+def check_finite(grads, found_inf):
+    """Set found_inf[0] = 1 if any element of any tensor is inf or NaN; it is never reset to 0 here."""
+    _C.multi_tensor_check_finite(_table(grads, "grads"), _found_inf(found_inf, required=True), stream())
+
+
+def zero_(tensors):
+    """Zero every tensor in place (one launch, no reallocation)."""
+    _C.multi_tensor_zero(_table(tensors, "tensors"), stream())
+
+
+def scale_(tensors, factor):
+    """Multiply every tensor by factor in place (a number or a float32 (1,) device array)."""
+    _C.multi_tensor_scale(_table(tensors, "tensors"), _scalar(factor, "factor"), stream())
+
+
+__all__ = ["TensorList", "adamw_step", "check_finite", "scale_", "sgd_step", "zero_"]

@@ -1,0 +1,169 @@
+"""Dynamic loss scaling for fp16 training, entirely on the device (no host synchronisation per step).
+
+Per step (TrainStep does this): the loss gradient is multiplied by `scale` (a device array); after backward,
+multi_tensor.check_finite sets found_inf when any gradient is inf/nan; gradients are multiplied by 1/scale
+(one launch over the model's flat gradient buffer); the optimizer's fused kernel skips the whole update when
+found_inf is set; then update() halves the scale on inf/nan, or doubles it after `growth_interval` consecutive
+good steps (PyTorch's GradScaler rule), with a few one-element array ops. bf16 needs no scaling (use
+scaler=None).
+"""
+
+import numpy as np
+
+from ..layers._backend import ops, to_host
+
+
+def update_scale(
+    xp, scale, growth_tracker, found_inf, *, growth_factor, backoff_factor, growth_interval, scratch
+):
+    """The scale update as array ops on shape-(1,) arrays (device or NumPy), all in place:
+
+        if found_inf:  scale *= backoff_factor;  tracker = 0
+        else:          tracker += 1;  if tracker >= growth_interval: scale *= growth_factor;  tracker = 0
+
+    scratch: dict with 'good', 'grow', 'both' (bool) and 'factor', 'term' (scale's dtype) arrays of shape
+    (1,).
+    """
+    good, grow, both = scratch["good"], scratch["grow"], scratch["both"]
+    factor, term = scratch["factor"], scratch["term"]
+    xp.equal(found_inf, 0, out=good)
+    xp.add(growth_tracker, 1, out=growth_tracker)
+    xp.multiply(growth_tracker, good, out=growth_tracker)  # reset on inf/nan
+    xp.greater_equal(growth_tracker, growth_interval, out=grow)
+    xp.logical_and(good, grow, out=both)
+    xp.logical_not(grow, out=grow)
+    xp.multiply(growth_tracker, grow, out=growth_tracker)  # reset after growing
+    # factor = backoff + good * (1 - backoff) + (good and grow) * (growth - 1): backoff, 1 or growth.
+    xp.multiply(good, 1.0 - backoff_factor, out=factor)
+    xp.add(factor, backoff_factor, out=factor)
+    xp.multiply(both, growth_factor - 1.0, out=term)
+    xp.add(factor, term, out=factor)
+    xp.multiply(scale, factor, out=scale)
+
+
+class GradScaler:
+    def __init__(
+        self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True
+    ):
+        if not init_scale > 0:
+            raise ValueError(f"init_scale: expected > 0, got {init_scale!r}")
+        if not growth_factor > 1.0:
+            raise ValueError(f"growth_factor: expected > 1, got {growth_factor!r}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"backoff_factor: expected a float in (0, 1), got {backoff_factor!r}")
+        if (
+            isinstance(growth_interval, bool)
+            or int(growth_interval) != growth_interval
+            or growth_interval < 1
+        ):
+            raise ValueError(f"growth_interval: expected an int >= 1, got {growth_interval!r}")
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.enabled = bool(enabled)
+        self._host_scale = float(init_scale)  # the state until the device arrays exist
+        self._host_tracker = 0
+        self._dev = None
+        self._unscaled = False
+
+    def _device(self):
+        if self._dev is None:
+            xp, f32 = ops.xp, ops.master_dtype
+            self._dev = {
+                "scale": xp.full((1,), self._host_scale, dtype=f32),
+                "inv_scale": xp.empty((1,), dtype=f32),
+                "found_inf": xp.zeros((1,), dtype=np.int32),
+                "tracker": xp.full((1,), self._host_tracker, dtype=np.int32),
+                "good": xp.empty((1,), dtype=np.bool_),
+                "grow": xp.empty((1,), dtype=np.bool_),
+                "both": xp.empty((1,), dtype=np.bool_),
+                "factor": xp.empty((1,), dtype=f32),
+                "term": xp.empty((1,), dtype=f32),
+            }
+        return self._dev
+
+    @property
+    def scale_array(self):
+        """The current scale as a device array of shape (1,) (multiply the loss gradient by it)."""
+        return self._device()["scale"]
+
+    @property
+    def found_inf(self):
+        """Device int32 array of shape (1,): nonzero when the last unscale_ found an inf/nan gradient."""
+        return self._device()["found_inf"]
+
+    def scale_(self, grad) -> None:
+        """grad *= scale in place (grad: the loss gradient, e.g. d(loss)/d(logits))."""
+        if self.enabled:
+            ops.xp.multiply(grad, self.scale_array, out=grad)
+
+    def unscale_(self, optimizer) -> None:
+        """Check every gradient for inf/nan (into found_inf) and divide them by the scale, once per step."""
+        if not self.enabled or self._unscaled:
+            return
+        dev = self._device()
+        dev["found_inf"].fill(0)
+        for grads in optimizer.grad_lists():
+            ops.multi_tensor.check_finite(grads, dev["found_inf"])
+        ops.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
+        optimizer.unscale_grads(dev["inv_scale"])
+        self._unscaled = True
+
+    def step(self, optimizer) -> None:
+        """unscale_ (if not done yet), then optimizer.step, which the kernels skip when found_inf is set."""
+        if not self.enabled:
+            optimizer.step()
+            return
+        self.unscale_(optimizer)
+        optimizer.step(found_inf=self.found_inf)
+
+    def update(self) -> None:
+        """Adjust the scale from this step's found_inf (on the device)."""
+        if not self.enabled:
+            return
+        dev = self._device()
+        update_scale(
+            ops.xp,
+            dev["scale"],
+            dev["tracker"],
+            dev["found_inf"],
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+            scratch=dev,
+        )
+        self._unscaled = False
+
+    def get_scale(self) -> float:
+        """The current scale (reads the device: synchronises; for logging, not per step)."""
+        if self._dev is None:
+            return self._host_scale
+        return float(to_host(self._dev["scale"])[0])
+
+    def state_dict(self) -> dict:
+        tracker = self._host_tracker if self._dev is None else int(to_host(self._dev["tracker"])[0])
+        return {
+            "scale": self.get_scale(),
+            "growth_tracker": tracker,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "enabled": self.enabled,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.growth_factor = float(state.get("growth_factor", self.growth_factor))
+        self.backoff_factor = float(state.get("backoff_factor", self.backoff_factor))
+        self.growth_interval = int(state.get("growth_interval", self.growth_interval))
+        self.enabled = bool(state.get("enabled", self.enabled))
+        self._host_scale = float(state["scale"])
+        self._host_tracker = int(state.get("growth_tracker", 0))
+        self._dev = None  # re-created from the host values on next use
+        self._unscaled = False
+
+    def __repr__(self):
+        return (
+            f"GradScaler(scale={self.get_scale():g}, growth_factor={self.growth_factor:g}, "
+            f"backoff_factor={self.backoff_factor:g}, growth_interval={self.growth_interval}, "
+            f"enabled={self.enabled})"
+        )

@@ -1,0 +1,188 @@
+"""What SGD and AdamW share: the parameter list, per-parameter state, device tensor lists, state_dict.
+
+On the device, parameters are grouped by the dtype of their low-precision copies (normally one group: the
+whole model), and each group's masters, gradients, state and copies are held in
+resnet_native.multi_tensor.TensorLists built once, so a step is one kernel launch per group, whatever the
+number of tensors.
+"""
+
+import numpy as np
+
+from ..layers._backend import native_dtype, ops, to_host, upload
+from ..params import Parameter
+
+
+class _Group:
+    def __init__(self, indices, params, state, names):
+        mt = ops.multi_tensor
+        self.indices = indices
+        self.params = mt.TensorList([p.data for p in params])
+        self.grads = mt.TensorList([p.grad for p in params])
+        self.state = {name: mt.TensorList([state[name][i] for i in indices]) for name in names}
+        low = [p.low for p in params]
+        self.copies = None if low[0] is None else mt.TensorList(low, dtype=native_dtype(low[0]))
+
+
+class Optimizer:
+    state_names = ()  # per-parameter state arrays, e.g. ("momentum_buffer",)
+    hyperparameters = ()  # python scalars saved in state_dict, e.g. ("lr", "momentum")
+
+    def __init__(self, params, lr):
+        params = list(params)
+        seen, unique = set(), []
+        for p in params:
+            if not isinstance(p, Parameter):
+                raise TypeError(
+                    f"params: expected resnet_native Parameters (model.parameters()), got {type(p).__name__}"
+                )
+            if id(p) not in seen:
+                seen.add(id(p))
+                unique.append(p)
+        if not unique:
+            raise ValueError("params: empty parameter list")
+        self.params = unique
+        self.lr = _non_negative("lr", lr)
+        self.step_count = 0
+        self.state = None  # {name: [device array per parameter]}, created with the tensor lists
+        self._pending_state = {}  # {name: [host array]} loaded before the parameters reached the device
+        self._groups = None
+
+    # -- device state ----------------------------------------------------------------------------------------
+    def _ready(self) -> bool:
+        """Whether the parameters are on the device (the tensor lists are built on the first call that is)."""
+        if self._groups is not None:
+            return True
+        if not all(p.on_device for p in self.params):
+            if any(p.on_device for p in self.params):
+                raise RuntimeError(
+                    "optimizer: some parameters are on the device and some are not; call cuda() on "
+                    "the model(s) that own them"
+                )
+            return False
+        self.state = {}
+        for name in self.state_names:
+            pending = self._pending_state.get(name)
+            self.state[name] = [
+                upload(pending[i], ops.master_dtype)
+                if pending
+                else ops.xp.zeros(p.shape, dtype=ops.master_dtype)
+                for i, p in enumerate(self.params)
+            ]
+        self._pending_state = {}
+        by_dtype = {}
+        for i, p in enumerate(self.params):
+            key = None if p.low is None else np.dtype(p.low.dtype).str
+            by_dtype.setdefault(key, []).append(i)
+        self._groups = [
+            _Group(idx, [self.params[i] for i in idx], self.state, self.state_names)
+            for idx in by_dtype.values()
+        ]
+        return True
+
+    def _require_ready(self):
+        if not self._ready():
+            raise RuntimeError(
+                "optimizer: parameters are not on the GPU yet; run a forward pass or model.cuda()"
+            )
+
+    def grad_lists(self) -> list:
+        """The gradient TensorLists (one per group), e.g. for multi_tensor.check_finite."""
+        self._require_ready()
+        return [g.grads for g in self._groups]
+
+    def unscale_grads(self, inv_scale) -> None:
+        """grad *= inv_scale (a device array of shape (1,)) for every parameter: one launch per parameter
+        arena wholly owned by this optimizer (normally one), one per parameter otherwise."""
+        self._require_ready()
+        mine = {id(p) for p in self.params}
+        arenas = {}
+        for p in self.params:
+            arenas.setdefault(id(p.arena), p.arena)
+        for arena in arenas.values():
+            if arena is not None and all(id(q) in mine for q in arena.params):
+                arena.unscale_grads(inv_scale)
+            else:
+                for p in self.params:
+                    if p.arena is arena:
+                        ops.xp.multiply(p.grad, inv_scale, out=p.grad)
+
+    def zero_grad(self) -> None:
+        """Zero every gradient in place (one launch per group; nothing to do before the first forward)."""
+        if self._ready():
+            for g in self._groups:
+                ops.multi_tensor.zero_(g.grads)
+
+    def step(self, found_inf=None) -> None:
+        """One update of every parameter. found_inf: optional device int32 array of shape (1,); when nonzero
+        the kernels skip the whole update (no host synchronisation), as GradScaler uses it."""
+        self._require_ready()
+        self.step_count += 1
+        for g in self._groups:
+            self._launch(g, found_inf)
+
+    def _launch(self, group, found_inf):
+        raise NotImplementedError
+
+    def set_momentum(self, value: float) -> None:
+        """Used by OneCycleSchedule's momentum cycling (SGD: momentum; AdamW: beta1)."""
+        raise NotImplementedError
+
+    # -- state_dict ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """{'type', hyperparameters..., 'step', '<state>.<i>': NumPy array per parameter} (parameters() order;
+        arrays in the parameters' own layout, so load into a model of the same layout)."""
+        out = {"type": type(self).__name__, "step": self.step_count}
+        out.update({k: _plain(getattr(self, k)) for k in self.hyperparameters})
+        for name in self.state_names:
+            if self.state is not None:
+                arrays = [np.asarray(to_host(a), np.float32) for a in self.state[name]]
+            elif name in self._pending_state:
+                arrays = [a.copy() for a in self._pending_state[name]]
+            else:
+                arrays = [np.zeros(p.shape, np.float32) for p in self.params]
+            out.update({f"{name}.{i}": a for i, a in enumerate(arrays)})
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        kind = state.get("type", type(self).__name__)
+        kind = kind.item() if isinstance(kind, np.ndarray) else kind
+        if kind != type(self).__name__:
+            raise ValueError(f"load_state_dict: state of a {kind}, not a {type(self).__name__}")
+        arrays = {}
+        for name in self.state_names:
+            arrays[name] = []
+            for i, p in enumerate(self.params):
+                key = f"{name}.{i}"
+                if key not in state:
+                    raise KeyError(f"load_state_dict: missing {key}")
+                a = np.asarray(state[key], dtype=np.float32)
+                if a.shape != p.shape:
+                    raise ValueError(f"load_state_dict: {key}: expected shape {p.shape}, got {a.shape}")
+                arrays[name].append(a)
+        for k in self.hyperparameters:
+            if k in state:
+                value = state[k]
+                value = value.tolist() if isinstance(value, np.ndarray) else value
+                setattr(self, k, tuple(value) if isinstance(value, list) else value)
+        self.step_count = int(state.get("step", 0))
+        if self.state is not None:
+            for name, values in arrays.items():
+                for dst, a in zip(self.state[name], values, strict=True):
+                    ops.xp.copyto(dst, upload(a, dst.dtype))
+        else:
+            self._pending_state = arrays
+
+    def __repr__(self):
+        hp = ", ".join(f"{k}={getattr(self, k)}" for k in self.hyperparameters)
+        return f"{type(self).__name__}({len(self.params)} parameters, {hp}, step={self.step_count})"
+
+
+def _non_negative(name, value) -> float:
+    value = float(value)
+    if not value >= 0.0:
+        raise ValueError(f"{name}: expected a float >= 0, got {value!r}")
+    return value
+
+
+def _plain(value):
+    return tuple(float(v) for v in value) if isinstance(value, tuple) else value

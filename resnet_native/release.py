@@ -1,0 +1,246 @@
+"""Package a trained run as a model release: `python -m resnet_native.release --run runs/NAME --version A`.
+
+Writes <out>/version_<X>/ (default out: cifar10_models):
+  model.safetensors   the weights (torchvision names and shapes; model.npz when safetensors does not import)
+  config.yaml         the network (name, stem, layout, dtype, classes), the normalisation, and the training recipe
+  metrics.json        test accuracy and epoch of the shipped weights, training time, parameter count, and the
+                      inference throughput measured now on this machine's GPU (null with --no-benchmark / no GPU)
+  preprocess.py       standalone (NumPy + Pillow) image -> normalised array, for use outside this package
+The folder is built under a temporary name and renamed into place, so a reader never sees half a release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from .checkpoint import load_checkpoint
+from .data.augment import MEAN, STD
+from .data.cifar10 import CLASSES
+
+_NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
+
+PREPROCESS_TEMPLATE = '''"""Preprocessing for CIFAR-10 model release {version} (standalone: NumPy and Pillow only).
+
+    from preprocess import preprocess, CLASSES
+    x = preprocess(["cat.png", pil_image, hwc_uint8_array])   # (N, 32, 32, 3) float32 for an NHWC model
+
+Each image is converted to RGB, resized to 32x32 (bilinear) if needed, scaled to [0, 1], and normalised per
+channel with the training set's mean and standard deviation (computed in float64, rounded once to `dtype`).
+"""
+
+import os
+
+import numpy as np
+
+MEAN = {mean!r}
+STD = {std!r}
+CLASSES = {classes!r}
+LAYOUT = {layout!r}  # the model's input layout: NHWC -> (N, H, W, 3), NCHW -> (N, 3, H, W)
+SIZE = (32, 32)
+
+
+def load_image(image):
+    """A PIL image, a path, or an (H, W, 3) uint8 array -> uint8 (32, 32, 3) RGB array."""
+    from PIL import Image
+
+    if isinstance(image, (str, os.PathLike)):
+        with Image.open(image) as im:
+            return load_image(im.convert("RGB"))
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8:
+            raise TypeError("image: expected a uint8 array, got %s" % image.dtype)
+        if image.shape == (SIZE[1], SIZE[0], 3):
+            return np.ascontiguousarray(image)
+        image = Image.fromarray(image)
+    im = image.convert("RGB")
+    if im.size != SIZE:
+        im = im.resize(SIZE, Image.Resampling.BILINEAR)
+    return np.asarray(im, dtype=np.uint8)
+
+
+def preprocess(images, layout=LAYOUT, dtype=np.float32):
+    """One image or a list of them (or an (N, 32, 32, 3) uint8 array) -> normalised (N, ...) array of dtype."""
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        batch = np.stack([load_image(im) for im in images])
+    elif isinstance(images, (list, tuple)):
+        batch = np.stack([load_image(im) for im in images])
+    else:
+        batch = load_image(images)[None]
+    x = (batch.astype(np.float64) / 255.0 - np.asarray(MEAN)) / np.asarray(STD)
+    if layout == "NCHW":
+        x = x.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(x.astype(dtype))
+'''
+
+
+def count_parameters(weights: dict) -> int:
+    """Trainable parameters in a state_dict (batch-norm running statistics excluded)."""
+    return int(sum(v.size for k, v in weights.items() if not k.endswith(_NOT_PARAMETERS)))
+
+
+def _train_throughput(history):
+    seconds = sum(r.get("epoch_time_s") or 0.0 for r in history)
+    images = sum((r.get("images_per_s") or 0.0) * (r.get("epoch_time_s") or 0.0) for r in history)
+    return images / seconds if seconds > 0 else None
+
+
+def _run_wall_time(run_dir):
+    """The training command's wall time from the run's summary.json (None while the run is unfinished)."""
+    try:
+        summary = json.loads((pathlib.Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary.get("wall_time_s") if summary.get("completed") else None
+
+
+def find_checkpoint(run_dir, which: str = "best") -> pathlib.Path:
+    run = pathlib.Path(run_dir)
+    order = ["best.npz", "last.npz"] if which == "best" else ["last.npz"]
+    for name in order:
+        if (run / name).is_file():
+            return run / name
+    raise FileNotFoundError(f"{run}: no {' or '.join(order)} (is it a resnet_native.train run folder?)")
+
+
+def save_weights(weights: dict, folder) -> str:
+    """model.safetensors when safetensors imports, else model.npz. Returns the file name."""
+    folder = pathlib.Path(folder)
+    # np.require keeps 0-d arrays (num_batches_tracked) 0-d, unlike np.ascontiguousarray.
+    weights = {k: np.require(v, requirements="C") for k, v in weights.items()}
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        np.savez(folder / "model.npz", **weights)
+        return "model.npz"
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "resnet_native"})
+    return "model.safetensors"
+
+
+def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, iters: int = 20) -> dict:
+    """Images/s of the released network's forward pass (eval mode) on the current GPU, after warm-up."""
+    import cupy
+
+    from .classifier import build_release_model
+    from .data.augment import normalize_on_gpu
+
+    model = build_release_model(config, weights)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8)
+    x = normalize_on_gpu(images, layout=config["model"]["layout"], dtype=config["model"]["dtype"])
+    for _ in range(3):  # algorithm search and buffer allocation happen here
+        model.forward(x, train=False)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        model.forward(x, train=False)
+    stop.record()
+    stop.synchronize()
+    seconds = cupy.cuda.get_elapsed_time(start, stop) / 1000.0
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return {"inference_images_per_s": batch_size * iters / seconds, "inference_batch_size": batch_size,
+            "inference_device": name}
+
+
+def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
+            bench_batch_size: int = 1000) -> pathlib.Path:
+    """Build <out_dir>/version_<version>/ from a training run; returns its path."""
+    import yaml
+
+    if not str(version) or any(c in str(version) for c in "/\\") or str(version).startswith("."):
+        raise ValueError(f"version: expected a plain name like 'A', got {version!r}")
+    ckpt_path = find_checkpoint(run_dir, checkpoint)
+    state = load_checkpoint(ckpt_path)
+    cfg = state["config"]
+    weights = {k: np.asarray(v) for k, v in state["model"].items()}
+    metrics = state.get("metrics", {})
+    history = metrics.get("history", [])
+    epoch = int(state["epoch"]) + 1
+    row = next((r for r in history if r.get("epoch") == epoch), {})
+    config = {
+        "version": str(version),
+        "model": {"name": cfg["model"], "num_classes": 10, "stem": "cifar", "layout": cfg["layout"],
+                  "dtype": cfg["dtype"]},
+        "classes": list(CLASSES),
+        "input": {"height": 32, "width": 32, "channels": 3, "order": "RGB", "scale": "1/255",
+                  "mean": list(MEAN), "std": list(STD)},
+        "weights": None,
+        "training": {"run": str(pathlib.Path(run_dir)), "checkpoint": ckpt_path.name, "epoch": epoch,
+                     "recipe": cfg},
+    }
+    out = {
+        "version": str(version),
+        "test_accuracy": row.get("test_acc"),
+        "test_loss": row.get("test_loss"),
+        "epoch": epoch,
+        "epochs": cfg["epochs"],
+        "training_time_s": metrics.get("train_time_s"),
+        "train_images_per_s": _train_throughput(history),
+        "wall_time_s": _run_wall_time(run_dir),
+        "parameters": count_parameters(weights),
+        "inference_images_per_s": None,
+        "released_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if benchmark:
+        import resnet_native as rn
+
+        if rn.cuda_available():
+            out.update(measure_inference(config, weights, batch_size=bench_batch_size))
+        else:
+            print("release: no GPU, inference_images_per_s left null", file=sys.stderr)
+
+    root = pathlib.Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"version_{version}"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".version_{version}.", dir=root))
+    try:
+        config["weights"] = save_weights(weights, tmp)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (tmp / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
+        (tmp / "preprocess.py").write_text(PREPROCESS_TEMPLATE.format(
+            version=version, mean=tuple(MEAN), std=tuple(STD), classes=tuple(CLASSES), layout=cfg["layout"]))
+        tmp.chmod(0o755)
+        old = None
+        if final.exists():
+            old = root / f".version_{version}.old-{int(time.time() * 1e6)}"
+            final.rename(old)
+        tmp.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m resnet_native.release",
+                                description="Package a resnet_native.train run as cifar10_models/version_X/.")
+    p.add_argument("--run", required=True, help="the run folder (holds best.npz / last.npz)")
+    p.add_argument("--version", required=True, help="release name, e.g. A")
+    p.add_argument("--out", default="cifar10_models", help="models folder (default cifar10_models)")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best", help="which state to ship")
+    p.add_argument("--no-benchmark", action="store_true", help="skip the GPU inference measurement")
+    p.add_argument("--bench-batch-size", type=int, default=1000)
+    return p
+
+
+def main(argv=None) -> pathlib.Path:
+    args = build_parser().parse_args(argv)
+    path = release(args.run, args.version, args.out, checkpoint=args.checkpoint, benchmark=not args.no_benchmark,
+                   bench_batch_size=args.bench_batch_size)
+    print(json.dumps({"release": str(path), **json.loads((path / "metrics.json").read_text())}))
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Shared test plumbing.
+
+- `gpu` tests skip, with the reason, on machines without a usable CUDA GPU (CI has none).
+- `data` tests skip when the CIFAR-10 archive is absent.
+- Every test is checked for leaked cuDNN descriptors: the C++ live counters must be back to where they were.
+"""
+
+import gc
+import os
+import pathlib
+import zlib
+
+import pytest
+
+import resnet_native as rn
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CIFAR_CANDIDATES = [
+    REPO / ".data" / "cifar10-jpeg.tar.xz",
+    REPO / ".data" / "cifar10-jpeg",
+    REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.xz",
+]
+
+
+def cifar_path():
+    """The CIFAR-10 JPEG copy (archive or extracted folder), or None."""
+    env = os.environ.get("RESNET_NATIVE_CIFAR10")
+    for p in ([pathlib.Path(env)] if env else []) + CIFAR_CANDIDATES:
+        if p.exists():
+            return p
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = None if rn.cuda_available() else pytest.mark.skip(
+        reason=f"needs a CUDA GPU: {rn._C.device_unavailable_reason()}"
+    )
+    no_data = None if cifar_path() else pytest.mark.skip(
+        reason="needs CIFAR-10 (.data/cifar10-jpeg.tar.xz or ../shared/data/cifar10-jpeg.tar.xz)"
+    )
+    for item in items:
+        if no_gpu is not None and "gpu" in item.keywords:
+            item.add_marker(no_gpu)
+        if no_data is not None and "data" in item.keywords:
+            item.add_marker(no_data)
+
+
+def _live():
+    gc.collect()
+    return {k: v for k, v in rn.live_descriptors().items() if k != "handle"}
+
+
+@pytest.fixture(autouse=True)
+def no_descriptor_leaks(request):
+    """Fails a test that leaves cuDNN descriptors alive (cached plans are dropped first)."""
+    before = _live()
+    yield
+    if "allow_cached_descriptors" in request.keywords:
+        return
+    # Execution plans and descriptors held by caches are not leaks, but they must be releasable: drop them.
+    drop = getattr(rn, "_drop_cached_descriptors", None)
+    if drop is not None:
+        drop()
+    after = _live()
+    grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0)}
+    assert not grown, f"descriptors leaked by this test (kind: (before, after)): {grown}"
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh NumPy generator per test, seeded from the test's name (reproducible, different per test)."""
+    import numpy as np
+
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,116 @@
+"""CIFAR10Classifier's input forms and outputs, with a stub network standing in for the GPU model."""
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_release_cpu import make_fake_run
+
+import resnet_native as rn
+from resnet_native import release
+from resnet_native.classifier import CIFAR10Classifier, softmax, to_batch
+from resnet_native.data.augment import normalize_on_host
+from resnet_native.data.cifar10 import CLASSES
+
+
+class StubNet:
+    """Logits = a fixed linear map of each image's mean normalised colour; records what it was given."""
+
+    def __init__(self, seed=0):
+        self.w = np.random.default_rng(seed).standard_normal((3, 10)).astype(np.float32) * 5
+        self.inputs = []
+
+    def forward(self, x, train=None):
+        assert train is False
+        x = np.asarray(x)
+        self.inputs.append(x)
+        return x.astype(np.float32).mean(axis=(1, 2)) @ self.w  # NHWC
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    make_fake_run(root / "run")
+    return release.release(root / "run", "A", root / "cifar10_models", benchmark=False)
+
+
+@pytest.fixture
+def clf(release_dir):
+    return CIFAR10Classifier("A", models_dir=release_dir.parent, model=StubNet(), batch_size=3)
+
+
+def expected(images, net=None):
+    net = net or StubNet()
+    return net.forward(normalize_on_host(np.asarray(images), layout="NHWC", dtype="fp16"), train=False)
+
+
+def test_single_image_forms_agree(clf, rng, tmp_path):
+    img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(img).save(tmp_path / "x.png")
+    want = int(np.argmax(expected(img[None])[0]))
+    for form in (img, Image.fromarray(img), str(tmp_path / "x.png"), tmp_path / "x.png"):
+        got = clf.predict(form)
+        assert isinstance(got, int) and got == want
+    p = clf.predict_proba(img)
+    assert p.shape == (10,) and p.dtype == np.float32 and p.sum() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(p, softmax(expected(img[None])[0]), rtol=1e-6)
+    # The network saw exactly the trainer's normalisation (fp16 model: the fp16 lookup table), in NHWC.
+    x = clf.model.inputs[-1]
+    assert x.dtype == np.float16 and x.shape == (1, 32, 32, 3)
+    np.testing.assert_array_equal(x, normalize_on_host(img[None], layout="NHWC", dtype="fp16"))
+
+
+def test_batches(clf, rng):
+    imgs = rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8)
+    want = np.argmax(expected(imgs), axis=1)
+    from_array = clf.predict(imgs)
+    assert isinstance(from_array, np.ndarray) and from_array.dtype == np.int64 and from_array.shape == (7,)
+    np.testing.assert_array_equal(from_array, want)
+    np.testing.assert_array_equal(clf.predict([Image.fromarray(i) for i in imgs]), want)
+    np.testing.assert_array_equal(clf.predict(list(imgs)), want)
+    assert [len(x) for x in clf.model.inputs[-3:]] == [3, 3, 1]  # batch_size=3
+    proba = clf.predict_proba(imgs)
+    assert proba.shape == (7, 10)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-6)
+    assert clf.predict([]).shape == (0,)
+
+
+def test_other_sizes_and_modes_are_converted(clf, rng):
+    big = Image.fromarray(rng.integers(0, 256, (64, 48, 3), dtype=np.uint8))
+    clf.predict(big)
+    np.testing.assert_array_equal(clf.model.inputs[-1],
+                                  normalize_on_host(np.asarray(big.resize((32, 32), Image.Resampling.BILINEAR))[None],
+                                                    dtype="fp16"))
+    gray = rng.integers(0, 256, (32, 32), dtype=np.uint8)
+    clf.predict(gray)
+    np.testing.assert_array_equal(clf.model.inputs[-1], normalize_on_host(np.stack([gray] * 3, -1)[None],
+                                                                         dtype="fp16"))  # grey -> R = G = B
+    rgba = rng.integers(0, 256, (32, 32, 4), dtype=np.uint8)
+    assert isinstance(clf.predict(rgba), int)
+    assert to_batch(Image.fromarray(rgba[..., :3]).convert("P"))[0].shape == (1, 32, 32, 3)
+
+
+def test_bad_inputs(clf):
+    with pytest.raises(TypeError, match="uint8"):
+        clf.predict(np.zeros((32, 32, 3), np.float32))
+    with pytest.raises(ValueError, match="HWC"):
+        clf.predict(np.zeros((3, 32, 32, 5), np.uint8)[0])
+    with pytest.raises(TypeError, match="PIL image"):
+        clf.predict(12)
+    with pytest.raises(FileNotFoundError):
+        clf.predict("/no/such/image.png")
+
+
+def test_versions_paths_and_attributes(release_dir):
+    by_path = CIFAR10Classifier(release_dir, model=StubNet())
+    by_name = CIFAR10Classifier("A", models_dir=release_dir.parent, model=StubNet())
+    assert by_path.version_dir == by_name.version_dir == release_dir
+    assert by_name.classes == CLASSES and by_name.classes[3] == "cat"
+    assert (by_name.layout, by_name.dtype) == ("NHWC", "fp16")
+    with pytest.raises(FileNotFoundError, match="version_A"):
+        CIFAR10Classifier("Z", models_dir=release_dir.parent, model=StubNet())
+    assert rn.CIFAR10Classifier is CIFAR10Classifier
+
+
+def test_models_dir_from_environment(release_dir, monkeypatch):
+    monkeypatch.setenv("RESNET_NATIVE_MODELS", str(release_dir.parent))
+    assert CIFAR10Classifier("A", model=StubNet()).version_dir == release_dir

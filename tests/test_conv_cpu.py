@@ -1,0 +1,609 @@
+"""Convolution engine tests that need no GPU: the params key, the algorithm-cache file, argument validation of
+every op (before any device access), conv_output_shape, and descriptor-leak safety of descriptor groups.
+
+On a machine with a GPU these run too: fake arrays then fail the device check (TypeError) instead of raising
+NoGPUError, and are never handed to cuDNN.
+"""
+
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+import resnet_native as rn
+from resnet_native import conv
+from resnet_native.conv import ConvSpec
+
+C = rn._C
+
+BASE_KEY = (
+    "conv2d.v1 dir=fwd dev=0 prec=fp16 layout=NHWC engine=legacy epi=bias+relu det=0 mode=find fixed=0 "
+    "x=8,64,32,32 w=128,64,3,3 y=8,128,16,16 pad=1,1 stride=2,2 dil=1,1 groups=1 ws=none"
+)
+
+# Another value for every field of the key.
+FIELD_VARIANTS = {
+    "dir": ["bwd_data", "bwd_filter"],
+    "dev": ["1"],
+    "prec": ["fp32", "tf32", "bf16"],
+    "layout": ["NCHW"],
+    "engine": ["graph", "auto"],
+    "epi": ["none", "bias", "bias+residual+relu", "relu"],
+    "det": ["1"],
+    "mode": ["heuristic", "fixed"],
+    "fixed": ["1", "-1"],
+    "x": ["9,64,32,32", "8,65,32,32", "8,64,33,32", "8,64,32,31"],
+    "w": ["129,64,3,3", "128,63,3,3", "128,64,1,3", "128,64,3,5"],
+    "y": ["9,128,16,16", "8,127,16,16", "8,128,15,16", "8,128,16,17"],
+    "pad": ["0,1", "1,0"],
+    "stride": ["1,2", "2,1"],
+    "dil": ["2,1", "1,2"],
+    "groups": ["2"],
+    "ws": ["0", "1048576"],
+}
+
+
+def key_fields(key):
+    return [token.split("=", 1)[0] for token in key.split()[1:]]
+
+
+def with_field(key, name, value):
+    tokens = key.split()
+    for i, token in enumerate(tokens):
+        if token.startswith(name + "="):
+            tokens[i] = f"{name}={value}"
+            return " ".join(tokens)
+    raise AssertionError(f"no field {name} in {key}")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The params key
+
+
+def test_key_round_trips():
+    assert C._conv_params_roundtrip(BASE_KEY) == BASE_KEY
+    assert C._conv_params_equal(BASE_KEY, BASE_KEY)
+    assert C._conv_params_hash(BASE_KEY) == C._conv_params_hash(C._conv_params_roundtrip(BASE_KEY))
+
+
+def test_every_field_is_covered_by_the_variants():
+    assert set(key_fields(BASE_KEY)) == set(FIELD_VARIANTS)
+
+
+@pytest.mark.parametrize(
+    "name,value", [(n, v) for n, values in FIELD_VARIANTS.items() for v in values], ids=lambda x: str(x)
+)
+def test_key_differs_on_every_field(name, value):
+    variant = with_field(BASE_KEY, name, value)
+    assert C._conv_params_roundtrip(variant) == variant
+    assert not C._conv_params_equal(BASE_KEY, variant)
+    assert C._conv_params_hash(BASE_KEY) != C._conv_params_hash(variant)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "conv2d.v2" + BASE_KEY[len("conv2d.v1") :],
+        BASE_KEY + " extra=1",
+        BASE_KEY.replace(" ws=none", ""),
+        with_field(BASE_KEY, "dir", "sideways"),
+        with_field(BASE_KEY, "prec", "fp64"),
+        with_field(BASE_KEY, "layout", "CHWN"),
+        with_field(BASE_KEY, "engine", "cpu"),
+        with_field(BASE_KEY, "epi", "bias+bias"),
+        with_field(BASE_KEY, "epi", "gelu"),
+        with_field(BASE_KEY, "det", "2"),
+        with_field(BASE_KEY, "mode", "guess"),
+        with_field(BASE_KEY, "x", "8,64,32"),
+        with_field(BASE_KEY, "x", "8,64,32,32,1"),
+        with_field(BASE_KEY, "w", "a,b,c,d"),
+        with_field(BASE_KEY, "pad", "1,"),
+        with_field(BASE_KEY, "dev", "-1"),
+        with_field(BASE_KEY, "ws", "-5"),
+        with_field(BASE_KEY, "groups", "99999999999"),
+        BASE_KEY.replace("pad=", "padding="),
+    ],
+)
+def test_malformed_keys_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        C._conv_params_roundtrip(bad)
+
+
+def test_key_of_an_nhwc_call_uses_logical_dims():
+    spec = ConvSpec(stride=2, padding=1, layout="NHWC", precision="bf16", algo="heuristic", deterministic=True)
+    key = C.conv_key("forward", (8, 32, 32, 64), (128, 3, 3, 64), conv._spec_tuple(spec, "forward"), "bias+relu")
+    assert "x=8,64,32,32" in key and "w=128,64,3,3" in key and "y=8,128,16,16" in key
+    assert "prec=bf16" in key and "layout=NHWC" in key and "mode=heuristic" in key and "det=1" in key
+    assert "epi=bias+relu" in key and "dir=fwd" in key
+    assert C._conv_params_roundtrip(key) == key
+
+
+def test_fixed_algorithm_is_part_of_the_key():
+    spec = ConvSpec(algo="IMPLICIT_PRECOMP_GEMM")
+    key = C.conv_key("forward", (2, 3, 8, 8), (4, 3, 3, 3), conv._spec_tuple(spec, "forward"), "none")
+    assert "mode=fixed" in key and "fixed=1" in key
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The algorithm cache and its file
+
+
+@pytest.fixture
+def empty_cache():
+    conv.clear_algorithm_cache()
+    yield
+    conv.clear_algorithm_cache()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    identity = {"value": ("Fake GPU 9000", 91900, 0)}
+    monkeypatch.setattr(conv, "_device_identity", lambda: identity["value"])
+    return identity
+
+
+def sample_choices():
+    keys = [
+        BASE_KEY,
+        with_field(with_field(BASE_KEY, "dir", "bwd_data"), "epi", "none"),
+        with_field(with_field(BASE_KEY, "engine", "graph"), "mode", "heuristic"),
+    ]
+    choices = [
+        {"engine": "legacy", "mode": "find", "algo": 1, "math_type": 1, "knobs": "", "workspace": 4096,
+         "time_ms": 0.25, "fused_path": "fused"},
+        {"engine": "legacy", "mode": "heuristic", "algo": 0, "math_type": 3, "knobs": "", "workspace": 0,
+         "time_ms": None, "fused_path": ""},
+        {"engine": "graph", "mode": "heuristic", "algo": 17, "math_type": 0, "knobs": "TILE_K=2;SPLIT_K=1",
+         "workspace": 1 << 20, "time_ms": None, "fused_path": ""},
+    ]
+    return list(zip(keys, choices, strict=True))
+
+
+def insert_samples():
+    for key, choice in sample_choices():
+        C.algo_cache_insert(key, choice)
+
+
+def comparable(entries):
+    return sorted((e["key"], e["engine"], e["mode"], e["algo"], e["math_type"], e["knobs"], e["workspace"],
+                   e["time_ms"], e["fused_path"]) for e in entries)
+
+
+def test_cache_insert_lookup_and_entries(empty_cache):
+    insert_samples()
+    stats = conv.algorithm_cache_stats()
+    assert stats["entries"] == 3
+    assert set(stats) == {"hits", "misses", "finds", "entries"}
+    found = C.algo_cache_lookup(BASE_KEY)
+    assert found["algo_name"] == "IMPLICIT_PRECOMP_GEMM" and found["math_type_name"] == "TENSOR_OP_MATH"
+    assert found["time_ms"] == pytest.approx(0.25) and found["fused_path"] == "fused"
+    graph = C.algo_cache_lookup(sample_choices()[2][0])
+    assert graph["algo_name"] == "ENGINE_17" and graph["knobs"] == "TILE_K=2;SPLIT_K=1"
+    assert conv.algorithm_cache_stats() == stats  # lookups for inspection count nothing
+    assert len(conv.algorithm_cache_entries()) == 3
+    conv.clear_algorithm_cache()
+    assert conv.algorithm_cache_entries() == []
+    assert C.algo_cache_lookup(BASE_KEY) is None
+
+
+def test_cache_insert_rejects_bad_choices(empty_cache):
+    good = dict(sample_choices()[0][1])
+    for field, value in [("engine", "auto"), ("engine", "cpu"), ("mode", "guess"), ("algo", "one")]:
+        with pytest.raises(ValueError):
+            C.algo_cache_insert(BASE_KEY, dict(good, **{field: value}))
+    bad = dict(good)
+    del bad["workspace"]
+    with pytest.raises(ValueError):
+        C.algo_cache_insert(BASE_KEY, bad)
+    assert conv.algorithm_cache_entries() == []
+
+
+def test_cache_file_round_trip(empty_cache, fake_gpu, tmp_path):
+    insert_samples()
+    before = comparable(conv.algorithm_cache_entries())
+    path = tmp_path / "algos.json"
+    assert conv.save_algorithm_cache(path) == 3
+    payload = json.loads(path.read_text())
+    assert payload["format"] == "resnet_native.algorithm_cache" and payload["version"] == 1
+    assert payload["gpu"] == "Fake GPU 9000" and payload["cudnn_version"] == 91900
+    assert len(payload["entries"]) == 3
+    assert sorted(os.listdir(tmp_path)) == ["algos.json"]  # the temporary file was renamed, nothing left over
+
+    conv.clear_algorithm_cache()
+    assert conv.load_algorithm_cache(path) == 3
+    assert comparable(conv.algorithm_cache_entries()) == before
+
+    # Saving again over the existing file replaces it.
+    conv.clear_algorithm_cache()
+    C.algo_cache_insert(*sample_choices()[0])
+    assert conv.save_algorithm_cache(str(path)) == 1
+    assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_cache_file_entries_are_rekeyed_to_the_current_device(empty_cache, fake_gpu, tmp_path):
+    insert_samples()
+    path = tmp_path / "algos.json"
+    conv.save_algorithm_cache(path)
+    conv.clear_algorithm_cache()
+    fake_gpu["value"] = ("Fake GPU 9000", 91900, 3)
+    assert conv.load_algorithm_cache(path) == 3
+    assert all(" dev=3 " in e["key"] for e in conv.algorithm_cache_entries())
+
+
+@pytest.mark.parametrize(
+    "other", [("Other GPU", 91900, 0), ("Fake GPU 9000", 91901, 0)], ids=["other_gpu", "other_cudnn"]
+)
+def test_cache_file_from_another_gpu_or_cudnn_is_ignored(empty_cache, fake_gpu, tmp_path, other):
+    insert_samples()
+    path = tmp_path / "algos.json"
+    conv.save_algorithm_cache(path)
+    conv.clear_algorithm_cache()
+    fake_gpu["value"] = other
+    with pytest.warns(UserWarning, match="ignored"):
+        assert conv.load_algorithm_cache(path) == 0
+    assert conv.algorithm_cache_entries() == []
+
+
+def test_malformed_cache_files_raise_and_add_nothing(empty_cache, fake_gpu, tmp_path):
+    insert_samples()
+    good = tmp_path / "good.json"
+    conv.save_algorithm_cache(good)
+    payload = json.loads(good.read_text())
+    conv.clear_algorithm_cache()
+
+    cases = {
+        "not_json.json": "{ this is not json",
+        "not_ours.json": json.dumps({"format": "something else", "entries": []}),
+        "version.json": json.dumps(dict(payload, version=99)),
+        "entries.json": json.dumps(dict(payload, entries={"a": 1})),
+        "bad_key.json": json.dumps(dict(payload, entries=payload["entries"] + [dict(payload["entries"][0],
+                                                                                     key="conv2d.v1 nonsense")])),
+        "no_algo.json": json.dumps(dict(payload, entries=payload["entries"] + [
+            {k: v for k, v in payload["entries"][0].items() if k != "algo"}])),
+        "bad_engine.json": json.dumps(dict(payload, entries=[dict(payload["entries"][0], engine="auto")])),
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ValueError):
+            conv.load_algorithm_cache(path)
+        assert conv.algorithm_cache_entries() == [], name
+
+
+def test_cache_file_io_needs_a_gpu_identity_without_one():
+    if rn.cuda_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(rn.NoGPUError):
+        conv.save_algorithm_cache("/nonexistent/never_written.json")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Argument validation, all before any device access
+
+
+class FakeCudaArray:
+    """Exposes only __cuda_array_interface__; its pointer is fake and distinct per array."""
+
+    _next = 1
+
+    def __init__(self, shape, typestr="<f4", strides=None):
+        FakeCudaArray._next += 1
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (FakeCudaArray._next << 36, False),
+            "strides": strides,
+            "version": 3,
+        }
+
+
+def fake(shape, precision="fp32", strides=None):
+    typestr = {"fp32": "<f4", "tf32": "<f4", "fp16": "<f2", "bf16": "<u2"}[precision]
+    return FakeCudaArray(shape, typestr, strides)
+
+
+def raises_device_stage():
+    """Arguments were all valid: the op got as far as the device check (no GPU, or a fake pointer)."""
+    if rn.cuda_available():
+        return pytest.raises(TypeError, match="memory")
+    return pytest.raises(rn.NoGPUError)
+
+
+SPEC = ConvSpec(stride=1, padding=1)
+NHWC = ConvSpec(stride=1, padding=1, layout="NHWC", precision="fp16")
+
+
+def test_valid_fake_arguments_reach_the_device_check():
+    x, w = fake((2, 3, 8, 8)), fake((4, 3, 3, 3))
+    with raises_device_stage():
+        conv.conv2d(x, w, SPEC)
+    with raises_device_stage():
+        conv.conv2d(x, w, SPEC, bias=fake((4,)), z=fake((2, 4, 8, 8)), activation="relu", out=fake((2, 4, 8, 8)))
+    with raises_device_stage():
+        conv.conv2d(fake((2, 8, 8, 3), "fp16"), fake((4, 3, 3, 3), "fp16"), NHWC)
+    with raises_device_stage():
+        conv.conv2d_backward_data(fake((2, 4, 8, 8)), w, SPEC, (2, 3, 8, 8))
+    with raises_device_stage():
+        conv.conv2d_backward_filter(x, fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3), out=fake((4, 3, 3, 3)),
+                                    accumulate=True)
+    with raises_device_stage():
+        conv.conv2d_backward_bias(fake((2, 4, 8, 8), "bf16"), "NCHW")
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: conv.conv2d(np.zeros((2, 3, 8, 8), np.float32), fake((4, 3, 3, 3)), SPEC), TypeError, "x"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8), "fp16"), fake((4, 3, 3, 3)), SPEC), TypeError, "x"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3), "fp16"), SPEC), TypeError, "w"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(precision="bf16")), TypeError,
+         "bfloat16"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, out=np.zeros((2, 4, 8, 8), np.float32)),
+         TypeError, "out"),
+        (lambda: conv.conv2d(None, fake((4, 3, 3, 3)), SPEC), TypeError, "x"),
+        (lambda: conv.conv2d(fake((3, 8, 8)), fake((4, 3, 3, 3)), SPEC), ValueError, "x"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3)), SPEC), ValueError, "w"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8), strides=(4, 256, 32, 4)), fake((4, 3, 3, 3)), SPEC), ValueError,
+         "contiguous"),
+        (lambda: conv.conv2d(fake((0, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC), ValueError, "empty"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 2, 3, 3)), SPEC), ValueError, "input channels per group"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 1, 3, 3)), ConvSpec(groups=2)), ValueError, "groups"),
+        (lambda: conv.conv2d(fake((2, 4, 8, 8)), fake((3, 2, 3, 3)), ConvSpec(groups=2)), ValueError, "K=3"),
+        (lambda: conv.conv2d(fake((2, 3, 4, 4)), fake((4, 3, 7, 7)), ConvSpec()), ValueError, "smaller"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(dilation=4)), ValueError, "smaller"),
+        # An NHWC filter must be (K, R, S, C/groups): a (K, C, R, S) one is caught by its channel count.
+        (lambda: conv.conv2d(fake((2, 8, 8, 3), "fp16"), fake((4, 3, 5, 5), "fp16"), NHWC), ValueError, "w"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, out=fake((2, 4, 8, 7))), ValueError,
+         "out"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, out=fake((2, 8, 8, 4))), ValueError,
+         "out"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, bias=fake((3,))), ValueError, "bias"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, bias=fake((4, 1))), ValueError, "bias"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, z=fake((2, 4, 8, 9))), ValueError, "z"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), SPEC, activation="gelu"), ValueError,
+         "activation"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), "NCHW"), TypeError, "spec"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(algo="ALGO_1")), ValueError,
+         "forward"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(algo="GEMM", engine="graph")),
+         ValueError, "engine"),
+        (lambda: conv.conv2d(fake((2, 3, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(algo="ENGINE_3", engine="legacy")),
+         ValueError, "engine"),
+        (lambda: conv.conv2d(fake((1, 50000, 200, 300)), fake((4, 50000, 1, 1)), ConvSpec()), ValueError,
+         "32-bit"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8)), ValueError,
+         "x_shape"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8, 0)), ValueError,
+         "x_shape"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 7)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8, 8)), ValueError,
+         "dy"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8, 8),
+                                           out=fake((2, 3, 8, 9))), ValueError, "out"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), ConvSpec(padding=1,
+                                           algo="IMPLICIT_PRECOMP_GEMM"), (2, 3, 8, 8)), ValueError, "backward_data"),
+        (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
+                                             accumulate=True), ValueError, "accumulate"),
+        (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
+                                             accumulate=1), ValueError, "accumulate"),
+        (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 5, 8, 8)), SPEC, (4, 3, 3, 3)),
+         ValueError, "dy"),
+        (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
+                                             out=fake((4, 3, 3, 1))), ValueError, "out"),
+        (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3)),
+         ValueError, "w_shape"),
+        (lambda: conv.conv2d_backward_bias(fake((2, 4, 8, 8)), "NCHW", out=fake((8,))), ValueError, "out"),
+        (lambda: conv.conv2d_backward_bias(fake((2, 8, 8, 4)), "NHWC", out=fake((8,))), ValueError, "out"),
+        (lambda: conv.conv2d_backward_bias(fake((2, 4, 8)), "NCHW"), ValueError, "dy"),
+        (lambda: conv.conv2d_backward_bias(fake((2, 4, 8, 8)), "NWHC"), ValueError, "layout"),
+        (lambda: conv.conv2d_backward_bias(fake((2, 4, 8, 8), "fp16"), "NCHW", out=fake((4,))), TypeError, "out"),
+        (lambda: conv.conv2d_backward_bias(np.zeros((2, 4, 8, 8), np.float32), "NCHW"), TypeError, "dy"),
+    ],
+)
+def test_bad_arguments_raise_before_device_access(call, error, match):
+    before = conv.algorithm_cache_stats()
+    with pytest.raises(error, match=match):
+        call()
+    assert conv.algorithm_cache_stats() == before
+
+
+def test_out_must_not_overlap_the_inputs():
+    x, w = fake((2, 3, 8, 8)), fake((4, 3, 3, 3))
+    out = fake((2, 4, 8, 8))
+    out.__cuda_array_interface__ = dict(out.__cuda_array_interface__, data=x.__cuda_array_interface__["data"])
+    with pytest.raises(ValueError, match="overlap"):
+        conv.conv2d(x, w, SPEC, out=out)
+    z = fake((2, 4, 8, 8))
+    out2 = fake((2, 4, 8, 8))
+    out2.__cuda_array_interface__ = dict(out2.__cuda_array_interface__,
+                                         data=(z.__cuda_array_interface__["data"][0] + 64, False))
+    with pytest.raises(ValueError, match="overlap z"):
+        conv.conv2d(x, w, SPEC, z=z, out=out2)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"stride": 0}, "stride"),
+        ({"stride": (1, 2, 3)}, "stride"),
+        ({"stride": 1.5}, "stride"),
+        ({"padding": -1}, "padding"),
+        ({"dilation": (1, 0)}, "dilation"),
+        ({"groups": 0}, "groups"),
+        ({"groups": True}, "groups"),
+        ({"layout": "CHWN"}, "layout"),
+        ({"precision": "fp64"}, "precision"),
+        ({"engine": "cpu"}, "engine"),
+        ({"algo": "nonsense"}, "algo"),
+        ({"algo": "fwd=FOO"}, "algo"),
+        ({"algo": "sideways=GEMM"}, "algo"),
+        ({"algo": "fwd"}, "algo"),
+        ({"algo": 3}, "algo"),
+        ({"deterministic": "yes"}, "deterministic"),
+    ],
+)
+def test_bad_specs_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ConvSpec(**kwargs)
+
+
+def test_spec_normalises_ints_to_pairs_and_resolves_algorithms():
+    spec = ConvSpec(stride=2, padding=[1, 0], dilation=(1, 2))
+    assert spec.stride == (2, 2) and spec.padding == (1, 0) and spec.dilation == (1, 2)
+    assert conv._spec_tuple(ConvSpec(algo="find"), "forward")[7:9] == ("find", 0)
+    assert conv._spec_tuple(ConvSpec(algo="heuristic"), "backward_filter")[7:9] == ("heuristic", 0)
+    assert conv._spec_tuple(ConvSpec(algo="implicit_precomp_gemm"), "forward")[7:9] == ("fixed", 1)
+    mixed = ConvSpec(algo="fwd=IMPLICIT_GEMM;bwd_filter=ALGO_1")
+    assert conv._spec_tuple(mixed, "forward")[7:9] == ("fixed", 0)
+    assert conv._spec_tuple(mixed, "backward_data")[7:9] == ("heuristic", 0)
+    assert conv._spec_tuple(mixed, "backward_filter")[7:9] == ("fixed", 1)
+    # FFT exists in every direction, with different enum values.
+    fft = ConvSpec(algo="FFT")
+    assert [conv._spec_tuple(fft, d)[8] for d in conv.DIRECTIONS] == [4, 2, 2]
+    # A fixed legacy name with engine='auto' runs on the legacy engine.
+    assert conv._spec_tuple(ConvSpec(algo="GEMM", engine="auto"), "forward")[6] == "legacy"
+
+
+def test_default_engine():
+    assert conv.default_engine() == "legacy"
+    try:
+        conv.set_default_engine("auto")
+        assert ConvSpec().engine == "auto"
+        assert ConvSpec(engine="legacy").engine == "legacy"
+    finally:
+        conv.set_default_engine("legacy")
+    assert ConvSpec().engine == "legacy"
+    with pytest.raises(ValueError, match="engine"):
+        conv.set_default_engine("fastest")
+
+
+def test_last_algorithm_validates_and_is_empty_without_runs(empty_cache):
+    assert conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC) is None
+    assert conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, "backward_filter") is None
+    assert conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, fused="relu+bias") is None
+    with pytest.raises(ValueError, match="direction"):
+        conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, "sideways")
+    with pytest.raises(ValueError, match="fused"):
+        conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, fused="bias+gelu")
+    with pytest.raises(ValueError, match="fused"):
+        conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, "backward_data", fused="bias")
+    with pytest.raises(ValueError, match="x_shape"):
+        conv.last_algorithm((2, 3, 8), (4, 3, 3, 3), SPEC)
+    assert conv.fused_name(bias=True, z=True, activation="relu") == "bias+residual+relu"
+    assert conv.fused_name() is None
+
+
+def test_last_algorithm_reads_what_the_cache_holds(empty_cache):
+    spec = ConvSpec(padding=1, precision="fp16", layout="NHWC", algo="heuristic")
+    key = C.conv_key("forward", (2, 8, 8, 3), (4, 3, 3, 3), conv._spec_tuple(spec, "forward"), "bias+relu")
+    C.algo_cache_insert(key, sample_choices()[0][1])
+    found = conv.last_algorithm((2, 8, 8, 3), (4, 3, 3, 3), spec, fused="bias+relu")
+    assert found is not None and found["key"] == key and found["algo_name"] == "IMPLICIT_PRECOMP_GEMM"
+    assert conv.last_algorithm((2, 8, 8, 3), (4, 3, 3, 3), spec) is None  # the plain key is another entry
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# conv_output_shape
+
+
+def formula(x_nchw, w_kcrs, stride, padding, dilation):
+    n, _, h, w = x_nchw
+    k, _, r, s = w_kcrs
+    p = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    q = (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return (n, k, p, q)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_output_shape_matches_the_formula(layout):
+    checked = 0
+    for (h, w), (r, s), stride, padding, dilation, groups in itertools.product(
+        [(7, 7), (8, 13), (32, 32), (1, 5)],
+        [(1, 1), (3, 3), (1, 3), (5, 2)],
+        [(1, 1), (2, 2), (3, 1)],
+        [(0, 0), (1, 1), (2, 0)],
+        [(1, 1), (2, 2), (1, 3)],
+        [1, 2],
+    ):
+        if h + 2 * padding[0] < dilation[0] * (r - 1) + 1 or w + 2 * padding[1] < dilation[1] * (s - 1) + 1:
+            continue
+        x_nchw, w_kcrs = (3, 4 * groups, h, w), (6 * groups, 4, r, s)
+        spec = ConvSpec(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+        expected = formula(x_nchw, w_kcrs, stride, padding, dilation)
+        if layout == "NHWC":
+            x_shape = (x_nchw[0], h, w, x_nchw[1])
+            w_shape = (w_kcrs[0], r, s, w_kcrs[1])
+            expected = (expected[0], expected[2], expected[3], expected[1])
+        else:
+            x_shape, w_shape = x_nchw, w_kcrs
+        assert conv.conv_output_shape(x_shape, w_shape, spec) == expected
+        checked += 1
+    assert checked > 300
+
+
+def test_conv_output_shape_rejects_impossible_shapes():
+    with pytest.raises(ValueError, match="smaller"):
+        conv.conv_output_shape((1, 3, 4, 4), (2, 3, 5, 5), ConvSpec())
+    with pytest.raises(ValueError, match="input channels per group"):
+        conv.conv_output_shape((1, 3, 8, 8), (2, 4, 3, 3), ConvSpec())
+    with pytest.raises(ValueError, match="w_shape"):
+        conv.conv_output_shape((1, 3, 8, 8), (2, 3, 3), ConvSpec())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Descriptor groups: built and destroyed without leaks, including when a build fails half-way
+
+
+def live():
+    return {k: v for k, v in rn.live_descriptors().items() if k != "handle" and v != 0}
+
+
+GOOD_KEY = (
+    "conv2d.v1 dir=fwd dev=0 prec=fp32 layout=NCHW engine=legacy epi=none det=0 mode=find fixed=0 "
+    "x=8,3,32,32 w=16,3,3,3 y=8,16,32,32 pad=1,1 stride=1,1 dil=1,1 groups=1 ws=none"
+)
+
+
+@pytest.mark.parametrize(
+    "bad,error",
+    [
+        (GOOD_KEY.replace("pad=1,1", "pad=-1,1"), rn.CudnnError),  # fails setting the convolution descriptor
+        (GOOD_KEY.replace("stride=1,1", "stride=0,1"), rn.CudnnError),
+        (GOOD_KEY.replace("w=16,3,3,3", "w=0,3,3,3"), rn.CudnnError),  # fails setting the filter
+        (GOOD_KEY.replace("groups=1", "groups=2"), rn.CudnnError),  # fails in the output-dimension query
+        (GOOD_KEY.replace("y=8,16,32,32", "y=8,16,31,32"), ValueError),  # fails after every descriptor is set
+    ],
+)
+def test_half_built_descriptor_groups_leak_nothing(bad, error):
+    before = live()
+    for _ in range(3):
+        with pytest.raises(error):
+            C._build_legacy_descriptors(bad)
+        with pytest.raises(error):
+            C._build_legacy_descriptors(bad, cached=True)
+    assert live() == before
+
+
+def test_descriptor_groups_are_cached_and_droppable():
+    rn._drop_cached_descriptors()
+    before = live()
+    C._build_legacy_descriptors(GOOD_KEY)  # uncached: destroyed on return
+    assert live() == before
+    C._build_legacy_descriptors(GOOD_KEY, cached=True)
+    C._build_legacy_descriptors(GOOD_KEY, cached=True)  # the same group
+    grown = live()
+    assert C._legacy_descriptor_cache_size() == 1
+    assert grown["tensor"] == before.get("tensor", 0) + 3 and grown["filter"] == before.get("filter", 0) + 1
+    assert grown["convolution"] == before.get("convolution", 0) + 1
+    assert grown["activation"] == before.get("activation", 0) + 2
+    C._build_legacy_descriptors(GOOD_KEY.replace("prec=fp32", "prec=fp16"), cached=True)
+    assert C._legacy_descriptor_cache_size() == 2
+    rn._drop_cached_descriptors()
+    assert C._legacy_descriptor_cache_size() == 0
+    assert live() == before
+
+
+def test_graph_engine_flag_is_reported():
+    assert conv.graph_engine_available() is bool(C.HAVE_GRAPH_ENGINE)

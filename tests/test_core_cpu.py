@@ -1,0 +1,108 @@
+"""The native core on any machine: import, versions, descriptor accounting, errors, argument checks."""
+
+import numpy as np
+import pytest
+from fake_arrays import FakeCudaArray, transposed
+
+import resnet_native as rn
+from resnet_native import _C
+
+
+def test_import_and_versions():
+    assert rn.cudnn_version() // 10000 == _C.CUDNN_MAJOR_COMPILED == 9
+    assert isinstance(rn.cuda_available(), bool)
+    assert rn.CUDNN_LIBRARY is None or rn.CUDNN_LIBRARY.endswith(".so.9")
+
+
+@pytest.mark.parametrize("kind", _C.descriptor_kinds())
+def test_create_destroy_10k_returns_to_baseline(kind):
+    before = rn.live_descriptors().get(kind, 0)
+    _C._create_destroy(kind, 10_000)
+    assert rn.live_descriptors()[kind] == before
+
+
+def test_every_kind_is_counted_while_alive():
+    # The counters must move: a create/destroy loop that never counted would also "return to baseline".
+    kinds = set(_C.descriptor_kinds())
+    assert {"tensor", "filter", "convolution", "activation", "backend.OPERATIONGRAPH"} <= kinds
+    assert all(name in rn.live_descriptors() for name in kinds)
+
+
+def test_unknown_kind_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown descriptor kind 'nope'"):
+        _C._create_destroy("nope", 1)
+
+
+def test_exception_mid_construction_leaks_nothing_and_names_the_failure():
+    before = rn.live_descriptors()
+    with pytest.raises(rn.CudnnError) as info:
+        _C._failing_construction()
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.status == "CUDNN_STATUS_BAD_PARAM" and err.code == 2000
+    text = str(err)
+    assert "cudnnSetFilter4dDescriptor" in text and "bind_core.cpp:" in text and "cuDNN says:" in text
+    after = rn.live_descriptors()
+    assert {k: v for k, v in after.items() if v != before.get(k, 0)} == {}
+
+
+def test_numpy_array_is_rejected_naming_the_argument():
+    with pytest.raises(TypeError, match=r"^x: expected a CUDA array.*host memory"):
+        _C._parse_tensor(np.zeros((2, 3), np.float32), "x", "fp32", check_device=False)
+
+
+def test_none_and_plain_objects_are_rejected():
+    with pytest.raises(TypeError, match="^w: expected a CUDA array, got None"):
+        _C._parse_tensor(None, "w", "fp32")
+    with pytest.raises(TypeError, match="^w: expected a CUDA array.*got list"):
+        _C._parse_tensor([1.0, 2.0], "w", "fp32")
+
+
+def test_wrong_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match="^x: expected a float16 array, got float32"):
+        _C._parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "fp16", check_device=False)
+    with pytest.raises(TypeError, match="bfloat16 is passed as uint16"):
+        _C._parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "bf16", check_device=False)
+
+
+def test_bf16_accepts_uint16_bit_patterns():
+    ptr, dtype, shape = _C._parse_tensor(FakeCudaArray((4, 5), "uint16"), "x", "bf16", check_device=False)
+    assert (ptr, dtype, shape) == (0x10000, "bfloat16", (4, 5))
+
+
+def test_rank_empty_and_strides():
+    with pytest.raises(ValueError, match=r"^x: expected a 4-D array, got shape \(2, 3\)"):
+        _C._parse_tensor(FakeCudaArray((2, 3)), "x", "fp32", ndim=4, check_device=False)
+    with pytest.raises(ValueError, match=r"^x: empty arrays are not supported \(shape \(0, 3\)\)"):
+        _C._parse_tensor(FakeCudaArray((0, 3)), "x", "fp32", check_device=False)
+    with pytest.raises(ValueError, match="^dy: expected a C-contiguous array"):
+        _C._parse_tensor(transposed((4, 6)), "dy", "fp32", check_device=False)
+    # Explicit C-contiguous strides are fine; size-1 dimensions may carry any stride.
+    ok = FakeCudaArray((4, 1, 6), strides=(24, 999, 4))
+    assert _C._parse_tensor(ok, "x", "fp32", check_device=False)[2] == (4, 1, 6)
+
+
+def test_string_arguments_are_validated():
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        _C._parse_tensor(FakeCudaArray((2,)), "x", "fp64", check_device=False)
+
+
+def test_workspace_limit_validation_and_roundtrip():
+    old = rn.workspace_limit()
+    try:
+        rn.set_workspace_limit(1 << 20)
+        assert rn.workspace_limit() == 1 << 20
+        rn.set_workspace_limit(None)
+        assert rn.workspace_limit() is None
+        with pytest.raises(ValueError, match="nbytes"):
+            rn.set_workspace_limit(-1)
+    finally:
+        rn.set_workspace_limit(old)
+
+
+@pytest.mark.skipif(rn.cuda_available(), reason="checks the no-GPU error path")
+def test_gpu_ops_without_gpu_raise_a_clear_error():
+    with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
+        rn.workspace_stats()
+    with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
+        _C._parse_tensor(FakeCudaArray((2,)), "x", "fp32")  # valid, then the device check

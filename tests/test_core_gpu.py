@@ -1,0 +1,96 @@
+"""The native core on a GPU: handle and stream binding, workspace growth, cap, OOM hook, array parsing."""
+
+import pytest
+
+import resnet_native as rn
+from resnet_native import _C
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+
+def test_handle_is_created_once_and_bound_to_each_stream():
+    _C._handle_stream(0)
+    assert rn.live_descriptors()["handle"] >= 1
+    handles = rn.live_descriptors()["handle"]
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    assert _C._handle_stream(s1.ptr) == s1.ptr
+    assert _C._handle_stream(s2.ptr) == s2.ptr
+    assert _C._handle_stream(0) == 0
+    assert rn.live_descriptors()["handle"] == handles  # re-bound, not re-created
+    with s1:
+        assert rn.current_stream() == s1.ptr
+
+
+def test_workspace_grows_only_when_needed_and_respects_the_cap():
+    old = rn.workspace_limit()
+    rn.release_workspace()
+    try:
+        rn.set_workspace_limit(None)
+        base = rn.workspace_stats()
+        assert base["size"] == 0
+        p1 = _C._workspace_get(3 << 20, 0)
+        s = rn.workspace_stats()
+        assert s["size"] >= 3 << 20 and s["grows"] == base["grows"] + 1
+        assert _C._workspace_get(1 << 20, 0) == p1  # smaller request: same buffer, no growth
+        assert rn.workspace_stats()["grows"] == s["grows"]
+        _C._workspace_get(17 << 20, 0)
+        s2 = rn.workspace_stats()
+        assert s2["size"] >= 17 << 20 and s2["grows"] == s["grows"] + 1 and s2["peak_request"] >= 17 << 20
+        rn.set_workspace_limit(8 << 20)
+        with pytest.raises(ValueError, match="exceeds the limit"):
+            _C._workspace_get(9 << 20, 0)
+        rn.set_workspace_limit(None)
+        rn.reserve_workspace(32 << 20)
+        assert rn.workspace_stats()["size"] >= 32 << 20
+        rn.release_workspace()
+        assert rn.workspace_stats()["size"] == 0
+    finally:
+        rn.set_workspace_limit(old)
+
+
+def test_out_of_memory_frees_cupy_cache_once_then_raises():
+    calls = []
+    _C._set_out_of_memory_hook(lambda: calls.append(1))
+    try:
+        with pytest.raises(rn.CudaError, match="could not allocate"):
+            _C._workspace_get(1 << 50, 0)  # 1 PiB: no card has it
+        assert calls == [1]
+    finally:
+        from resnet_native import _runtime
+
+        _C._set_out_of_memory_hook(_runtime._free_cupy_cache)
+        rn.release_workspace()
+
+
+def test_workspace_growth_during_capture_is_refused():
+    rn.release_workspace()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match="during CUDA-graph capture"):
+                _C._workspace_get(1 << 20, stream.ptr)
+        finally:
+            stream.end_capture()
+
+
+def test_cupy_arrays_parse_and_bad_ones_are_named():
+    x = cp.arange(24, dtype=cp.float32).reshape(2, 3, 4)
+    ptr, dtype, shape = _C._parse_tensor(x, "x", "fp32")
+    assert ptr == x.data.ptr and dtype == "float32" and shape == (2, 3, 4)
+    with pytest.raises(ValueError, match="^x: expected a C-contiguous array"):
+        _C._parse_tensor(x.transpose(2, 1, 0), "x", "fp32")
+    with pytest.raises(TypeError, match="^x: expected a float16 array"):
+        _C._parse_tensor(x, "x", "fp16")
+    assert _C._parse_tensor(x[1], "x", "fp32")[0] == x.data.ptr + 12 * 4  # offset views keep their pointer
+
+
+def test_dlpack_arrays_parse_and_cpu_tensors_are_refused():
+    torch = pytest.importorskip("torch")
+    t = torch.randn(2, 3, device="cuda")
+    assert _C._parse_tensor(t, "t", "fp32")[0] == t.data_ptr()
+    b = torch.zeros(5, dtype=torch.bfloat16, device="cuda")
+    assert _C._parse_tensor(b, "b", "bf16")[1] == "bfloat16"
+    with pytest.raises(TypeError, match="^t: expected a CUDA array"):
+        _C._parse_tensor(torch.randn(2, 3), "t", "fp32")

@@ -1,0 +1,129 @@
+"""Argument validation of the elementwise kernels and cast, on any machine (fake device arrays, no GPU needed):
+every check runs before any device access, and names the argument."""
+
+import numpy as np
+import pytest
+from fake_arrays import FakeCudaArray, transposed
+
+import resnet_native as rn
+from resnet_native import kernels
+
+BINARY = [kernels.add, kernels.add_relu, kernels.relu_backward, kernels.add_relu_backward]
+FIRST_NAME = {kernels.add: "a", kernels.add_relu: "a", kernels.relu_backward: "dy", kernels.add_relu_backward: "dy"}
+SECOND_NAME = {kernels.add: "b", kernels.add_relu: "b", kernels.relu_backward: "y", kernels.add_relu_backward: "y"}
+
+
+def fake(shape, dtype="float32", ptr=0x100000):
+    return FakeCudaArray(shape, dtype, ptr=ptr)
+
+
+def distinct(*shapes_dtypes):
+    """Fakes at non-overlapping addresses."""
+    return [fake(s, d, ptr=0x100000 * (i + 1)) for i, (s, d) in enumerate(shapes_dtypes)]
+
+
+def expect_device_stage():
+    """Valid arguments get past validation to the device check: no GPU here, or a fake host pointer there."""
+    if rn.cuda_available():
+        return pytest.raises(TypeError, match="host memory|not CUDA memory")
+    return pytest.raises(rn.NoGPUError)
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_ops_validate_shapes_naming_both_arrays(op):
+    a, b, out = distinct(((4, 5), "float32"), ((5, 4), "float32"), ((4, 5), "float32"))
+    first, second = FIRST_NAME[op], SECOND_NAME[op]
+    with pytest.raises(ValueError, match=rf"{first} and {second} must have the same shape.*\(4, 5\).*\(5, 4\)"):
+        op(a, b, out=out)
+    a, b, out = distinct(((4, 5), "float32"), ((4, 5), "float32"), ((20,), "float32"))
+    with pytest.raises(ValueError, match=rf"out and {first} must have the same shape"):
+        op(a, b, out=out)
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_ops_validate_dtypes(op):
+    a, b, out = distinct(((8,), "float32"), ((8,), "float16"), ((8,), "float32"))
+    with pytest.raises(TypeError, match=rf"{SECOND_NAME[op]}: expected a float32 array, got float16"):
+        op(a, b, out=out)
+    a, b, out = distinct(((8,), "float16"), ((8,), "float16"), ((8,), "float32"))
+    with pytest.raises(TypeError, match="out: expected a float16 array"):
+        op(a, b, out=out)
+    a, b, out = distinct(((8,), "uint16"), ((8,), "uint16"), ((8,), "uint16"))
+    with pytest.raises(TypeError, match=rf"{FIRST_NAME[op]}: .*dtype='bf16'"):
+        op(a, b, out=out)
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        op(a, b, out=out, dtype="int8")
+    with expect_device_stage():
+        op(a, b, out=out, dtype="bf16")  # uint16 arrays are accepted as bf16 when asked
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_ops_reject_host_and_strided_arrays(op):
+    host = np.ones((4, 5), np.float32)
+    b, out = distinct(((4, 5), "float32"), ((4, 5), "float32"))
+    with pytest.raises(TypeError, match=rf"{FIRST_NAME[op]}: .*host memory"):
+        op(host, b, out=out)
+    with pytest.raises(TypeError, match=rf"{SECOND_NAME[op]}: .*host memory"):
+        op(b, host, out=out)
+    with pytest.raises(TypeError, match="out: .*host memory"):
+        op(b, fake((4, 5), ptr=0x900000), out=host)
+    strided = transposed((4, 5))
+    with pytest.raises(ValueError, match=rf"{SECOND_NAME[op]}: expected a C-contiguous array"):
+        op(b, strided, out=out)
+    with pytest.raises(TypeError, match=rf"{FIRST_NAME[op]}: expected a CUDA array"):
+        op([1.0, 2.0], b, out=out)
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_binary_ops_allow_exact_in_place_but_not_partial_overlap(op):
+    a, b = distinct(((64,), "float32"), ((64,), "float32"))
+    with expect_device_stage():
+        op(a, b, out=a)  # in place: validation passes
+    shifted = fake((64,), ptr=a.__cuda_array_interface__["data"][0] + 8)
+    with pytest.raises(ValueError, match="out partially overlaps"):
+        op(a, b, out=shifted)
+
+
+def test_relu_validates_its_arguments():
+    x, out = distinct(((3, 4), "float16"), ((4, 3), "float16"))
+    with pytest.raises(ValueError, match="out and x must have the same shape"):
+        kernels.relu(x, out=out)
+    x, out = distinct(((3, 4), "float16"), ((3, 4), "float32"))
+    with pytest.raises(TypeError, match="out: expected a float16 array"):
+        kernels.relu(x, out=out)
+    x, out = distinct(((3, 4), "float16"), ((3, 4), "float16"))
+    with expect_device_stage():
+        kernels.relu(x, out=out)
+
+
+def test_cast_validates_shapes_dtypes_and_overlap():
+    x, out = distinct(((6, 7), "float32"), ((7, 6), "float16"))
+    with pytest.raises(ValueError, match="out and x must have the same shape"):
+        kernels.cast(x, out)
+    x, out = distinct(((6, 7), "float32"), ((6, 7), "int32"))
+    with pytest.raises(TypeError, match="out: expected a float32, float16 or bf16"):
+        kernels.cast(x, out)
+    x = fake((64,), "float32", ptr=0x200000)
+    overlapping = fake((64,), "float16", ptr=0x200000)
+    with pytest.raises(ValueError, match="out partially overlaps x"):
+        kernels.cast(x, overlapping)
+    x, out = distinct(((6, 7), "float32"), ((6, 7), "uint16"))
+    with expect_device_stage():
+        kernels.cast(x, out)  # uint16 is bf16 for cast
+
+
+def test_add_tensor_cudnn_needs_4d_arrays_and_a_layout():
+    a, b, out = distinct(((2, 3, 4), "float32"), ((2, 3, 4), "float32"), ((2, 3, 4), "float32"))
+    with pytest.raises(ValueError, match="a: expected a 4-D array"):
+        kernels.add_tensor_cudnn(a, b, out=out)
+    a, b, out = distinct(((2, 3, 4, 5), "float32"), ((2, 3, 4, 5), "float32"), ((2, 3, 4, 5), "float32"))
+    with pytest.raises(ValueError, match="layout: expected 'NCHW' or 'NHWC'"):
+        kernels.add_tensor_cudnn(a, b, out=out, layout="NWHC")
+    with expect_device_stage():
+        kernels.add_tensor_cudnn(a, b, out=out, layout="NHWC")
+
+
+def test_module_is_exported():
+    assert rn.kernels is kernels
+    assert set(kernels.__all__) == {"add", "add_relu", "add_relu_backward", "add_tensor_cudnn", "cast", "relu",
+                                    "relu_backward"}

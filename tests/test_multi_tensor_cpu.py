@@ -1,0 +1,96 @@
+"""Multi-tensor optimizer API on any machine: TensorList construction checks and argument validation."""
+
+import numpy as np
+import pytest
+from fake_arrays import FakeCudaArray, transposed
+
+import resnet_native as rn
+from resnet_native import multi_tensor as mt
+
+_next_ptr = [0x1000000]
+
+
+def fake(shape, dtype="float32"):
+    _next_ptr[0] += 0x1000000
+    return FakeCudaArray(shape, dtype, ptr=_next_ptr[0])
+
+
+def expect_device_stage():
+    if rn.cuda_available():
+        return pytest.raises(TypeError, match="host memory|not CUDA memory")
+    return pytest.raises(rn.NoGPUError)
+
+
+def test_tensor_list_validates_every_entry_naming_its_index():
+    with pytest.raises(ValueError, match="arrays: expected at least one array"):
+        mt.TensorList([])
+    with pytest.raises(TypeError, match=r"arrays\[1\]: .*host memory"):
+        mt.TensorList([fake((3,)), np.zeros(3, np.float32)])
+    with pytest.raises(TypeError, match=r"arrays\[0\]: .*dtype='bf16'"):
+        mt.TensorList([fake((3,), "uint16")])
+    with pytest.raises(TypeError, match=r"arrays\[2\]: expected a float32, float16 or bf16"):
+        mt.TensorList([fake((3,)), fake((3,), "float16"), fake((3,), "int32")])
+    with pytest.raises(ValueError, match=r"arrays\[1\]: expected a C-contiguous"):
+        mt.TensorList([fake((3,)), transposed((4, 5))])
+    with pytest.raises(ValueError, match="dtype: expected 2 dtypes"):
+        mt.TensorList([fake((3,)), fake((4,))], dtype=["fp32"])
+    with pytest.raises(TypeError, match=r"arrays\[1\]: expected a float32 array, got float16"):
+        mt.TensorList([fake((3,)), fake((4,), "float16")], dtype="fp32")
+    with expect_device_stage():
+        mt.TensorList([fake((3,)), fake((4,), "float16"), fake((5,), "uint16")], dtype=[None, None, "bf16"])
+    with expect_device_stage():
+        mt.TensorList([fake((3,), "uint16"), None], dtype="bf16")  # None entries: model copies only
+
+
+def test_ops_need_tensor_lists():
+    arrays = [fake((3,))]
+    with pytest.raises(TypeError, match="params: expected a resnet_native.multi_tensor.TensorList"):
+        mt.sgd_step(arrays, arrays, arrays, lr=0.1)
+    with pytest.raises(TypeError, match="params: expected a resnet_native.multi_tensor.TensorList"):
+        mt.adamw_step(arrays, arrays, arrays, arrays, lr=0.1, step=1)
+    with pytest.raises(TypeError, match="grads: expected a resnet_native.multi_tensor.TensorList"):
+        mt.check_finite(arrays, fake((1,), "int32"))
+    with pytest.raises(TypeError, match="tensors: expected a resnet_native.multi_tensor.TensorList"):
+        mt.zero_(arrays)
+    with pytest.raises(TypeError, match="tensors: expected a resnet_native.multi_tensor.TensorList"):
+        mt.scale_(arrays, 0.5)
+
+
+def test_hyperparameters_are_checked_before_anything_runs():
+    arrays = [fake((3,))]
+    with pytest.raises(ValueError, match="nesterov: needs momentum > 0 and dampening == 0"):
+        mt.sgd_step(arrays, arrays, arrays, lr=0.1, momentum=0.9, dampening=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="nesterov: needs momentum > 0"):
+        mt.sgd_step(arrays, arrays, None, lr=0.1, momentum=0.0, nesterov=True)
+    with pytest.raises(ValueError, match="momentum: expected a value >= 0"):
+        mt.sgd_step(arrays, arrays, arrays, lr=0.1, momentum=-0.5)
+    with pytest.raises(ValueError, match="beta2: expected a value in"):
+        mt.adamw_step(arrays, arrays, arrays, arrays, lr=0.1, beta2=1.0, step=1)
+    with pytest.raises(ValueError, match="step: expected the 1-based step number"):
+        mt.adamw_step(arrays, arrays, arrays, arrays, lr=0.1, step=0)
+    with pytest.raises(TypeError, match="step: expected a number"):
+        mt.adamw_step(arrays, arrays, arrays, arrays, lr=0.1, step="one")
+
+
+def test_found_inf_must_be_an_int32_device_array_of_one_element():
+    with pytest.raises(TypeError, match="found_inf: expected an int32 array"):
+        mt._found_inf(fake((1,), "float32"))
+    with pytest.raises(ValueError, match=r"found_inf: expected shape \(1,\), got \(2,\)"):
+        mt._found_inf(fake((2,), "int32"))
+    with pytest.raises(TypeError, match="found_inf: expected a cupy int32 array"):
+        mt._found_inf(np.zeros(1, np.int32))
+    with pytest.raises(TypeError, match="found_inf: expected a cupy int32 array of shape"):
+        mt._found_inf(None, required=True)
+    assert mt._found_inf(None) is None
+
+
+def test_scalars_are_numbers_or_device_arrays():
+    assert mt._scalar(3, "lr") == 3.0
+    assert mt._scalar(np.float32(0.5), "lr") == 0.5
+    assert mt._scalar(np.array(0.25), "lr") == 0.25  # host 0-d arrays are numbers
+    device = fake((1,))
+    assert mt._scalar(device, "lr") is device
+    with pytest.raises(TypeError, match="lr: expected a number or a float32 device array"):
+        mt._scalar("fast", "lr")
+    with pytest.raises(TypeError, match="lr: expected a number .* got a bool"):
+        mt._scalar(True, "lr")

@@ -1,0 +1,307 @@
+"""Batch norm on a GPU against a float64 NumPy reference on fresh random data: training forward (output, saved
+and running statistics), backward (dx, dgamma, dbeta, dz), inference, both layouts, all dtypes, with and without
+the residual z and ReLU; the fused cuDNN path where documented, equal to the unfused path; poisoned outputs."""
+
+import numpy as np
+import pytest
+from test_kernels_gpu import TOL, poisoned, quantize, rel_err, to_host64
+
+from resnet_native import norm
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+DTYPES = ["fp32", "fp16", "bf16"]
+LAYOUTS = ["NCHW", "NHWC"]
+EPS = 1e-5
+
+
+# ---- reference (float64, logical NCHW) -----------------------------------------------------------------------------
+def per_channel(v):
+    return v[None, :, None, None]
+
+
+def bn_forward_ref(x, gamma, beta, eps=EPS):
+    mean = x.mean(axis=(0, 2, 3))
+    var = x.var(axis=(0, 2, 3))  # biased: what normalises
+    invstd = 1.0 / np.sqrt(var + eps)
+    y = per_channel(gamma) * (x - per_channel(mean)) * per_channel(invstd) + per_channel(beta)
+    return y, mean, var, invstd
+
+
+def bn_backward_ref(x, g, gamma, mean, invstd):
+    """Gradients of y = gamma * xhat + beta (batch statistics) given g = dL/dy."""
+    m = x.size // x.shape[1]
+    xhat = (x - per_channel(mean)) * per_channel(invstd)
+    dbeta = g.sum(axis=(0, 2, 3))
+    dgamma = (g * xhat).sum(axis=(0, 2, 3))
+    dx = per_channel(gamma * invstd / m) * (m * g - per_channel(dbeta) - xhat * per_channel(dgamma))
+    return dx, dgamma, dbeta
+
+
+def to_layout(a, layout):
+    return np.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 2, 3, 1))
+
+
+def from_layout(a, layout):
+    return a if layout == "NCHW" else a.transpose(0, 3, 1, 2)
+
+
+def device_activation(host_nchw, layout, dtype):
+    """(device array in `layout`, exact float64 values in NCHW)."""
+    dev, exact = quantize(to_layout(host_nchw, layout), dtype)
+    return dev, from_layout(exact, layout)
+
+
+def activation_host(dev, layout, dtype):
+    return from_layout(to_host64(dev, dtype), layout)
+
+
+def f32(a):
+    return cp.asarray(np.asarray(a, dtype=np.float32))
+
+
+def f64(dev):
+    return cp.asnumpy(dev).astype(np.float64)
+
+
+def nan_f32(c):
+    return cp.full((c,), np.nan, dtype=cp.float32)
+
+
+def expect_close(got, want, tol, what):
+    assert not np.isnan(got).any(), f"{what}: some elements were never written (NaN poison left)"
+    err = rel_err(got, want)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
+
+
+class Problem:
+    """Random data for one batch-norm call, on the host (float64, NCHW) and on the device."""
+
+    def __init__(self, rng, nchw, layout, dtype, residual):
+        n, c, h, w = nchw
+        self.layout, self.dtype, self.c = layout, dtype, c
+        x = rng.standard_normal(nchw) * 2.0 + per_channel(rng.standard_normal(c) * 0.5)
+        self.x, self.hx = device_activation(x, layout, dtype)
+        self.z, self.hz = device_activation(rng.standard_normal(nchw), layout, dtype) if residual else (None, None)
+        self.dy, self.hdy = device_activation(rng.standard_normal(nchw), layout, dtype)
+        self.hgamma = rng.uniform(0.5, 1.5, c)
+        self.hbeta = rng.standard_normal(c) * 0.3
+        self.hrm = rng.standard_normal(c) * 0.1
+        self.hrv = rng.uniform(0.5, 2.0, c)
+        # fp32 parameters: the reference uses their exact fp32 values.
+        for name in ("gamma", "beta", "rm", "rv"):
+            exact = getattr(self, "h" + name).astype(np.float32)
+            setattr(self, "h" + name, exact.astype(np.float64))
+            setattr(self, name, f32(exact))
+        self.shape = tuple(self.x.shape)
+
+
+def train(p, relu, momentum=0.1, reserve=None):
+    out = poisoned(p.shape, p.dtype)
+    y, save_mean, save_invstd, reserve = norm.batch_norm_train(
+        p.x, p.gamma, p.beta, p.rm, p.rv, layout=p.layout, momentum=momentum, eps=EPS, z=p.z, relu=relu, out=out,
+        save_mean=nan_f32(p.c), save_invstd=nan_f32(p.c), reserve=reserve, dtype=p.dtype)
+    assert y is out
+    return y, save_mean, save_invstd, reserve
+
+
+def backward(p, y, save_mean, save_invstd, reserve, relu, **kwargs):
+    kwargs.setdefault("dgamma", nan_f32(p.c))
+    kwargs.setdefault("dbeta", nan_f32(p.c))
+    return norm.batch_norm_backward(
+        p.x, p.dy, p.gamma, p.beta, save_mean, save_invstd, layout=p.layout, eps=EPS, y=y if relu else None,
+        relu=relu, has_z=p.z is not None, reserve=reserve, dx=poisoned(p.shape, p.dtype),
+        dz=poisoned(p.shape, p.dtype) if p.z is not None else None, dtype=p.dtype, **kwargs)
+
+
+def forward_reference(p, relu):
+    y, mean, var, invstd = bn_forward_ref(p.hx, p.hgamma, p.hbeta)
+    if p.z is not None:
+        y = y + p.hz
+    if relu:
+        y = np.maximum(y, 0.0)
+    return y, mean, var, invstd
+
+
+def check_training_step(p, relu, momentum=0.1, reserve=None):
+    """Forward + backward of one problem against the reference; returns the device results and paths."""
+    tol = TOL[p.dtype]
+    y, save_mean, save_invstd, reserve = train(p, relu, momentum, reserve)
+    forward_path = norm.last_path()
+    y_ref, mean, var, invstd = forward_reference(p, relu)
+    hy = activation_host(y, p.layout, p.dtype)
+    expect_close(hy, y_ref, tol, f"y ({forward_path})")
+    expect_close(f64(save_mean), mean, tol, "save_mean")
+    expect_close(f64(save_invstd), invstd, tol, "save_invstd")
+    m = p.hx.size // p.c
+    expect_close(f64(p.rm), (1 - momentum) * p.hrm + momentum * mean, tol, "running_mean")
+    expect_close(f64(p.rv), (1 - momentum) * p.hrv + momentum * var * m / (m - 1), tol, "running_var (unbiased)")
+
+    dx, dgamma, dbeta, dz = backward(p, y, save_mean, save_invstd, reserve, relu)
+    backward_path = norm.last_path()
+    g = p.hdy * (hy > 0) if relu else p.hdy  # the mask of the output the op produced
+    dx_ref, dgamma_ref, dbeta_ref = bn_backward_ref(p.hx, g, p.hgamma, mean, invstd)
+    expect_close(activation_host(dx, p.layout, p.dtype), dx_ref, tol, f"dx ({backward_path})")
+    expect_close(f64(dgamma), dgamma_ref, tol, "dgamma")
+    expect_close(f64(dbeta), dbeta_ref, tol, "dbeta")
+    if p.z is not None:
+        expect_close(activation_host(dz, p.layout, p.dtype), g, tol, "dz")
+    else:
+        assert dz is None
+    return dict(y=y, dx=dx, dgamma=dgamma, dbeta=dbeta, dz=dz, reserve=reserve, forward_path=forward_path,
+                backward_path=backward_path)
+
+
+def expected_fused(layout, dtype, relu, c):
+    return layout == "NHWC" and dtype == "fp16" and relu and c % 4 == 0
+
+
+# ---- training ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nchw", [(4, 8, 5, 7), (1, 12, 3, 3), (3, 6, 4, 4)])
+@pytest.mark.parametrize("relu, residual", [(False, False), (True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_training_forward_and_backward_match_reference(layout, dtype, relu, residual, nchw, rng):
+    p = Problem(rng, nchw, layout, dtype, residual)
+    result = check_training_step(p, relu)
+    documented = expected_fused(layout, dtype, relu, nchw[1])
+    for key in ("forward_path", "backward_path"):
+        path = result[key]
+        if documented:  # fused, unless cuDNN refused this shape (then the numbers above prove the fallback)
+            assert path["fused"] or "refused" in path["detail"], f"{key}: {path}"
+        else:
+            assert not path["fused"], f"{key}: fused where cuDNN documents no fused kernel: {path}"
+        if path["fused"]:
+            assert path["mode"] == "persistent", path
+        # NCHW runs spatial; NHWC persistent unless cuDNN refused it (then spatial).
+        assert path["mode"] == "spatial" or layout == "NHWC", path
+    assert result["forward_path"]["op"] == "train" and result["backward_path"]["op"] == "backward"
+
+
+def test_momentum_and_a_second_step_update_running_stats(rng):
+    p = Problem(rng, (8, 16, 6, 6), "NHWC", "fp16", residual=True)
+    first = check_training_step(p, relu=True, momentum=0.3)
+    # Fresh data, same buffers and the reserve from the first call: a second step of the same layer.
+    q = Problem(rng, (8, 16, 6, 6), "NHWC", "fp16", residual=True)
+    q.rm, q.rv, q.hrm, q.hrv = p.rm, p.rv, f64(p.rm), f64(p.rv)
+    check_training_step(q, relu=True, momentum=0.3, reserve=first["reserve"])
+
+
+def test_fused_path_equals_unfused_path(rng):
+    nchw = (8, 32, 7, 7)
+    results = []
+    for mode in ("auto", "spatial"):  # auto: fused NHWC fp16; spatial: plain BN + kernels
+        p = Problem(np.random.default_rng(1234), nchw, "NHWC", "fp16", residual=True)
+        norm.set_mode(mode)
+        try:
+            results.append(check_training_step(p, relu=True))
+        finally:
+            norm.set_mode("auto")
+    fused, unfused = results
+    assert fused["forward_path"]["fused"] and fused["backward_path"]["fused"], (fused["forward_path"],
+                                                                              fused["backward_path"])
+    assert fused["reserve"] is not None
+    assert not unfused["forward_path"]["fused"] and not unfused["backward_path"]["fused"]
+    assert unfused["forward_path"]["mode"] == "spatial"
+    for key in ("y", "dx", "dz"):
+        a = to_host64(fused[key], "fp16")
+        b = to_host64(unfused[key], "fp16")
+        assert rel_err(a, b) <= TOL["fp16"], key
+    for key in ("dgamma", "dbeta"):
+        assert rel_err(f64(fused[key]), f64(unfused[key])) <= TOL["fp16"], key
+
+
+@pytest.mark.parametrize("layout, dtype", [("NHWC", "fp16"), ("NCHW", "fp32"), ("NHWC", "bf16")])
+def test_backward_accumulates_parameter_gradients(layout, dtype, rng):
+    p = Problem(rng, (4, 8, 5, 5), layout, dtype, residual=False)
+    y, save_mean, save_invstd, reserve = train(p, relu=True)
+    _, mean, _, invstd = forward_reference(p, relu=True)
+    before_g, before_b = rng.standard_normal(p.c), rng.standard_normal(p.c)
+    dgamma, dbeta = f32(before_g), f32(before_b)
+    backward(p, y, save_mean, save_invstd, reserve, relu=True, dgamma=dgamma, dbeta=dbeta, accumulate=True)
+    hy = activation_host(y, layout, dtype)
+    _, dgamma_ref, dbeta_ref = bn_backward_ref(p.hx, p.hdy * (hy > 0), p.hgamma, mean, invstd)
+    tol = TOL[dtype]
+    expect_close(f64(dgamma), before_g.astype(np.float32) + dgamma_ref, tol, "dgamma accumulated")
+    expect_close(f64(dbeta), before_b.astype(np.float32) + dbeta_ref, tol, "dbeta accumulated")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_forced_persistent_mode_on_nchw(dtype, rng):
+    p = Problem(rng, (4, 8, 6, 6), "NCHW", dtype, residual=True)
+    norm.set_mode("persistent")
+    try:
+        result = check_training_step(p, relu=True)
+    finally:
+        norm.set_mode("auto")
+    assert result["forward_path"]["mode"] in ("persistent", "spatial")  # spatial: cuDNN refused, and we retried
+    assert not result["forward_path"]["fused"]  # fusion is NHWC only
+
+
+def test_bf16_fusion_when_enabled_is_correct_whichever_path_runs(rng):
+    p = Problem(rng, (4, 16, 5, 5), "NHWC", "bf16", residual=True)
+    norm.set_fuse_bf16(True)
+    try:
+        result = check_training_step(p, relu=True)  # asserts the numbers, fused or not
+    finally:
+        norm.set_fuse_bf16(False)
+        norm.clear_refusals()
+    path = result["forward_path"]
+    assert path["fused"] or "refused" in path["detail"], path
+
+
+def test_training_runs_on_the_current_cupy_stream(rng):
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        p = Problem(rng, (16, 64, 14, 14), "NHWC", "fp16", residual=True)
+        p.x = p.x * 1  # produced on the stream just before the op
+        check_training_step(p, relu=True)
+        stream.synchronize()
+
+
+# ---- inference -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("relu, residual", [(False, False), (True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_inference_matches_reference(layout, dtype, relu, residual, rng):
+    p = Problem(rng, (3, 8, 5, 7), layout, dtype, residual)
+    rm_before, rv_before = cp.asnumpy(p.rm).copy(), cp.asnumpy(p.rv).copy()
+    out = poisoned(p.shape, dtype)
+    y = norm.batch_norm_infer(p.x, p.gamma, p.beta, p.rm, p.rv, layout=layout, eps=EPS, z=p.z, relu=relu, out=out,
+                              dtype=dtype)
+    assert y is out
+    want = per_channel(p.hgamma) * (p.hx - per_channel(p.hrm)) / np.sqrt(per_channel(p.hrv) + EPS)
+    want = want + per_channel(p.hbeta)
+    if residual:
+        want = want + p.hz
+    if relu:
+        want = np.maximum(want, 0.0)
+    expect_close(activation_host(y, layout, dtype), want, TOL[dtype], f"inference y ({norm.last_path()})")
+    assert np.array_equal(cp.asnumpy(p.rm), rm_before) and np.array_equal(cp.asnumpy(p.rv), rv_before)
+    assert norm.last_path()["op"] == "infer"
+
+
+def test_outputs_are_allocated_when_not_given(rng):
+    p = Problem(rng, (2, 4, 3, 3), "NCHW", "fp32", residual=False)
+    y, save_mean, save_invstd, reserve = norm.batch_norm_train(p.x, p.gamma, p.beta, p.rm, p.rv, layout="NCHW")
+    assert y.shape == p.shape and save_mean.shape == (4,) and save_invstd.shape == (4,) and reserve is None
+    dx, dgamma, dbeta, dz = norm.batch_norm_backward(p.x, p.dy, p.gamma, p.beta, save_mean, save_invstd,
+                                                     layout="NCHW")
+    assert dx.shape == p.shape and dgamma.shape == (4,) and dbeta.shape == (4,) and dz is None
+    y_ref, mean, _, invstd = forward_reference(p, relu=False)
+    expect_close(activation_host(y, "NCHW", "fp32"), y_ref, TOL["fp32"], "y")
+    expect_close(activation_host(dx, "NCHW", "fp32"), bn_backward_ref(p.hx, p.hdy, p.hgamma, mean, invstd)[0],
+                 TOL["fp32"], "dx")
+
+
+def test_errors_with_real_device_arrays(rng):
+    p = Problem(rng, (2, 4, 3, 3), "NCHW", "fp32", residual=False)
+    with pytest.raises(ValueError, match=r"gamma: expected shape \(4,\), got \(5,\)"):
+        norm.batch_norm_train(p.x, f32(np.ones(5)), p.beta, p.rm, p.rv, layout="NCHW")
+    with pytest.raises(TypeError, match="x: expected a float16 array, got float32"):
+        norm.batch_norm_train(p.x, p.gamma, p.beta, p.rm, p.rv, layout="NCHW", dtype="fp16")
+    with pytest.raises(TypeError, match="beta: .*host memory"):
+        norm.batch_norm_infer(p.x, p.gamma, np.zeros(4, np.float32), p.rm, p.rv, layout="NCHW")
+    with pytest.raises(ValueError, match="y: the forward output is required with relu=True"):
+        norm.batch_norm_backward(p.x, p.dy, p.gamma, p.beta, p.rm, p.rv, layout="NCHW", relu=True)

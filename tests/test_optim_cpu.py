@@ -1,0 +1,334 @@
+"""CPU tests of the optimizers, schedules and GradScaler: schedule values against PyTorch's formulas (worked
+out by hand here), the on-device loss-scale rule run on NumPy, and SGD/AdamW through the float64 NumPy
+stand-ins of the multi-tensor kernels (several steps, state_dict round trips, zero_grad without
+reallocation)."""
+
+import math
+
+import numpy as np
+import pytest
+import test_layers_numpy_ops as ref
+
+from resnet_native.layers._backend import ops
+from resnet_native.optim import SGD, AdamW, CosineSchedule, GradScaler, OneCycleSchedule, WarmupSchedule
+from resnet_native.optim.grad_scaler import update_scale
+from resnet_native.params import Parameter, ParameterArena
+
+
+class _FakeOptimizer:
+    def __init__(self, lr=0.1, momentum=0.9):
+        self.lr, self.momentum = lr, momentum
+
+    def set_momentum(self, value):
+        self.momentum = value
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+
+
+def test_cosine_schedule_values():
+    opt = _FakeOptimizer(lr=0.2)
+    sched = CosineSchedule(opt, 100, min_lr=0.01)
+    assert opt.lr == pytest.approx(0.2)
+    lrs = [opt.lr]
+    for _ in range(120):
+        sched.step()
+        lrs.append(opt.lr)
+    assert lrs[50] == pytest.approx(0.01 + 0.19 * 0.5)
+    assert lrs[25] == pytest.approx(0.01 + 0.19 * (1 + math.cos(math.pi / 4)) / 2)
+    assert lrs[100] == pytest.approx(0.01) and lrs[120] == pytest.approx(0.01)  # held after total_steps
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_onecycle_schedule_follows_pytorch():
+    # torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=100): initial 1/25, peak at step 29
+    # (pct_start * total - 1), final 1/25/1e4 at step 99; momentum 0.95 -> 0.85 -> 0.95.
+    opt = _FakeOptimizer(lr=123.0, momentum=0.0)
+    sched = OneCycleSchedule(opt, 100, max_lr=1.0)
+    assert opt.lr == pytest.approx(0.04) and opt.momentum == pytest.approx(0.95)
+    lrs, moms = [opt.lr], [opt.momentum]
+    for _ in range(99):
+        sched.step()
+        lrs.append(opt.lr)
+        moms.append(opt.momentum)
+    assert lrs[29] == pytest.approx(1.0) and moms[29] == pytest.approx(0.85)
+    assert lrs[99] == pytest.approx(4e-6) and moms[99] == pytest.approx(0.95)
+    assert lrs[64] == pytest.approx(4e-6 + (1 - 4e-6) / 2)  # halfway through the second phase
+    pct = 14.5 / 29  # step 14.5 would be the middle of the first phase; check step 10 by the formula
+    assert pct and lrs[10] == pytest.approx(1.0 + (0.04 - 1.0) / 2 * (math.cos(math.pi * 10 / 29) + 1))
+    assert max(lrs) == lrs[29]
+    linear = OneCycleSchedule(_FakeOptimizer(), 100, max_lr=1.0, anneal="linear", cycle_momentum=False)
+    assert linear.lr_at(10) == pytest.approx(0.04 + (1 - 0.04) * 10 / 29)
+
+
+def test_warmup_then_cosine_and_state_dict_round_trip():
+    opt = _FakeOptimizer(lr=0.4)
+    sched = WarmupSchedule(opt, 10, after=CosineSchedule(opt, 90))
+    assert opt.lr == 0.0
+    lrs = [opt.lr]
+    for _ in range(100):
+        sched.step()
+        lrs.append(opt.lr)
+    assert lrs[5] == pytest.approx(0.2) and lrs[10] == pytest.approx(0.4)
+    assert lrs[55] == pytest.approx(0.2) and lrs[100] == pytest.approx(0.0)
+    state = sched.state_dict()
+    assert state["last_step"] == 100
+    opt2 = _FakeOptimizer(lr=999.0)  # e.g. a resumed run whose optimizer already holds a mid-schedule lr
+    sched2 = WarmupSchedule(opt2, 10, after=CosineSchedule(opt2, 90))
+    sched2.load_state_dict({**state, "last_step": 55})
+    assert opt2.lr == pytest.approx(0.2)
+    sched2.step()
+    assert opt2.lr == pytest.approx(lrs[56])
+
+
+def test_warmup_alone_and_validation():
+    opt = _FakeOptimizer(lr=1.0)
+    sched = WarmupSchedule(opt, 4, start_factor=0.2)
+    assert opt.lr == pytest.approx(0.2)
+    for expect in (0.4, 0.6, 0.8, 1.0, 1.0):
+        sched.step()
+        assert opt.lr == pytest.approx(expect)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        WarmupSchedule(opt, 0)
+    with pytest.raises(ValueError, match="total_steps"):
+        CosineSchedule(opt, 2.5)
+    with pytest.raises(ValueError, match="pct_start"):
+        OneCycleSchedule(opt, 10, pct_start=1.0)
+    with pytest.raises(ValueError, match="same optimizer"):
+        WarmupSchedule(opt, 2, after=CosineSchedule(_FakeOptimizer(), 5))
+
+
+def test_onecycle_state_dict_round_trip():
+    opt = _FakeOptimizer(lr=0.01)
+    sched = OneCycleSchedule(opt, 50)
+    for _ in range(20):
+        sched.step()
+    state = sched.state_dict()
+    opt2 = _FakeOptimizer(lr=0.5)
+    OneCycleSchedule(opt2, 50).load_state_dict(state)
+    assert opt2.lr == pytest.approx(opt.lr) and opt2.momentum == pytest.approx(opt.momentum)
+
+
+# ------------------------------------------------------------------------------------------------ GradScaler
+
+
+def _scaler_arrays(scale, tracker):
+    scratch = {k: np.zeros(1, bool) for k in ("good", "grow", "both")}
+    scratch.update(factor=np.zeros(1, np.float32), term=np.zeros(1, np.float32))
+    return np.array([scale], np.float32), np.array([tracker], np.int32), scratch
+
+
+def test_update_scale_rule_on_numpy():
+    scale, tracker, scratch = _scaler_arrays(1024.0, 0)
+    kw = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=3, scratch=scratch)
+    history = []
+    for inf in (0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0):
+        update_scale(np, scale, tracker, np.array([inf], np.int32), **kw)
+        history.append((float(scale[0]), int(tracker[0])))
+    assert history == [
+        (1024, 1),
+        (1024, 2),
+        (2048, 0),
+        (2048, 1),
+        (1024, 0),
+        (1024, 1),
+        (512, 0),
+        (256, 0),
+        (256, 1),
+        (256, 2),
+        (512, 0),
+    ]
+
+
+def test_grad_scaler_host_state_and_validation():
+    scaler = GradScaler(init_scale=512.0, growth_interval=10)
+    assert scaler.get_scale() == 512.0
+    state = scaler.state_dict()
+    assert state["scale"] == 512.0 and state["growth_tracker"] == 0
+    other = GradScaler()
+    other.load_state_dict({**state, "scale": 64.0, "growth_tracker": 3})
+    assert other.get_scale() == 64.0 and other.state_dict()["growth_tracker"] == 3
+    assert other.growth_interval == 10
+    with pytest.raises(ValueError, match="backoff_factor"):
+        GradScaler(backoff_factor=1.0)
+    with pytest.raises(ValueError, match="growth_interval"):
+        GradScaler(growth_interval=0)
+
+
+def test_grad_scaler_device_state_round_trips_on_numpy():
+    with ops.use(**ref.numpy_backend()):
+        scaler = GradScaler(init_scale=8.0, growth_interval=2)
+        scaler.load_state_dict({"scale": 32.0, "growth_tracker": 1})
+        scaler.update()  # found_inf is 0: second good step, the scale doubles
+        assert scaler.get_scale() == 64.0 and scaler.state_dict()["growth_tracker"] == 0
+        grad = np.ones((2, 3))
+        scaler.scale_(grad)
+        np.testing.assert_array_equal(grad, np.full((2, 3), 64.0))
+
+
+# ------------------------------------------------------------------------------------------------ optimizers
+
+
+def _params(rng, shapes=((4, 3), (7,), (2, 3, 3, 2))):
+    params = [Parameter(rng.standard_normal(s)) for s in shapes]
+    ParameterArena(params)
+    return params
+
+
+def _set_grads(params, rng):
+    grads = [rng.standard_normal(p.shape) for p in params]
+    for p, g in zip(params, grads, strict=True):
+        p.grad[...] = g
+    return grads
+
+
+@pytest.mark.parametrize(
+    "nesterov,weight_decay,dampening", [(False, 0.0, 0.0), (True, 1e-2, 0.0), (False, 1e-2, 0.3)]
+)
+def test_sgd_several_steps_follow_pytorch(rng, nesterov, weight_decay, dampening):
+    with ops.use(**ref.numpy_backend()):
+        params = _params(rng)
+        opt = SGD(
+            params, lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=weight_decay, dampening=dampening
+        )
+        expect = [p.data.copy() for p in params]
+        bufs = [None] * len(params)
+        for step in range(4):
+            grads = _set_grads(params, rng)
+            opt.step()
+            for i, g in enumerate(grads):  # torch.optim.SGD, written out
+                d = g + weight_decay * expect[i]
+                bufs[i] = d.copy() if step == 0 else 0.9 * bufs[i] + (1 - dampening) * d
+                expect[i] = expect[i] - 0.1 * (d + 0.9 * bufs[i] if nesterov else bufs[i])
+        for p, e in zip(params, expect, strict=True):
+            np.testing.assert_allclose(p.data, e, rtol=1e-12)
+        assert opt.step_count == 4
+
+
+def test_adamw_several_steps_follow_pytorch(rng):
+    with ops.use(**ref.numpy_backend()):
+        params = _params(rng)
+        opt = AdamW(params, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+        expect = [p.data.copy() for p in params]
+        m = [np.zeros(p.shape) for p in params]
+        v = [np.zeros(p.shape) for p in params]
+        for t in range(1, 4):
+            grads = _set_grads(params, rng)
+            opt.step()
+            for i, g in enumerate(grads):
+                expect[i] = expect[i] * (1 - 0.01 * 0.1)
+                m[i] = 0.8 * m[i] + 0.2 * g
+                v[i] = 0.99 * v[i] + 0.01 * g * g
+                expect[i] -= 0.01 * (m[i] / (1 - 0.8**t)) / (np.sqrt(v[i] / (1 - 0.99**t)) + 1e-6)
+        for p, e in zip(params, expect, strict=True):
+            np.testing.assert_allclose(p.data, e, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_optimizer_state_dict_round_trip_through_npz(tmp_path, rng, kind):
+    def make(params):
+        return (
+            SGD(params, lr=0.05, nesterov=True)
+            if kind == "sgd"
+            else AdamW(params, lr=0.01, betas=(0.85, 0.98))
+        )
+
+    with ops.use(**ref.numpy_backend()):
+        a_params, b_params = _params(np.random.default_rng(1)), _params(np.random.default_rng(1))
+        a = make(a_params)
+        grads = [
+            [np.random.default_rng(100 + s).standard_normal(p.shape) for p in a_params] for s in range(4)
+        ]
+        for s in range(2):
+            for p, g in zip(a_params, grads[s], strict=True):
+                p.grad[...] = g
+            a.step()
+        np.savez(tmp_path / "opt.npz", **a.state_dict())
+        b = make(b_params)
+        with np.load(tmp_path / "opt.npz") as f:
+            b.load_state_dict(dict(f))
+        assert b.step_count == 2 and repr(b).startswith(type(b).__name__)
+        for p, q in zip(a_params, b_params, strict=True):
+            q.data[...] = p.data
+        for s in (2, 3):
+            for params in (a_params, b_params):
+                for p, g in zip(params, grads[s], strict=True):
+                    p.grad[...] = g
+            a.step()
+            b.step()
+        for p, q in zip(a_params, b_params, strict=True):
+            np.testing.assert_allclose(q.data, p.data, rtol=1e-6)  # state_dict holds fp32 (these run in fp64)
+
+
+def test_optimizer_state_loaded_before_the_device_is_used(rng):
+    state = {
+        "type": "SGD",
+        "step": 3,
+        "lr": 0.5,
+        "momentum": 0.8,
+        "dampening": 0.0,
+        "weight_decay": 0.0,
+        "nesterov": False,
+    }
+    params = [Parameter(np.zeros((2, 2)))]
+    opt = SGD(params, lr=0.1)
+    with pytest.raises(KeyError, match="momentum_buffer.0"):
+        opt.load_state_dict(state)
+    opt.load_state_dict({**state, "momentum_buffer.0": np.ones((2, 2))})
+    assert (opt.lr, opt.momentum, opt.step_count) == (0.5, 0.8, 3)
+    np.testing.assert_array_equal(opt.state_dict()["momentum_buffer.0"], np.ones((2, 2)))
+    with ops.use(**ref.numpy_backend()):
+        ParameterArena(params)
+        params[0].grad[...] = 1.0
+        opt.step()  # buf = 0.8 * 1 + 1 = 1.8; p = 0 - 0.5 * 1.8
+        np.testing.assert_allclose(params[0].data, np.full((2, 2), -0.9))
+    with pytest.raises(ValueError, match="not a SGD"):
+        opt.load_state_dict({**state, "type": "AdamW"})
+    with pytest.raises(ValueError, match="expected shape"):
+        opt.load_state_dict({**state, "momentum_buffer.0": np.ones(3)})
+
+
+def test_zero_grad_reuses_the_gradient_buffers(rng):
+    with ops.use(**ref.numpy_backend()):
+        params = _params(rng)
+        opt = SGD(params, lr=0.1)
+        _set_grads(params, rng)
+        before = [p.grad for p in params]
+        opt.zero_grad()
+        assert all(p.grad is b and not b.any() for p, b in zip(params, before, strict=True))
+
+
+def test_zero_grad_before_the_device_is_a_no_op_and_step_needs_it():
+    opt = SGD([Parameter(np.zeros(3))], lr=0.1)
+    opt.zero_grad()
+    with pytest.raises(RuntimeError, match="not on the GPU"):
+        opt.step()
+
+
+def test_optimizer_validation():
+    p = [Parameter(np.zeros(2))]
+    with pytest.raises(ValueError, match="lr"):
+        SGD(p, lr=-1)
+    with pytest.raises(ValueError, match="nesterov"):
+        SGD(p, lr=0.1, momentum=0.0, nesterov=True)
+    with pytest.raises(ValueError, match="empty"):
+        SGD([], lr=0.1)
+    with pytest.raises(TypeError, match="Parameters"):
+        SGD([np.zeros(2)], lr=0.1)
+    with pytest.raises(ValueError, match="betas"):
+        AdamW(p, betas=(0.9, 1.0))
+    assert len(SGD(p + p, lr=0.1).params) == 1  # duplicates dropped
+
+
+def test_unscale_uses_one_launch_per_owned_arena(rng):
+    with ops.use(**ref.numpy_backend()):
+        params = _params(rng)
+        opt = SGD(params, lr=0.1)
+        grads = _set_grads(params, rng)
+        opt.unscale_grads(np.array([0.25]))
+        for p, g in zip(params, grads, strict=True):
+            np.testing.assert_allclose(p.grad, g * 0.25)
+        partial = SGD(params[:2], lr=0.1)  # does not own the whole arena: scales only its own gradients
+        partial.unscale_grads(np.array([2.0]))
+        np.testing.assert_allclose(params[2].grad, grads[2] * 0.25)
+        np.testing.assert_allclose(params[0].grad, grads[0] * 0.5)

@@ -1,0 +1,141 @@
+"""Releases without a GPU: cifar10_models/version_X/ from a run folder, weights round trip (safetensors / npz),
+config and metrics, atomic replacement, the CLI, and the standalone preprocess.py."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import resnet_native as rn
+from resnet_native import checkpoint, release, train
+from resnet_native.classifier import load_weights
+from resnet_native.data.augment import MEAN, STD, normalize_on_host
+from resnet_native.data.cifar10 import CLASSES
+
+
+def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC", dtype="fp16", seed=0):
+    """A run folder as resnet_native.train leaves it: config.yaml, last.npz, best.npz (weights of a real
+    ResNet-18 built on the host), summary.json."""
+    cfg = train.resolve_config(train.build_parser().parse_args(
+        ["--recipe", recipe, "--epochs", str(epochs), "--layout", layout, "--dtype", dtype]))
+    model = rn.ResNet18(num_classes=10, stem="cifar", layout=layout, dtype=dtype, seed=seed)
+    history = [{"epoch": e, "lr": 0.1, "train_loss": 1.0 / e, "train_acc": 0.3 * e, "test_loss": 1.1 / e,
+                "test_acc": 0.25 * e + (0.1 if e == best_epoch else 0.0), "epoch_time_s": 2.0,
+                "images_per_s": 25000.0} for e in range(1, epochs + 1)]
+    state = {"format": train.STATE_FORMAT, "epoch": best_epoch - 1, "config": cfg, "model": model.state_dict(),
+             "optimizer": None, "schedule": None, "scaler": None, "rng": {"seed": 0, "next_epoch": best_epoch},
+             "metrics": {"history": history[:best_epoch], "best": {"test_acc": history[best_epoch - 1]["test_acc"],
+                                                                    "epoch": best_epoch},
+                         "train_time_s": 2.0 * best_epoch}}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint.save_checkpoint(run_dir / "best.npz", state)
+    checkpoint.save_checkpoint(run_dir / "last.npz", dict(state, epoch=epochs - 1,
+                                                          metrics=dict(state["metrics"], history=history)))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run_dir / "summary.json").write_text(json.dumps({"completed": True, "wall_time_s": 99.5}))
+    return state
+
+
+def test_release_round_trip(tmp_path):
+    state = make_fake_run(tmp_path / "run")
+    path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    assert path == tmp_path / "models" / "version_A"
+    files = sorted(p.name for p in path.iterdir())
+    assert files == ["config.yaml", "metrics.json", "model.safetensors", "preprocess.py"]
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["version_A"]  # no temporary folders left
+
+    weights = load_weights(path)
+    assert weights.keys() == state["model"].keys()
+    for k, v in state["model"].items():
+        assert weights[k].dtype == v.dtype and weights[k].shape == v.shape
+        np.testing.assert_array_equal(weights[k], v)
+
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    assert config["model"] == {"name": "resnet18", "num_classes": 10, "stem": "cifar", "layout": "NHWC",
+                               "dtype": "fp16"}
+    assert config["classes"] == list(CLASSES) and config["weights"] == "model.safetensors"
+    assert config["input"]["mean"] == list(MEAN) and config["input"]["std"] == list(STD)
+    assert config["training"]["epoch"] == 2 and config["training"]["recipe"]["optimizer"]["name"] == "sgd"
+
+    metrics = json.loads((path / "metrics.json").read_text())
+    assert metrics["test_accuracy"] == pytest.approx(0.6) and metrics["epoch"] == 2 and metrics["epochs"] == 3
+    assert metrics["parameters"] == rn.ResNet18(num_classes=10).num_parameters() == 11173962
+    assert metrics["training_time_s"] == 4.0 and metrics["wall_time_s"] == 99.5
+    assert metrics["train_images_per_s"] == pytest.approx(25000.0)
+    assert metrics["inference_images_per_s"] is None
+
+
+def test_release_npz_fallback_and_last_checkpoint(tmp_path, monkeypatch):
+    import builtins
+
+    make_fake_run(tmp_path / "run")
+    real_import = builtins.__import__
+
+    def no_safetensors(name, *a, **k):
+        if name.startswith("safetensors"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_safetensors)
+    path = release.release(tmp_path / "run", "B", tmp_path / "models", checkpoint="last", benchmark=False)
+    monkeypatch.undo()
+    assert (path / "model.npz").is_file() and not (path / "model.safetensors").exists()
+    assert yaml.safe_load((path / "config.yaml").read_text())["weights"] == "model.npz"
+    assert json.loads((path / "metrics.json").read_text())["epoch"] == 3
+    w = load_weights(path)
+    assert w["fc.weight"].shape == (10, 512) and w["conv1.weight"].shape == (64, 3, 3, 3)
+    assert w["bn1.num_batches_tracked"].shape == () and w["bn1.num_batches_tracked"].dtype == np.int64
+
+
+def test_release_replaces_a_version_and_validates(tmp_path):
+    make_fake_run(tmp_path / "run")
+    first = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    (first / "stale.txt").write_text("from the previous release")
+    second = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    assert second == first and not (second / "stale.txt").exists()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["version_A"]
+    for bad in ("", "../x", ".hidden", "a/b"):
+        with pytest.raises(ValueError, match="version"):
+            release.release(tmp_path / "run", bad, tmp_path / "models", benchmark=False)
+    with pytest.raises(FileNotFoundError, match="best.npz"):
+        release.release(tmp_path / "nothing", "A", tmp_path / "models", benchmark=False)
+
+
+def test_release_cli(tmp_path, capsys):
+    make_fake_run(tmp_path / "run")
+    path = release.main(["--run", str(tmp_path / "run"), "--version", "A", "--out", str(tmp_path / "m"),
+                         "--no-benchmark"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["release"] == str(path) and line["test_accuracy"] == pytest.approx(0.6)
+    with pytest.raises(SystemExit):
+        release.main(["--version", "A"])  # --run is required
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_preprocess_py_is_standalone_and_matches_the_package(tmp_path, rng, layout):
+    from PIL import Image
+
+    make_fake_run(tmp_path / "run", layout=layout)
+    path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    Image.fromarray(images[1]).save(tmp_path / "one.png")
+    np.save(tmp_path / "images.npy", images)
+    # A fresh interpreter that can import only the release folder (plus NumPy/Pillow), not resnet_native.
+    script = (
+        "import sys, numpy as np; sys.path[:0] = [sys.argv[1]]; import preprocess as p\n"
+        "assert 'resnet_native' not in sys.modules\n"
+        "imgs = np.load(sys.argv[2])\n"
+        "np.save(sys.argv[3], p.preprocess([imgs[0], sys.argv[4], imgs[2], imgs[3]]))\n"
+        "np.save(sys.argv[5], p.preprocess(imgs, dtype=np.float16))\n"
+        "print(p.LAYOUT, len(p.CLASSES))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", script, str(path), str(tmp_path / "images.npy"),
+                          str(tmp_path / "a.npy"), str(tmp_path / "one.png"), str(tmp_path / "b.npy")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [layout, "10"]
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), normalize_on_host(images, layout=layout, dtype="fp32"))
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), normalize_on_host(images, layout=layout, dtype="fp16"))

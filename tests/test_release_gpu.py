@@ -1,0 +1,64 @@
+"""A release predicts exactly what the model it came from predicts, and measures inference throughput."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from resnet_native import checkpoint, release, train
+from resnet_native.classifier import CIFAR10Classifier, softmax
+from resnet_native.data.augment import normalize_on_gpu
+from resnet_native.data.cifar10 import load_cifar10
+
+pytestmark = [pytest.mark.gpu, pytest.mark.data]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from conftest import cifar_path
+
+    data = load_cifar10(cifar_path(), cache_dir=tmp_path_factory.mktemp("cifar_cache"))
+    cfg = train.resolve_config(train.build_parser().parse_args(
+        ["--recipe", "A", "--epochs", "1", "--subset", "5000", "--batch-size", "128"]))
+    out = tmp_path_factory.mktemp("run")
+    summary = train.Trainer(cfg, out, data=data, progress=False, tensorboard=False).run()
+    return out, summary, data
+
+
+def test_release_predicts_like_its_model(trained_run, tmp_path):
+    import cupy as cp
+
+    run, summary, data = trained_run
+    path = release.release(run, "T", tmp_path / "cifar10_models", benchmark=True, bench_batch_size=500)
+    metrics = json.loads((path / "metrics.json").read_text())
+    assert metrics["inference_images_per_s"] > 1000 and metrics["inference_device"]
+    assert metrics["test_accuracy"] == summary["best_test_acc"] and metrics["parameters"] == summary["parameters"]
+
+    # The model it came from: the best checkpoint's weights in a fresh network, fed by the trainer's GPU kernel.
+    state = checkpoint.load_checkpoint(run / "best.npz")
+    model = train.build_model(state["config"])
+    model.load_state_dict(state["model"])
+    model.eval()
+    images = data.test_images[:1000]
+    x = normalize_on_gpu(images, layout="NHWC", dtype="fp16")
+    want = cp.asnumpy(model.forward(x, train=False))
+
+    clf = CIFAR10Classifier("T", models_dir=tmp_path / "cifar10_models")
+    proba = clf.predict_proba(images)
+    np.testing.assert_allclose(proba, softmax(want), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(clf.predict(images), np.argmax(want, axis=1))
+
+    # Single-image forms give the batch's answers.
+    for i in (0, 7):
+        assert clf.predict(images[i]) == int(np.argmax(want[i]))
+        assert clf.predict(Image.fromarray(images[i])) == int(np.argmax(want[i]))
+    Image.fromarray(images[3]).save(tmp_path / "x.png")
+    assert clf.predict(str(tmp_path / "x.png")) == int(np.argmax(want[3]))
+    np.testing.assert_array_equal(clf.predict([images[5], images[6]]), np.argmax(want[5:7], axis=1))
+
+    # On the whole test set the release scores what training recorded for these weights.
+    acc = float((clf.predict(data.test_images) == data.test_labels).mean())
+    # (1e-3: ten images, in case the optimizer's fused fp16 weight copies round differently from a fresh cast.)
+    assert abs(acc - metrics["test_accuracy"]) <= 1e-3, (acc, metrics["test_accuracy"])
+    assert acc > 0.15

@@ -1,0 +1,134 @@
+"""Training on the GPU with the real CIFAR-10 copy: a short run learns, --resume is exact, the CLI works end to end.
+
+Kept short (a 10k-image subset, 2 epochs of ResNet-18 fp16, batch 64: 312 steps): the point is correctness, not
+accuracy.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from resnet_native import checkpoint, train
+from resnet_native.data.cifar10 import load_cifar10
+
+pytestmark = [pytest.mark.gpu, pytest.mark.data]
+
+SUBSET_ARGS = ["--recipe", "A", "--epochs", "2", "--subset", "10000", "--batch-size", "64", "--deterministic",
+               "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cifar_cache")
+
+
+@pytest.fixture(scope="module")
+def cifar(cache_dir):
+    from conftest import cifar_path
+
+    return load_cifar10(cifar_path(), cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return train.resolve_config(train.build_parser().parse_args(SUBSET_ARGS))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cifar, config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run_a")
+    summary = train.Trainer(config, out, data=cifar, progress=False, tensorboard=False).run()
+    return out, summary
+
+
+def test_two_epochs_learn_far_above_chance(uninterrupted):
+    out, summary = uninterrupted
+    print(json.dumps(summary))
+    assert summary["completed"] and summary["epochs_done"] == 2
+    assert summary["test_acc"] > 0.35, summary
+    assert summary["train_images"] == 10000 and summary["train_images_per_s"] > 1000
+    for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "curves.png", "summary.json"):
+        assert (out / name).is_file(), name
+    from resnet_native.metrics_log import read_metrics_csv
+
+    rows = read_metrics_csv(out / "metrics.csv")
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert rows[1]["train_loss"] < rows[0]["train_loss"]
+    assert all(np.isfinite(r["test_loss"]) for r in rows)
+    assert rows[0]["lr"] == pytest.approx(0.1)  # cosine starts at the recipe's lr
+    state = checkpoint.load_checkpoint(out / "last.npz")
+    assert state["epoch"] == 1 and state["rng"] == {"seed": 1, "next_epoch": 2}
+    assert state["schedule"]["last_step"] == 2 * (10000 // 64)
+    assert state["optimizer"]["type"] == "SGD" and state["scaler"]["scale"] > 0
+    best = checkpoint.load_checkpoint(out / "best.npz")
+    assert best["metrics"]["best"]["test_acc"] == max(r["test_acc"] for r in rows)
+
+
+def test_resume_after_epoch_one_equals_uninterrupted(uninterrupted, cifar, config, tmp_path):
+    out_a, summary_a = uninterrupted
+    first = train.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(stop_after=1)
+    assert not first["completed"] and first["epochs_done"] == 1
+    assert checkpoint.load_checkpoint(tmp_path / "last.npz")["epoch"] == 0
+    resumed = train.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(resume=True)
+    assert resumed["completed"] and resumed["epochs_done"] == 2
+
+    a = checkpoint.load_checkpoint(out_a / "last.npz")
+    b = checkpoint.load_checkpoint(tmp_path / "last.npz")
+    assert a["model"].keys() == b["model"].keys()
+    worst = max(float(np.max(np.abs(a["model"][k].astype(np.float64) - b["model"][k]))) for k in a["model"])
+    assert worst <= 1e-6, f"resumed weights differ from the uninterrupted run's by up to {worst}"
+    for k, v in a["optimizer"].items():
+        if isinstance(v, np.ndarray):
+            np.testing.assert_allclose(b["optimizer"][k], v, rtol=0, atol=1e-6, err_msg=k)
+        else:
+            assert b["optimizer"][k] == v, k
+    assert b["scaler"] == a["scaler"] and b["schedule"] == a["schedule"]
+    ha, hb = a["metrics"]["history"], b["metrics"]["history"]
+    for ra, rb in zip(ha, hb, strict=True):
+        assert rb["epoch"] == ra["epoch"] and rb["test_acc"] == ra["test_acc"] and rb["lr"] == ra["lr"]
+        assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-6)
+        assert rb["test_loss"] == pytest.approx(ra["test_loss"], rel=1e-6)
+
+
+def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
+    """The commands the README shows, in fresh processes: recipe B (AdamW, one-cycle, AutoAugment workers)."""
+    from conftest import cifar_path
+
+    import resnet_native
+
+    # The child processes run in tmp_path: make sure they import this checkout of the package.
+    repo = str(pathlib.Path(resnet_native.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    run = tmp_path / "runs" / "b"
+    cmd = [sys.executable, "-m", "resnet_native.train", "--recipe", "B", "--epochs", "2", "--subset", "2048",
+           "--data", str(cifar_path()), "--cache-dir", str(cache_dir), "--out", str(run), "--no-progress",
+           "--aa-workers", "4", "--warmup-epochs", "0.5", "--label-smoothing", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["completed"] and summary["epochs_done"] == 2 and summary["recipe"] == "B"
+    assert 0.0 <= summary["test_acc"] <= 1.0 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
+    assert (run / "curves.png").is_file() and (run / "metrics.csv").is_file()
+    cfg = checkpoint.load_checkpoint(run / "last.npz")["config"]
+    assert cfg["augment"]["autoaugment"] and cfg["optimizer"]["name"] == "adamw"
+    assert cfg["schedule"] == {"name": "onecycle", "warmup_epochs": 0.5} and cfg["label_smoothing"] == 0.1
+    try:
+        import tensorboard  # noqa: F401
+
+        assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    except ImportError:
+        pass
+
+    proc = subprocess.run([sys.executable, "-m", "resnet_native.release", "--run", str(run), "--version", "B",
+                           "--out", str(tmp_path / "cifar10_models"), "--no-benchmark"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["test_accuracy"] == summary["best_test_acc"]
+    assert (tmp_path / "cifar10_models" / "version_B" / "preprocess.py").is_file()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
+# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models train-A train-B (default: info build test bench)
+#   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x")
+#   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick")
+#   TRAIN_ARGS    extra trainer arguments
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rn_out}
+mkdir -p "$OUT"
+[ -x /opt/torch/.venv/bin/python3 ] && export PATH=/opt/torch/.venv/bin:$PATH
+export PYTHONUNBUFFERED=1 RESNET_NATIVE_CUDA_ARCHS=${RESNET_NATIVE_CUDA_ARCHS:-90}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(info build test bench)
+status=0
+for stage in "${stages[@]}"; do
+  echo "=== $stage $(date -u +%H:%M:%S)"
+  case "$stage" in
+    info)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/info.txt"
+      python3 -c "import cupy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__)" | tee -a "$OUT/info.txt"
+      python3 -m pip show nvidia-cudnn-cu13 2>/dev/null | grep -E '^(Name|Version)' | tee -a "$OUT/info.txt" ;;
+    build)
+      start=$(date +%s)
+      python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+      echo "build seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/info.txt"
+      python3 -c "import resnet_native as rn; print('cudnn', rn.cudnn_version(), rn.CUDNN_LIBRARY, 'gpu', rn.cuda_available())" | tee -a "$OUT/info.txt" ;;
+    test)
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log" | tail -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    bench)
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench_block.py --json "$OUT/bench_block.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_block.txt" | tail -80
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    models)
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench_model.py --json "$OUT/bench_model.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_model.txt" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    train-A|train-B)
+      recipe=${stage#train-}
+      # shellcheck disable=SC2086
+      python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "$OUT/run_$recipe" \
+        --no-progress ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_$recipe.log" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+exit $status
