@@ -84,10 +84,12 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
         save_invstd = _stats(c)
     if reserve is None and cuda_available():  # without a GPU the op only validates, then raises NoGPUError
         nbytes = batch_norm_reserve_size(shape, layout=layout, relu=relu, has_z=z is not None, dtype=dt)
-        if nbytes:
+        if nbytes or relu or z is not None:
             import cupy
 
-            reserve = cupy.empty(((nbytes + 3) // 4,), dtype=cupy.float32)  # opaque bytes, float32 for tensor_arg
+            # Opaque bytes (float32 for tensor_arg). Kept even when cuDNN needs 0 bytes: the buffer is also the token
+            # by which backward knows that a fused forward filled it (seen on the H200: BN+ReLU reserves 0 bytes).
+            reserve = cupy.empty((max(1, (nbytes + 3) // 4),), dtype=cupy.float32)
     _C.batch_norm_train(x, gamma, beta, running_mean, running_var, z, out, save_mean, save_invstd, reserve, layout,
                         dt, momentum, eps, bool(relu), stream())
     return out, save_mean, save_invstd, reserve

@@ -21,7 +21,7 @@ class StubNet:
 
     def forward(self, x, train=None):
         assert train is False
-        x = np.asarray(x)
+        x = x.get() if hasattr(x, "get") else np.asarray(x)  # the classifier hands cupy arrays over on a GPU
         self.inputs.append(x)
         return x.astype(np.float32).mean(axis=(1, 2)) @ self.w  # NHWC
 

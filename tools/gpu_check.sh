@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models train-A train-B (default: info build test bench)
-#   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x")
+#   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x"); PYTEST_TARGETS: files/dirs (default tests)
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick")
 #   TRAIN_ARGS    extra trainer arguments
 set -uo pipefail
@@ -27,7 +27,7 @@ for stage in "${stages[@]}"; do
       python3 -c "import resnet_native as rn; print('cudnn', rn.cudnn_version(), rn.CUDNN_LIBRARY, 'gpu', rn.cuda_available())" | tee -a "$OUT/info.txt" ;;
     test)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log" | tail -60
+      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${PYTEST_TARGETS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       # shellcheck disable=SC2086
