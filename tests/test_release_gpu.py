@@ -20,7 +20,7 @@ def trained_run(tmp_path_factory):
 
     data = load_cifar10(cifar_path(), cache_dir=tmp_path_factory.mktemp("cifar_cache"))
     cfg = train.resolve_config(train.build_parser().parse_args(
-        ["--recipe", "A", "--epochs", "1", "--subset", "5000", "--batch-size", "128"]))
+        ["--recipe", "A", "--epochs", "2", "--subset", "10000", "--batch-size", "64"]))
     out = tmp_path_factory.mktemp("run")
     summary = train.Trainer(cfg, out, data=data, progress=False, tensorboard=False).run()
     return out, summary, data
@@ -61,4 +61,4 @@ def test_release_predicts_like_its_model(trained_run, tmp_path):
     acc = float((clf.predict(data.test_images) == data.test_labels).mean())
     # (1e-3: ten images, in case the optimizer's fused fp16 weight copies round differently from a fresh cast.)
     assert abs(acc - metrics["test_accuracy"]) <= 1e-3, (acc, metrics["test_accuracy"])
-    assert acc > 0.15
+    assert acc > 0.18  # chance is 0.10; this 312-step run reached 0.237 on the H200 (see test_train_gpu.py)
