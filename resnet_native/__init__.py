@@ -53,6 +53,12 @@ def reserve_workspace(nbytes: int) -> None:
     _C.reserve_workspace(nbytes, current_stream())
 
 
+def release_handles() -> None:
+    """Destroy the cuDNN handles (re-created on next use), after the cached plans that were built on them."""
+    _drop_cached_descriptors()
+    _C._release_handles()
+
+
 def release_workspace() -> None:
     """Free the current device's workspace buffer; it is re-allocated on demand."""
     require_gpu()
@@ -68,6 +74,7 @@ __all__ = [
     "cudnn_version",
     "current_stream",
     "live_descriptors",
+    "release_handles",
     "release_workspace",
     "require_gpu",
     "reserve_workspace",

@@ -106,3 +106,12 @@ def test_gpu_ops_without_gpu_raise_a_clear_error():
         rn.workspace_stats()
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
         _C._parse_tensor(FakeCudaArray((2,)), "x", "fp32")  # valid, then the device check
+
+
+def test_release_handles_drops_cached_plans_first_and_leaks_nothing():
+    before = rn.live_descriptors()
+    rn.release_handles()
+    rn.release_handles()  # idempotent
+    after = rn.live_descriptors()
+    assert all(after.get(k, 0) <= v for k, v in before.items())
+    assert after.get("handle", 0) == 0

@@ -159,7 +159,8 @@ void bind_core(py::module_& m) {
   m.def("descriptor_kinds", &descriptor_kinds, "Kinds accepted by _create_destroy.");
   m.def("_create_destroy", &create_destroy, py::arg("kind"), py::arg("count"));
   m.def("_failing_construction", &failing_construction);
-  m.def("release_handles", &release_handles, "Destroy the per-device cuDNN handles (re-created on next use).");
+  m.def("_release_handles", &release_handles,
+        "Destroy the per-device cuDNN handles. Use resnet_native.release_handles(), which drops cached plans first.");
   m.def(
       "_handle_stream",
       [](uintptr_t stream) {
