@@ -136,14 +136,16 @@ class CIFAR10Classifier:
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None):
         self.version_dir = resolve_version_dir(version, models_dir)
-        self.config = load_release_config(self.version_dir)
+        # version_X is a symlink that a new release re-points: read config and weights from one release folder.
+        folder = self.version_dir.resolve()
+        self.config = load_release_config(folder)
         self.classes = tuple(self.config.get("classes", CLASSES))
         m = self.config["model"]
         self.layout, self.dtype = m["layout"], m["dtype"]
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
-        self.model = model if model is not None else build_release_model(self.config, load_weights(self.version_dir))
+        self.model = model if model is not None else build_release_model(self.config, load_weights(folder))
 
     def __repr__(self):
         return f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']})"

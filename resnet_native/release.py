@@ -1,12 +1,15 @@
 """Package a trained run as a model release: `python -m resnet_native.release --run runs/NAME --version A`.
 
-Writes <out>/version_<X>/ (default out: cifar10_models):
+Writes <out>/version_<X>/ (default out: cifar10_models), a symlink to the release folder .version_<X>.<suffix>:
   model.safetensors   the weights (torchvision names and shapes; model.npz when safetensors does not import)
   config.yaml         the network (name, stem, layout, dtype, classes), the normalisation, and the training recipe
   metrics.json        test accuracy and epoch of the shipped weights, training time, parameter count, and the
                       inference throughput measured now on this machine's GPU (null with --no-benchmark / no GPU)
   preprocess.py       standalone (NumPy + Pillow) image -> normalised array, for use outside this package
-The folder is built under a temporary name and renamed into place, so a reader never sees half a release.
+The folder is built and fsynced under its hidden name, then published by os.replace of the version_<X> symlink: a
+reader sees the old release or the new one, never half of one nor none (the old folder is deleted afterwards). A
+version_<X> that is still a real folder (a release made before the symlink layout) is first renamed aside, which
+leaves a short window without version_<X> that one time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -151,6 +155,39 @@ def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, it
             "inference_device": name}
 
 
+def _fsync(path) -> None:
+    """Flush a file's or a folder's contents (a folder: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
+    """Point the symlink `final` at `folder` (a sibling) with one os.replace. Returns the previous release's folder,
+    for the caller to delete once the switch is on disk, or None."""
+    link = folder.with_name(folder.name + ".link")
+    os.symlink(folder.name, link)  # relative, so the models folder can be moved or copied whole
+    old = None
+    try:
+        if final.is_symlink():
+            target = os.readlink(final)
+            # Delete only a folder this function made (never what a hand-made symlink points at).
+            if os.sep not in target and target.startswith(f".{final.name}."):
+                old = final.with_name(target)
+        elif final.exists():
+            old = final.with_name(f".{final.name}.old-{int(time.time() * 1e6)}")
+            final.rename(old)  # the legacy layout's one window: a folder cannot be replaced by a symlink
+        os.replace(link, final)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        if old is not None and not final.exists() and not final.is_symlink():
+            old.rename(final)  # put the legacy folder back
+        raise
+    return old
+
+
 def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
             bench_batch_size: int = 1000) -> pathlib.Path:
     """Build <out_dir>/version_<version>/ from a training run; returns its path."""
@@ -208,17 +245,17 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
         (tmp / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
         (tmp / "preprocess.py").write_text(PREPROCESS_TEMPLATE.format(
             version=version, mean=tuple(MEAN), std=tuple(STD), classes=tuple(CLASSES), layout=cfg["layout"]))
+        for f in tmp.iterdir():
+            _fsync(f)
         tmp.chmod(0o755)
-        old = None
-        if final.exists():
-            old = root / f".version_{version}.old-{int(time.time() * 1e6)}"
-            final.rename(old)
-        tmp.rename(final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync(tmp)
+        old = _publish(final, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _fsync(root)  # the new link; only then is the old release unneeded
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -7,11 +7,14 @@ Recipes live in resnet_native/recipes/*.yaml (or pass a path); command-line flag
                   tensorboard/ when the tensorboard package imports)
   last.npz        the state after the latest epoch: weights, optimizer, schedule, scaler, RNG, metrics (--resume)
   best.npz        the same state at the epoch with the best test accuracy (what resnet_native.release ships)
+  algos.json      the convolution algorithms chosen so far (resnet_native.conv.save_algorithm_cache), rewritten
+                  with every checkpoint and loaded by --resume
   curves.png      loss and accuracy curves; summary.json: the final numbers (also printed as the last line)
 
 Exact resume: the data pipeline's randomness is a function of (seed, epoch) only (see data/augment.py), and the
 checkpoint holds every other piece of state, so a run resumed after epoch k sees the same batches and performs the
-same updates as one that never stopped.
+same updates as one that never stopped. The convolution algorithms are part of that state (another algorithm gives
+other rounding): they are saved to algos.json with each checkpoint and loaded on --resume instead of re-timed.
 
 Host synchronisation is kept to the minimum: loss and correct counts accumulate on the device, and are read every
 --log-every steps for the progress bar and once per epoch.
@@ -29,11 +32,12 @@ import queue
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 
 from .checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
-from .data.augment import STREAM_SUBSET, AugmentConfig, epoch_rng
+from .data.augment import STREAM_SUBSET, AugmentConfig, check_labels, epoch_rng
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent / "recipes"
 MODELS = {"resnet18": "ResNet18", "resnet34": "ResNet34", "resnet50": "ResNet50", "resnet101": "ResNet101",
@@ -43,6 +47,8 @@ LAYOUTS = ("NHWC", "NCHW")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "onecycle", "constant")
 STATE_FORMAT = "resnet_native.train/1"
+NUM_CLASSES = 10
+ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
 # Keys whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "dtype", "layout", "seed", "subset", "label_smoothing", "optimizer",
                "schedule", "augment")
@@ -150,6 +156,14 @@ def _number(cfg, key, kind, where, minimum=None, allow_none=False):
     return out
 
 
+def _boolean(cfg, key, where):
+    """Only true/false: bool("false") is True, so a quoted YAML value or a string override must not pass."""
+    v = cfg.get(key)
+    if not isinstance(v, bool):
+        raise ValueError(f"{where}{key}: expected true or false, got {v!r}")
+    return v
+
+
 def validate_config(cfg: dict) -> dict:
     """Fill defaults, coerce numbers (YAML reads 5e-4 as a string), and reject bad values with the key's name."""
     cfg = copy.deepcopy(cfg)
@@ -162,7 +176,9 @@ def validate_config(cfg: dict) -> dict:
     cfg.setdefault("seed", 0)
     cfg.setdefault("subset", None)
     cfg.setdefault("label_smoothing", 0.0)
-    cfg["deterministic"] = bool(cfg.get("deterministic", False))
+    if cfg.get("deterministic") is None:
+        cfg["deterministic"] = False
+    _boolean(cfg, "deterministic", "")
     if cfg["model"] not in MODELS:
         raise ValueError(f"model: expected one of {sorted(MODELS)}, got {cfg['model']!r}")
     if cfg["dtype"] not in DTYPES:
@@ -192,7 +208,7 @@ def validate_config(cfg: dict) -> dict:
         o.setdefault("nesterov", False)
         o.setdefault("weight_decay", 0.0)
         _number(o, "momentum", float, "optimizer.", 0.0)
-        o["nesterov"] = bool(o["nesterov"])
+        _boolean(o, "nesterov", "optimizer.")
     else:
         o.setdefault("betas", [0.9, 0.999])
         o.setdefault("eps", 1e-8)
@@ -220,8 +236,8 @@ def validate_config(cfg: dict) -> dict:
     a.setdefault("autoaugment", False)
     _number(a, "crop_padding", int, "augment.", 0)
     _number(a, "cutout", int, "augment.", 0)
-    a["flip"] = bool(a["flip"])
-    a["autoaugment"] = bool(a["autoaugment"])
+    _boolean(a, "flip", "augment.")
+    _boolean(a, "autoaugment", "augment.")
     return cfg
 
 
@@ -383,9 +399,11 @@ class CheckpointWriter:
         self._raise()
 
     def close(self):
-        self.flush()
-        self._q.put(None)
-        self._thread.join()
+        try:
+            self.flush()
+        finally:  # stop the thread even when a stored error is raised
+            self._q.put(None)
+            self._thread.join()
 
 
 def _publish_copy(src: pathlib.Path, dst: pathlib.Path, state) -> None:
@@ -397,6 +415,36 @@ def _publish_copy(src: pathlib.Path, dst: pathlib.Path, state) -> None:
         os.replace(tmp, dst)
     except OSError:  # no hard links here: write it again
         save_checkpoint(dst, state)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The convolution algorithm cache (part of what makes --resume exact)
+
+
+def save_algorithm_cache(path: pathlib.Path) -> None:
+    """Write the conv algorithm choices beside a checkpoint; a failure only warns (the checkpoint still counts)."""
+    from . import conv
+
+    try:
+        conv.save_algorithm_cache(path)
+    except Exception as e:  # the cache is an optimisation: never stop training for it
+        warnings.warn(f"could not write the convolution algorithm cache {path}: {e}", RuntimeWarning, stacklevel=2)
+
+
+def load_algorithm_cache(path: pathlib.Path) -> None:
+    """Reuse a run's conv algorithm choices (before the first forward); a missing or unreadable file only warns,
+    and the algorithms are then timed again."""
+    from . import conv
+
+    if not path.is_file():
+        warnings.warn(f"--resume: no convolution algorithm cache {path}; algorithms are timed again, so the "
+                      "resumed run may round differently", RuntimeWarning, stacklevel=2)
+        return
+    try:
+        conv.load_algorithm_cache(path)
+    except Exception as e:
+        warnings.warn(f"--resume: could not load the convolution algorithm cache {path}: {e}", RuntimeWarning,
+                      stacklevel=2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -439,6 +487,9 @@ class Trainer:
 
             self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
         d = self.data
+        # Once, on the host, before any worker forks: an out-of-range label only skews loss/accuracy on the GPU.
+        check_labels(d.train_labels, NUM_CLASSES, "train labels")
+        check_labels(d.test_labels, NUM_CLASSES, "test labels")
         idx = subset_indices(len(d.train_labels), self.cfg["subset"], self.cfg["seed"])
         return d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels
 
@@ -483,6 +534,9 @@ class Trainer:
 
         rn.require_gpu()
         cfg = self.cfg
+        algos_path = self.out / ALGOS_FILE
+        if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
+            load_algorithm_cache(algos_path)
         epochs = cfg["epochs"]
         model = build_model(cfg)
         optimizer = build_optimizer(cfg, model)
@@ -580,9 +634,19 @@ class Trainer:
                     writer.submit(last_path, state, best_path if is_best else None)
                 else:
                     writer.submit(best_path, state)
+                save_algorithm_cache(algos_path)
             writer.flush()
-        finally:
+        except BaseException:
+            # The training error is the one to report: a checkpoint-write failure the writer still holds is only
+            # logged, not raised over it.
+            try:
+                writer.close()
+            except Exception as e:
+                print(f"warning: {e} (while handling the error below)", file=sys.stderr)
+            raise
+        else:
             writer.close()
+        finally:
             log.close()
 
         completed = end_epoch >= epochs

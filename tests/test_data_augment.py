@@ -261,3 +261,39 @@ def test_kernel_on_cpu_other_sizes_and_options(host_kernel, rng, layout):
     got = run_on_cpu(host_kernel, images, table, 0, 6, lut, layout, 2, 5, block=64)
     want = apply_reference(images, table, lut, layout=layout, crop_padding=2, cutout=5)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Labels are checked once, on the host, when a data set enters the pipeline
+
+
+def test_check_labels_names_the_first_bad_label():
+    aug.check_labels(np.arange(10, dtype=np.int32), 10)
+    with pytest.raises(ValueError, match=r"labels\[5\] = 10: expected a class index in \[0, 10\) \(2 label"):
+        aug.check_labels(np.array([0, 1, 2, 3, 4, 10, 6, 11]), 10)
+    with pytest.raises(ValueError, match=r"y\[2\] = -1"):
+        aug.check_labels(np.array([0, 9, -1], np.int64), 10, "y")
+    with pytest.raises(ValueError, match=r"labels\[0\] = 4294967296"):  # would wrap to 0 as int32
+        aug.check_labels(np.array([2**32], np.int64), 10)
+    with pytest.raises(ValueError, match="integer class indices"):
+        aug.check_labels(np.array([0.5, 1.0]), 10)
+
+
+def test_gpu_augmenter_rejects_out_of_range_labels(rng, monkeypatch):
+    import sys
+    import types
+
+    # The augmenter's cupy calls on NumPy, so that a bad label can only be caught by the check itself.
+    fake = types.SimpleNamespace(asarray=np.asarray, ascontiguousarray=np.ascontiguousarray, int32=np.int32,
+                                 asnumpy=np.asarray)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    images = images_for(rng, n=8)
+    labels = np.arange(8, dtype=np.int32)
+    a = aug.GpuAugmenter(images, labels, batch_size=4)
+    assert a.num_images == 8
+    labels[6] = 10
+    with pytest.raises(ValueError, match=r"labels\[6\] = 10"):
+        aug.GpuAugmenter(images, labels, batch_size=4)
+    aug.GpuAugmenter(images, np.arange(8) % 7, batch_size=4, num_classes=7)
+    with pytest.raises(ValueError, match=r"labels\[7\] = 7: expected a class index in \[0, 7\)"):
+        aug.GpuAugmenter(images, np.arange(8), batch_size=4, num_classes=7)

@@ -301,6 +301,31 @@ def test_download_verifies_and_extracts(tmp_path, fake, monkeypatch):
     assert not list((tmp_path / "data").glob("*.part"))
 
 
+def test_interrupted_extraction_is_redone(tmp_path, fake, monkeypatch):
+    payload = _fake_archive(tmp_path, fake)
+    url = "https://example.invalid/cifar-10-python.tar.gz"
+    monkeypatch.setitem(download.ARCHIVES, "python", (url, hashlib.md5(payload).hexdigest(),
+                                                      hashlib.sha256(payload).hexdigest(), "cifar-10-batches-py"))
+    monkeypatch.setattr(download.urllib.request, "urlopen", lambda u, timeout: _Response(payload))
+    real_extractall = tarfile.TarFile.extractall
+
+    def interrupted(self, path=".", members=None, **kw):
+        # Everything but one training batch lands (test_batch included), then the disk fills up.
+        kept = [m for m in (members or self.getmembers()) if not m.name.endswith("data_batch_3")]
+        real_extractall(self, path, members=kept, **kw)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", interrupted)
+    data = tmp_path / "data"
+    with pytest.raises(OSError, match="No space left"):
+        download.download(data)
+    assert sorted(p.name for p in data.iterdir()) == ["cifar-10-python.tar.gz"]  # no half folder, no temporary
+    monkeypatch.setattr(tarfile.TarFile, "extractall", real_extractall)
+    root = download.download(data)
+    assert (root / "data_batch_3").is_file()
+    assert_same(load_cifar10(root, cache=False), fake)
+
+
 def test_download_rejects_bad_checksum(tmp_path, fake, monkeypatch):
     payload = _fake_archive(tmp_path, fake)
     monkeypatch.setattr(download.urllib.request, "urlopen", lambda u, timeout: _Response(payload))

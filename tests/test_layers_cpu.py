@@ -179,6 +179,11 @@ def test_batchnorm2d_validation(numpy_ops, rng):
         bn.forward(x, train=True, z=x[:1])
     with pytest.raises(ValueError, match="momentum"):
         BatchNorm2d(4, momentum=1.5)
+    # PyTorch's cumulative average (momentum=None) is not supported: a clear ValueError, not a TypeError.
+    for bad in (None, "0.1", True):
+        with pytest.raises(ValueError, match=r"momentum.*momentum=None.*not supported"):
+            BatchNorm2d(4, momentum=bad)
+    assert BatchNorm2d(4, momentum=np.float32(0.25)).momentum == 0.25
     with pytest.raises(ValueError, match="layout"):
         BatchNorm2d(4, layout="nhwc")
 

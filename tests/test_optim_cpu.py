@@ -64,12 +64,12 @@ def test_onecycle_schedule_follows_pytorch():
 def test_warmup_then_cosine_and_state_dict_round_trip():
     opt = _FakeOptimizer(lr=0.4)
     sched = WarmupSchedule(opt, 10, after=CosineSchedule(opt, 90))
-    assert opt.lr == 0.0
+    assert opt.lr == pytest.approx(0.4 / 3)  # start_factor 1/3 by default, as PyTorch's LinearLR
     lrs = [opt.lr]
     for _ in range(100):
         sched.step()
         lrs.append(opt.lr)
-    assert lrs[5] == pytest.approx(0.2) and lrs[10] == pytest.approx(0.4)
+    assert lrs[5] == pytest.approx(0.4 * (1 / 3 + 2 / 3 * 0.5)) and lrs[10] == pytest.approx(0.4)
     assert lrs[55] == pytest.approx(0.2) and lrs[100] == pytest.approx(0.0)
     state = sched.state_dict()
     assert state["last_step"] == 100
@@ -90,6 +90,11 @@ def test_warmup_alone_and_validation():
         assert opt.lr == pytest.approx(expect)
     with pytest.raises(ValueError, match="warmup_steps"):
         WarmupSchedule(opt, 0)
+    # start_factor 0 would make the first step run at lr 0 (a step that moves nothing).
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"start_factor.*\(0, 1\]"):
+            WarmupSchedule(_FakeOptimizer(lr=1.0), 4, start_factor=bad)
+    assert WarmupSchedule(_FakeOptimizer(lr=1.0), 4, start_factor=1.0).optimizer.lr == 1.0
     with pytest.raises(ValueError, match="total_steps"):
         CosineSchedule(opt, 2.5)
     with pytest.raises(ValueError, match="pct_start"):

@@ -2,6 +2,8 @@
 config and metrics, atomic replacement, the CLI, and the standalone preprocess.py."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -39,13 +41,23 @@ def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC",
     return state
 
 
+def assert_published(models, version="A"):
+    """version_X is a relative symlink to the one hidden release folder beside it; nothing else is left."""
+    link = models / f"version_{version}"
+    assert link.is_symlink() and (link / "config.yaml").is_file()
+    target = os.readlink(link)
+    assert target.startswith(f".version_{version}.") and os.sep not in target
+    assert sorted(p.name for p in models.iterdir()) == sorted([target, f"version_{version}"])
+    return models / target
+
+
 def test_release_round_trip(tmp_path):
     state = make_fake_run(tmp_path / "run")
     path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
     assert path == tmp_path / "models" / "version_A"
     files = sorted(p.name for p in path.iterdir())
     assert files == ["config.yaml", "metrics.json", "model.safetensors", "preprocess.py"]
-    assert [p.name for p in (tmp_path / "models").iterdir()] == ["version_A"]  # no temporary folders left
+    assert_published(tmp_path / "models")  # no temporary folders left
 
     weights = load_weights(path)
     assert weights.keys() == state["model"].keys()
@@ -96,12 +108,61 @@ def test_release_replaces_a_version_and_validates(tmp_path):
     (first / "stale.txt").write_text("from the previous release")
     second = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
     assert second == first and not (second / "stale.txt").exists()
-    assert [p.name for p in (tmp_path / "models").iterdir()] == ["version_A"]
+    assert_published(tmp_path / "models")  # the previous release's folder is gone
     for bad in ("", "../x", ".hidden", "a/b"):
         with pytest.raises(ValueError, match="version"):
             release.release(tmp_path / "run", bad, tmp_path / "models", benchmark=False)
     with pytest.raises(FileNotFoundError, match="best.npz"):
         release.release(tmp_path / "nothing", "A", tmp_path / "models", benchmark=False)
+
+
+def test_release_replaces_without_a_window_and_fsyncs(tmp_path, monkeypatch):
+    from resnet_native.classifier import CIFAR10Classifier
+
+    make_fake_run(tmp_path / "run")
+    models = tmp_path / "models"
+    release.release(tmp_path / "run", "A", models, benchmark=False)
+    final = models / "version_A"
+    old_folder = final.resolve()
+
+    def always_published(real):
+        def call(src, dst, *a, **k):
+            # Every rename/replace of the publication: a reader must find a whole release at version_A throughout.
+            assert (final / "config.yaml").is_file(), f"version_A missing while moving {src} -> {dst}"
+            return real(src, dst, *a, **k)
+        return call
+
+    synced = set()
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.add(os.path.realpath(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "replace", always_published(os.replace))
+    monkeypatch.setattr(os, "rename", always_published(os.rename))
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    release.release(tmp_path / "run", "A", models, benchmark=False)
+    monkeypatch.undo()
+    new_folder = assert_published(models)
+    assert new_folder.resolve() != old_folder and not old_folder.exists()
+    want = {str(p.resolve()) for p in new_folder.iterdir()} | {str(new_folder.resolve()), str(models.resolve())}
+    assert want <= synced, f"not fsynced: {sorted(want - synced)}"
+    clf = CIFAR10Classifier("A", models_dir=models, model=object())
+    assert clf.version_dir == final and clf.config["model"]["name"] == "resnet18"
+
+
+def test_release_over_a_legacy_folder(tmp_path):
+    """A version_X that is a real folder (releases made before the symlink layout) is replaced too."""
+    make_fake_run(tmp_path / "run")
+    published = release.release(tmp_path / "run", "A", tmp_path / "old", benchmark=False)
+    models = tmp_path / "models"
+    shutil.copytree(published.resolve(), models / "version_A")
+    (models / "version_A" / "stale.txt").write_text("legacy")
+    assert not (models / "version_A").is_symlink() and load_weights(models / "version_A")
+    path = release.release(tmp_path / "run", "A", models, benchmark=False)
+    assert_published(models)
+    assert not (path / "stale.txt").exists() and load_weights(path).keys() == load_weights(published).keys()
 
 
 def test_release_cli(tmp_path, capsys):

@@ -79,6 +79,12 @@ def test_recipe_from_a_yaml_file(tmp_path):
     ({"schedule": {"name": "cosine", "warmup_epochs": 10}}, "warmup_epochs"),
     ({"augment": {"cutout": -2}}, "augment.cutout"),
     ({"batch_size": "many"}, "batch_size"),
+    # bool("false") is True: only real booleans are accepted.
+    ({"optimizer": {"name": "sgd", "lr": 0.1, "nesterov": "false"}}, "optimizer.nesterov"),
+    ({"augment": {"flip": "false"}}, "augment.flip"),
+    ({"augment": {"autoaugment": "false"}}, "augment.autoaugment"),
+    ({"augment": {"autoaugment": 1}}, "augment.autoaugment"),
+    ({"deterministic": "false"}, "deterministic"),
 ])
 def test_invalid_configurations_name_the_key(bad, message):
     cfg = train.load_recipe("A")
@@ -132,7 +138,8 @@ def test_schedule_adapter_warmup_then_cosine():
     for _ in range(50):
         sched.step()
         lrs.append(opt.lr)
-    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(0.05) and lrs[10] == pytest.approx(0.1)
+    # Warm-up from a third of the lr (step 0 must move the weights), linear to the full lr at step 10.
+    assert lrs[0] == pytest.approx(0.1 / 3) and lrs[5] == pytest.approx(0.1 * 2 / 3) and lrs[10] == pytest.approx(0.1)
     assert lrs[30] == pytest.approx(0.05)  # cosine half-way through its 40 steps
     assert lrs[50] == pytest.approx(0.0, abs=1e-12)
     assert np.all(np.diff(lrs[10:]) <= 1e-15)

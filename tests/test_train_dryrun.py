@@ -7,7 +7,9 @@ epoch loop and its device-side accumulators; evaluation; checkpoints of the real
 release of such a run. Images are 8x8 to keep ResNet-18 in NumPy fast; the GPU tests run the real thing.
 """
 
+import pathlib
 import sys
+import threading
 import types
 
 import numpy as np
@@ -40,15 +42,26 @@ def _launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NH
 
 @pytest.fixture
 def cpu_backend(monkeypatch):
+    """Yields the record of the conv algorithm cache calls: {"save": [paths], "load": [paths]} (the real functions
+    need a GPU; the stand-in save writes a small JSON file so that the file's presence can be checked)."""
     monkeypatch.setitem(sys.modules, "cupy", _numpy_as_cupy())
     monkeypatch.setattr(aug, "launch_augment", _launch_on_numpy)
     monkeypatch.setattr(rn, "require_gpu", lambda: None)
+    algo_calls = {"save": [], "load": []}
+
+    def save(path):
+        algo_calls["save"].append(path)
+        pathlib.Path(path).write_text('{"entries": []}')
+        return 0
+
+    monkeypatch.setattr(rn.conv, "save_algorithm_cache", save)
+    monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: algo_calls["load"].append(path) or 0)
     backend = ref.numpy_backend()
     # float32 masters, as on the GPU (state_dict() stores float32: float64 masters would not round-trip exactly);
     # fp16 stays fp16, so the GradScaler path runs.
     backend.update(master_dtype=np.float32, storage={"fp32": np.float32, "tf32": np.float32, "fp16": np.float16})
     with ops.use(**backend):
-        yield
+        yield algo_calls
 
 
 @pytest.fixture
@@ -138,3 +151,88 @@ def test_release_of_a_dry_run(cpu_backend, tiny, tmp_path):
     state = checkpoint.load_checkpoint(tmp_path / "run" / "best.npz")
     for k, v in state["model"].items():
         np.testing.assert_array_equal(weights[k], v)
+
+
+def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_backend, tiny, tmp_path, monkeypatch):
+    events = []
+    build_model = train.build_model
+
+    def recording_build_model(cfg):
+        model = build_model(cfg)
+        forward = model._forward
+        model._forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
+        return model
+
+    monkeypatch.setattr(train, "build_model", recording_build_model)
+    load = rn.conv.load_algorithm_cache
+    monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: events.append("load") or load(path))
+    cfg = config("--epochs", "2")
+    algos = tmp_path / "algos.json"
+    run(cfg, tmp_path, tiny).run(stop_after=1)
+    assert cpu_backend["save"] == [algos] and algos.is_file()  # next to last.npz, written with it
+    assert cpu_backend["load"] == []  # a fresh run times its own algorithms
+    events.clear()
+    run(cfg, tmp_path, tiny).run(resume=True)
+    assert cpu_backend["load"] == [algos]
+    assert events[0] == "load" and "forward" in events  # loaded before the first forward
+    assert cpu_backend["save"] == [algos, algos]
+
+
+def test_algorithm_cache_problems_only_warn(tmp_path, monkeypatch):
+    # The real conv functions (no GPU needed to reach these failures).
+    with pytest.warns(RuntimeWarning, match="no convolution algorithm cache"):
+        train.load_algorithm_cache(tmp_path / "algos.json")
+    (tmp_path / "algos.json").write_text("{ not json")
+    with pytest.warns(RuntimeWarning, match="could not load"):
+        train.load_algorithm_cache(tmp_path / "algos.json")
+
+    def full_disk(path):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(rn.conv, "save_algorithm_cache", full_disk)
+    with pytest.warns(RuntimeWarning, match="could not write.*No space left"):
+        train.save_algorithm_cache(tmp_path / "algos.json")
+
+
+def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, tiny, tmp_path, monkeypatch, capsys):
+    def failing_save(path, state):
+        raise OSError("No space left on device")
+
+    evaluate = train.evaluate
+    calls = []
+
+    def evaluate_then_fail(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:  # epoch 2, after epoch 1's checkpoint write has failed in the background
+            raise RuntimeError("training broke")
+        return evaluate(*a, **k)
+
+    monkeypatch.setattr(train, "save_checkpoint", failing_save)
+    monkeypatch.setattr(train, "evaluate", evaluate_then_fail)
+    threads = threading.active_count()
+    with pytest.raises(RuntimeError, match="training broke"):
+        run(config("--epochs", "2"), tmp_path, tiny).run()
+    assert "No space left on device" in capsys.readouterr().err  # the write error is reported, not lost
+    assert threading.active_count() == threads  # the writer thread was stopped
+
+
+def test_checkpoint_write_error_alone_still_raises(cpu_backend, tiny, tmp_path, monkeypatch):
+    def failing_save(path, state):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(train, "save_checkpoint", failing_save)
+    with pytest.raises(RuntimeError, match="writing a checkpoint failed: No space left"):
+        run(config("--epochs", "1"), tmp_path, tiny).run()
+
+
+def test_out_of_range_labels_are_rejected_before_training(cpu_backend, tiny, tmp_path):
+    test_labels = tiny.test_labels.copy()
+    test_labels[3] = 10
+    bad = CIFAR10Data(tiny.train_images, tiny.train_labels, tiny.test_images, test_labels, source="bad")
+    with pytest.raises(ValueError, match=r"test labels\[3\] = 10"):
+        run(config("--epochs", "1"), tmp_path, bad).run()
+    train_labels = tiny.train_labels.copy()
+    train_labels[7] = -1
+    bad = CIFAR10Data(tiny.train_images, train_labels, tiny.test_images, tiny.test_labels, source="bad")
+    with pytest.raises(ValueError, match=r"train labels\[7\] = -1"):
+        run(config("--epochs", "1"), tmp_path, bad).run()

@@ -54,7 +54,7 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     # PyTorch's ResNet-18 fed by the same pipeline (tools/torch_reference_train.py) reached 0.32 after a full epoch.
     assert summary["test_acc"] > 0.18, summary
     assert summary["train_images"] == 10000 and summary["train_images_per_s"] > 1000
-    for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "curves.png", "summary.json"):
+    for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "algos.json", "curves.png", "summary.json"):
         assert (out / name).is_file(), name
     from resnet_native.metrics_log import read_metrics_csv
 

@@ -2,7 +2,7 @@
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models train-A train-B (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x"); PYTEST_TARGETS: files/dirs (default tests)
-#   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick")
+#   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
 #   TRAIN_ARGS    extra trainer arguments
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ for stage in "${stages[@]}"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     models)
       # shellcheck disable=SC2086
-      python3 benchmarks/bench_model.py --json "$OUT/bench_model.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_model.txt" | tail -40
+      python3 benchmarks/bench_model.py --json "$OUT/bench_model.json" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/bench_model.txt" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     train-A|train-B)
       recipe=${stage#train-}

@@ -66,6 +66,23 @@ def storage_dtype(dtype: str):
     return STORAGE_DTYPES[dtype]
 
 
+def check_labels(labels, num_classes: int, name: str = "labels") -> None:
+    """ValueError naming the first label outside [0, num_classes) and its index. Run once on the host when a data set
+    enters the pipeline: on the device an out-of-range label would only give a silently wrong loss and accuracy."""
+    if hasattr(labels, "__cuda_array_interface__"):
+        import cupy
+
+        labels = cupy.asnumpy(cupy.asarray(labels))
+    host = np.asarray(labels)
+    if host.ndim != 1 or host.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integer class indices of shape (N,), got {host.dtype} {host.shape}")
+    bad = np.flatnonzero((host < 0) | (host >= num_classes))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}] = {host[i]}: expected a class index in [0, {num_classes}) "
+                         f"({bad.size} label(s) out of range)")
+
+
 def check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -279,10 +296,12 @@ class GpuAugmenter:
     Each epoch uploads one (6, N) int32 table (one host-to-device copy); each batch is one kernel launch into a
     reused output buffer (stream order keeps the previous step's reads ahead of the next write).
     drop_last: skip the final partial batch so every step has the same shape.
+    num_classes: labels must lie in [0, num_classes) (checked once, here).
     """
 
     def __init__(self, images, labels, *, batch_size: int, layout: str = "NHWC", dtype: str = "fp16",
-                 config: AugmentConfig = AugmentConfig(), seed: int = 0, drop_last: bool = True):
+                 config: AugmentConfig = AugmentConfig(), seed: int = 0, drop_last: bool = True,
+                 num_classes: int = 10):
         import cupy
 
         self.layout = check_layout(layout)
@@ -296,6 +315,7 @@ class GpuAugmenter:
             raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.dtype} {images.shape}")
         if len(labels) != len(images):
             raise ValueError(f"labels: {len(labels)} labels for {len(images)} images")
+        check_labels(labels, num_classes)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
         self.images = cupy.ascontiguousarray(cupy.asarray(images))

@@ -2,7 +2,9 @@
 
 The archive is downloaded to a temporary file beside its destination, checked against the published MD5 and a
 SHA-256, and only then renamed into place, so an interrupted or corrupted download never looks like a good one.
-load_cifar10() reads the .tar.gz directly; extract=True also unpacks it (members are checked to stay inside root).
+load_cifar10() reads the .tar.gz directly; extract=True also unpacks it (members are checked to stay inside root)
+into a temporary folder beside the destination, renamed into place once complete: the batches folder exists only
+whole, so an interrupted extraction is redone by the next call instead of looking finished.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import shutil
 import tarfile
 import tempfile
 import urllib.request
@@ -90,6 +93,18 @@ def download(root=".data", kind: str = "python", *, extract: bool = True, timeou
                 os.unlink(tmp)
     if not extract:
         return archive
-    if not (root / folder / "test_batch").exists() and not (root / folder / "test_batch.bin").exists():
-        safe_extract(archive, root)
-    return root / folder
+    target = root / folder
+    if not target.is_dir():
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder}.", suffix=".part", dir=root))
+        try:
+            safe_extract(archive, tmp)
+            if not (tmp / folder).is_dir():
+                raise ValueError(f"{archive}: no {folder}/ folder inside")
+            try:
+                os.replace(tmp / folder, target)
+            except OSError:
+                if not target.is_dir():  # else another process published it first: same archive, same files
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -9,6 +9,8 @@ semantics: running stats updated with `momentum` (running = (1 - m) * running + 
 variance), num_batches_tracked counted.
 """
 
+import numbers
+
 import numpy as np
 
 from ._backend import LAYOUTS, native_dtype, ops, to_host, upload
@@ -23,8 +25,10 @@ class BatchNorm2d(Module):
         self.layout = check_choice("layout", layout, LAYOUTS)
         if not eps > 0:
             raise ValueError(f"eps: expected > 0, got {eps!r}")
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum: expected a float in [0, 1], got {momentum!r}")
+        # PyTorch's momentum=None (a cumulative average) is not implemented: say so rather than fail on `None <= 1`.
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum: expected a float in [0, 1] (momentum=None, a cumulative moving average, "
+                             f"is not supported), got {momentum!r}")
         self.eps = float(eps)
         self.momentum = float(momentum)
         self.relu = bool(relu)

@@ -148,15 +148,18 @@ class OneCycleSchedule(Schedule):
 
 class WarmupSchedule(Schedule):
     """Linear warmup over warmup_steps, from start_factor * target to target, then `after` (counted from the
-    end of warmup) or the constant target. target = after.lr_at(0), or the optimizer's lr at construction."""
+    end of warmup) or the constant target. target = after.lr_at(0), or the optimizer's lr at construction.
+
+    start_factor defaults to 1/3 (PyTorch's LinearLR) and must lie in (0, 1]: with 0, the first step would run at
+    lr 0 and not move the weights at all."""
 
     captured = ("target_lr",)
 
-    def __init__(self, optimizer, warmup_steps, after=None, *, start_factor=0.0):
+    def __init__(self, optimizer, warmup_steps, after=None, *, start_factor=1.0 / 3.0):
         super().__init__(optimizer)
         self.warmup_steps = _positive_steps("warmup_steps", warmup_steps)
-        if not 0.0 <= start_factor <= 1.0:
-            raise ValueError(f"start_factor: expected a float in [0, 1], got {start_factor!r}")
+        if not 0.0 < start_factor <= 1.0:
+            raise ValueError(f"start_factor: expected a float in (0, 1], got {start_factor!r}")
         if after is not None and after.optimizer is not optimizer:
             raise ValueError("after: must schedule the same optimizer")
         self.after = after
