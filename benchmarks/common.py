@@ -9,12 +9,12 @@ raised automatically for very short functions so that the events' own overhead d
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
+
+from resnet_native.checkpoint import atomic_write_text
 
 # Aim for at least this much GPU time between a pair of events.
 _MIN_SAMPLE_MS = 0.5
@@ -160,18 +160,4 @@ def _numeric(text: str) -> bool:
 
 def write_json(path, payload: dict) -> None:
     """Write `payload` to `path` as JSON, atomically (a temporary file in the same folder, then a rename)."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".bench.", suffix=".json.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")

@@ -22,13 +22,13 @@ import contextlib
 import json
 import numbers
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 from ._loader import _C
 from ._runtime import current_stream, require_gpu
+from .checkpoint import atomic_write_text
 
 LAYOUTS = ("NCHW", "NHWC")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -424,19 +424,7 @@ def save_algorithm_cache(path) -> int:
                                           "workspace", "time_ms", "fused_path")})
     payload = {"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "gpu": gpu, "cudnn_version": cudnn,
                "entries": entries}
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".algo_cache.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(payload, indent=1))
     return len(entries)
 
 

@@ -38,12 +38,12 @@ import numpy as np
 
 from .checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from .data.augment import STREAM_SUBSET, AugmentConfig, check_labels, epoch_rng
+from .layers._backend import LAYOUTS
+from .layers._backend import PRECISIONS as DTYPES
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent / "recipes"
 MODELS = {"resnet18": "ResNet18", "resnet34": "ResNet34", "resnet50": "ResNet50", "resnet101": "ResNet101",
           "resnet152": "ResNet152"}
-DTYPES = ("fp32", "tf32", "fp16", "bf16")
-LAYOUTS = ("NHWC", "NCHW")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "onecycle", "constant")
 STATE_FORMAT = "resnet_native.train/1"

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..layers._backend import _STORAGE, LAYOUTS
+
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
-# Precision mode -> NumPy storage dtype of the model's input.
-STORAGE_DTYPES = {"fp32": np.float32, "tf32": np.float32, "fp16": np.float16, "bf16": np.uint16}
-LAYOUTS = ("NHWC", "NCHW")
+# Precision mode -> NumPy storage dtype of the model's input: the model's own table.
+STORAGE_DTYPES = _STORAGE
 
 # Rows of the (6, N) parameter table.
 ROW_INDEX, ROW_OFFSET_Y, ROW_OFFSET_X, ROW_FLIP, ROW_CUT_Y, ROW_CUT_X = range(6)

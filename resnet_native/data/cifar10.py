@@ -15,11 +15,12 @@ import pathlib
 import pickle
 import re
 import tarfile
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..checkpoint import atomic_write_bytes
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 IMAGE_SHAPE = (32, 32, 3)
@@ -348,20 +349,7 @@ def _cache_dirs(path: pathlib.Path, cache_dir) -> list[pathlib.Path]:
 
 def atomic_write_npz(target, arrays: dict) -> None:
     """np.savez to a temporary file in the target's folder, fsync, then os.replace: readers never see half a file."""
-    target = pathlib.Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a cache is shared like the source it came from
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(target, lambda f: np.savez(f, **arrays))
 
 
 def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:

@@ -21,8 +21,8 @@ class AdamW(Optimizer):
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas: expected two floats in [0, 1), got {betas!r}")
         self.betas = betas
-        self.eps = _non_negative("eps", eps)
-        self.weight_decay = _non_negative("weight_decay", weight_decay)
+        self.eps = _non_negative(eps, "eps")
+        self.weight_decay = _non_negative(weight_decay, "weight_decay")
 
     def _launch(self, group, found_inf):
         beta1, beta2 = self.betas

@@ -9,6 +9,7 @@ number of tensors.
 import numpy as np
 
 from ..layers._backend import native_dtype, ops, to_host, upload
+from ..multi_tensor import _non_negative
 from ..params import Parameter
 
 
@@ -41,7 +42,7 @@ class Optimizer:
         if not unique:
             raise ValueError("params: empty parameter list")
         self.params = unique
-        self.lr = _non_negative("lr", lr)
+        self.lr = _non_negative(lr, "lr")
         self.step_count = 0
         self.state = None  # {name: [device array per parameter]}, created with the tensor lists
         self._pending_state = {}  # {name: [host array]} loaded before the parameters reached the device
@@ -175,13 +176,6 @@ class Optimizer:
     def __repr__(self):
         hp = ", ".join(f"{k}={getattr(self, k)}" for k in self.hyperparameters)
         return f"{type(self).__name__}({len(self.params)} parameters, {hp}, step={self.step_count})"
-
-
-def _non_negative(name, value) -> float:
-    value = float(value)
-    if not value >= 0.0:
-        raise ValueError(f"{name}: expected a float >= 0, got {value!r}")
-    return value
 
 
 def _plain(value):

@@ -16,9 +16,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0):
         super().__init__(params, lr)
-        self.momentum = _non_negative("momentum", momentum)
-        self.dampening = _non_negative("dampening", dampening)
-        self.weight_decay = _non_negative("weight_decay", weight_decay)
+        self.momentum = _non_negative(momentum, "momentum")
+        self.dampening = _non_negative(dampening, "dampening")
+        self.weight_decay = _non_negative(weight_decay, "weight_decay")
         self.nesterov = bool(nesterov)
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
