@@ -21,7 +21,15 @@ Table 1 (block forward, median ms) compares, per block shape x layout x precisio
   built in), and torch: the same block in PyTorch eager (cudnn.benchmark on, channels_last for NHWC, explicit
   dtypes, TF32 only for 'tf32'). ratio = ours / torch (below 1: ours is faster); err = ||ours - torch|| / ||torch||.
 Table 2 (per conv, median ms) times each conv of each block alone: forward, backward-data, backward-filter, for
-each engine (algo find) and PyTorch.
+each engine (algo find) and PyTorch. Two timings per cell:
+  <engine>_ms          back-to-back calls between CUDA events: when a call's GPU work is shorter than its host
+                       work (small convs), this is host time;
+  <engine>_graphed_ms  --graph-calls calls captured once into a CUDA graph, the graph replayed between CUDA
+                       events: device time only (--no-graphed skips it; a failed capture is reported as
+                       <engine>_graphed_error).
+Table 3 (--host-overhead, on by default) is the host's cost of one call: a tiny conv (NHWC fp16, 8x8x8x64, 1x1)
+called --host-calls times without synchronising, wall clock per call, through the Python API and through the bare
+_C binding (no Python wrapper), next to PyTorch's F.conv2d / convolution_backward and the device time per call.
 
 A variant that fails (for example an algorithm cuDNN does not support for a shape) is reported with its error and
 the run goes on. Sections stop starting new configurations once --budget-s seconds have passed.
@@ -39,7 +47,17 @@ from dataclasses import dataclass
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Budget, cupy_time, environment, format_table, torch_time, write_json  # noqa: E402
+from common import (  # noqa: E402
+    Budget,
+    cupy_graphed_time,
+    cupy_time,
+    environment,
+    format_table,
+    host_time_us,
+    torch_graphed_time,
+    torch_time,
+    write_json,
+)
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 LAYOUTS = ("NCHW", "NHWC")
@@ -474,13 +492,30 @@ def conv_rows(args, shape, c, layout, precision, engines, torch, rng) -> list:
                 row[f"{engine}_algo"] = chosen["algo_name"] if chosen else None
             except Exception as e:  # a failing row is reported, the run goes on
                 row[f"{engine}_error"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if args.graphed:  # after the timing above: the search ran, the capture only replays the choice
+                graphed(row, engine, lambda fn=fn: cupy_graphed_time(fn, **graphed_options(args)))
     if torch is not None:
         torch_per_conv(args, torch, c, x_host, w_host, dy_host, layout, precision, rows)
     for row in rows.values():
         for engine in engines:
-            if "torch_ms" in row and f"{engine}_ms" in row:
-                row[f"{engine}_ratio"] = row[f"{engine}_ms"] / row["torch_ms"]
+            for suffix in ("", "_graphed"):
+                if f"torch{suffix}_ms" in row and f"{engine}{suffix}_ms" in row:
+                    row[f"{engine}{suffix}_ratio"] = row[f"{engine}{suffix}_ms"] / row[f"torch{suffix}_ms"]
     return list(rows.values())
+
+
+def graphed_options(args) -> dict:
+    # Each sample already averages --graph-calls calls: fewer samples than the loop timing need.
+    return {"calls": args.graph_calls, "warmup": 2, "repeats": max(3, min(args.repeats, 10))}
+
+
+def graphed(row: dict, who: str, measure) -> None:
+    """row[<who>_graphed_ms] from `measure` (a *_graphed_time call), or row[<who>_graphed_error]."""
+    try:
+        row[f"{who}_graphed_ms"] = measure()["median_ms"]
+    except Exception as e:  # a failed capture is reported in the row, the run goes on
+        row[f"{who}_graphed_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def torch_per_conv(args, torch, c, x_host, w_host, dy_host, layout, precision, rows):
@@ -508,6 +543,99 @@ def torch_per_conv(args, torch, c, x_host, w_host, dy_host, layout, precision, r
                 rows[direction]["torch_ms"] = torch_time(fn, warmup=args.warmup, repeats=args.repeats)["median_ms"]
             except Exception as e:  # a failing row is reported, the run goes on
                 rows[direction]["torch_error"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if args.graphed:
+                graphed(rows[direction], "torch", lambda fn=fn: torch_graphed_time(fn, **graphed_options(args)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host overhead of one call
+
+
+# Small enough that the GPU finishes each call long before the host has issued the next one.
+HOST_PROBE = {"n": 8, "hw": 8, "c": 64, "k": 64, "kernel": 1, "layout": "NHWC", "precision": "fp16"}
+
+
+def host_probe_name() -> str:
+    p = HOST_PROBE
+    return (f"{p['layout']} {p['precision']} x=({p['n']}, {p['hw']}, {p['hw']}, {p['c']}) "
+            f"w=({p['k']}, {p['kernel']}, {p['kernel']}, {p['c']})")
+
+
+def host_overhead_section(args, engines, torch, report):
+    """Per direction: µs per call through conv.* ('<engine>_us') and through the bare _C binding with the spec
+    tuple and stream computed once ('<engine>_bare_us'), device µs per call ('<engine>_device_us', CUDA graph
+    replay), and the same for PyTorch. A call's cost minus its device time is host time."""
+    import cupy as cp
+
+    from resnet_native.conv import ConvSpec
+
+    p = HOST_PROBE
+    rng = np.random.default_rng(2)
+    x_host = rng.standard_normal((p["n"], p["c"], p["hw"], p["hw"])).astype(np.float32)
+    w_host = (rng.standard_normal((p["k"], p["c"], p["kernel"], p["kernel"])) * 0.1).astype(np.float32)
+    dy_host = rng.standard_normal((p["n"], p["k"], p["hw"], p["hw"])).astype(np.float32)
+    x, w, dy = (to_device(to_layout(a, p["layout"]), p["precision"]) for a in (x_host, w_host, dy_host))
+    y, dx, dw = (cp.empty(a.shape, a.dtype) for a in (dy, x, w))
+    rows = {d: {"direction": d, "problem": host_probe_name(), "calls": args.host_calls}
+            for d in ("forward", "backward_data", "backward_filter")}
+    synchronize = cp.cuda.get_current_stream().synchronize
+    for engine in engines:
+        spec = ConvSpec(layout=p["layout"], precision=p["precision"], algo="find", engine=engine)
+        bare = bare_conv_ops(spec, x, w, dy, y, dx, dw)
+        for direction, fn in conv_ops(spec, x, w, dy, y, dx, dw).items():
+            row = rows[direction]
+            try:
+                row[f"{engine}_us"] = host_time_us(fn, synchronize, calls=args.host_calls)["median_us"]
+                row[f"{engine}_bare_us"] = host_time_us(bare[direction], synchronize,
+                                                        calls=args.host_calls)["median_us"]
+                row[f"{engine}_device_us"] = 1e3 * cupy_graphed_time(fn, **graphed_options(args))["median_ms"]
+            except Exception as e:  # a failing row is reported, the run goes on
+                row[f"{engine}_error"] = f"{type(e).__name__}: {e}"[:300]
+    if torch is not None:
+        torch_host_overhead(args, torch, x_host, w_host, dy_host, rows)
+    report["host_overhead"] = list(rows.values())
+    if args.json:
+        write_json(args.json, report)
+
+
+def bare_conv_ops(spec, x, w, dy, y, dx, dw) -> dict:
+    """conv_ops without the Python wrapper: the _C bindings called with the spec tuple and the stream computed
+    once (private API, for this measurement only)."""
+    import resnet_native as rn
+    from resnet_native import conv
+
+    C, stream = rn._C, rn.current_stream()
+    fwd, bwd_data, bwd_filter = (conv._spec_tuple(spec, d) for d in ("forward", "backward_data", "backward_filter"))
+    return {
+        "forward": lambda: C.conv_forward(x, w, y, None, None, fwd, "identity", 1.0, 1.0, True, stream),
+        "backward_data": lambda: C.conv_backward_data(dy, w, dx, x.shape, bwd_data, stream),
+        "backward_filter": lambda: C.conv_backward_filter(x, dy, dw, w.shape, False, bwd_filter, stream),
+    }
+
+
+def torch_host_overhead(args, torch, x_host, w_host, dy_host, rows):
+    p = HOST_PROBE
+    torch_settings(torch, p["precision"])
+    dtype = getattr(torch, TORCH_DTYPES[p["precision"]])
+    x, w, dy = (torch.from_numpy(a).to(device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+                for a in (x_host, w_host, dy_host))
+    backward = torch.ops.aten.convolution_backward
+    fns = {
+        "forward": lambda: torch.nn.functional.conv2d(x, w),
+        "backward_data": lambda: backward(dy, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                          [True, False, False]),
+        "backward_filter": lambda: backward(dy, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                            [False, True, False]),
+    }
+    with torch.inference_mode():
+        for direction, fn in fns.items():
+            row = rows[direction]
+            try:
+                row["torch_us"] = host_time_us(fn, torch.cuda.synchronize, calls=args.host_calls)["median_us"]
+                row["torch_device_us"] = 1e3 * torch_graphed_time(fn, **graphed_options(args))["median_ms"]
+            except Exception as e:  # a failing row is reported, the run goes on
+                row["torch_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -545,10 +673,20 @@ def per_conv_columns(engines: list) -> list:
     cols = [("block", "block"), ("conv", "conv"), ("layout", "layout"), ("precision", "prec"),
             ("direction", "direction")]
     for engine in engines:
-        cols += [(f"{engine}_ms", f"{engine}_ms"), (f"{engine}_algo", f"{engine}_algo")]
-    cols.append(("torch_ms", "torch_ms"))
+        cols += [(f"{engine}_ms", f"{engine}_ms"), (f"{engine}_graphed_ms", f"{engine}_graphed"),
+                 (f"{engine}_algo", f"{engine}_algo")]
+    cols += [("torch_ms", "torch_ms"), ("torch_graphed_ms", "torch_graphed")]
     cols += [(f"{engine}_ratio", f"{engine}/torch") for engine in engines]
+    cols += [(f"{engine}_graphed_ratio", f"{engine}/torch graphed") for engine in engines]
     return cols
+
+
+def host_overhead_columns(engines: list) -> list:
+    cols = [("direction", "direction")]
+    for engine in engines:
+        cols += [(f"{engine}_us", f"{engine}_us"), (f"{engine}_bare_us", f"{engine}_bare_C_us"),
+                 (f"{engine}_device_us", f"{engine}_device_us")]
+    return cols + [("torch_us", "torch_us"), ("torch_device_us", "torch_device_us")]
 
 
 def parse_list(text: str, allowed, name: str) -> list:
@@ -559,7 +697,8 @@ def parse_list(text: str, allowed, name: str) -> list:
     return items
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The command line, with --quick's defaults applied (no GPU needed)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, few repeats: a smoke run of every path")
     parser.add_argument("--json", metavar="PATH", help="write every row (and the environment) to PATH as JSON")
@@ -579,6 +718,13 @@ def main(argv=None) -> int:
                         "(default 150; --quick: no limit; 0: no limit)")
     parser.add_argument("--algo-cache", metavar="PATH", help="load the algorithm cache from PATH first (if it "
                         "exists) and save it there at the end: autotune once, reuse across runs")
+    parser.add_argument("--graphed", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time every per-conv cell replayed from a CUDA graph (device time only)")
+    parser.add_argument("--graph-calls", type=int, help="calls captured per CUDA graph (default 20; --quick 5)")
+    parser.add_argument("--host-overhead", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the host's cost of one call of a tiny conv (Table 3)")
+    parser.add_argument("--host-calls", type=int,
+                        help="calls per host-overhead sample (default 2000; --quick 200)")
     args = parser.parse_args(argv)
 
     block_table = QUICK_BLOCKS if args.quick else BLOCKS
@@ -593,6 +739,17 @@ def main(argv=None) -> int:
                                 if args.per_conv_precisions else args.precisions)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.repeats = args.repeats if args.repeats is not None else (3 if args.quick else 20)
+    args.graph_calls = args.graph_calls if args.graph_calls is not None else (5 if args.quick else 20)
+    args.host_calls = args.host_calls if args.host_calls is not None else (200 if args.quick else 2000)
+    if args.graph_calls < 1 or args.host_calls < 1:
+        parser.error("--graph-calls and --host-calls must be >= 1")
+    args.block_table = block_table
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    block_table = args.block_table
     budget = Budget(args.budget_s if args.budget_s is not None else (0 if args.quick else 150))
 
     import resnet_native as rn
@@ -610,8 +767,12 @@ def main(argv=None) -> int:
     if args.algo_cache and os.path.exists(args.algo_cache):
         print(f"loaded {conv.load_algorithm_cache(args.algo_cache)} cached algorithm choices", file=sys.stderr)
 
-    report = {"environment": environment(), "args": {k: v for k, v in vars(args).items()}, "engines": engines,
-              "block": [], "per_conv": [], "skipped": []}
+    report = {"environment": environment(),
+              "args": {k: v for k, v in vars(args).items() if k != "block_table"}, "engines": engines,
+              "block": [], "per_conv": [], "host_overhead": [], "skipped": []}
+    if args.host_overhead:  # first: cheap, and the question of this table does not depend on the budget
+        print("[host overhead]", file=sys.stderr, flush=True)
+        host_overhead_section(args, engines, torch, report)
     block_section(args, block_table, engines, torch, budget, report)
     if not args.no_per_conv:
         per_conv_section(args, block_table, engines, torch, budget, report)
@@ -631,7 +792,12 @@ def main(argv=None) -> int:
                        "\nFusion (time ratios, legacy engine, algo find; above 1: the first is slower)"))
     if report["per_conv"]:
         print(format_table(report["per_conv"], per_conv_columns(engines),
-                           "\nPer conv (median ms, algo find; ratio = engine / torch)"))
+                           "\nPer conv (median ms, algo find; ratio = engine / torch; graphed = replayed from a "
+                           "CUDA graph, device time only)"))
+    if report["host_overhead"]:
+        print(format_table(report["host_overhead"], host_overhead_columns(engines),
+                           f"\nHost cost of one call ({host_probe_name()}, {args.host_calls} calls without "
+                           "synchronising; us per call; device_us from a CUDA graph replay)"))
     if report["skipped"]:
         print(f"\nskipped ({len(report['skipped'])}): " + "; ".join(report["skipped"]))
     return 0

@@ -3,7 +3,8 @@
     python benchmarks/bench_model.py [--models resnet18,resnet50] [--batch 256] [--steps 30] [--json PATH]
 
 Training: one full step (forward, loss, backward, optimizer) on random CIFAR-sized data, SGD Nesterov; ours through
-resnet_native.step.TrainStep, PyTorch's through torchvision's ResNet with the CIFAR stem, channels_last and autocast
+resnet_native.step.TrainStep, eager (train_ms) and replayed from a CUDA graph (train_graph_ms), PyTorch's through
+torchvision's ResNet with the CIFAR stem, channels_last and autocast
 (fp16) + GradScaler, cudnn.benchmark on. Inference: forward in eval mode. Times are CUDA-event medians after warm-up.
 """
 
@@ -33,19 +34,26 @@ def median_ms(fn, warmup, steps):
 
 
 def ours(name, batch, dtype, layout, warmup, steps):
+    """(eager train step, CUDA-graph train step, inference) in ms."""
     model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout=layout, dtype=dtype)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     scaler = rn.optim.GradScaler() if dtype == "fp16" else None
-    step = rn.step.TrainStep(model, opt, label_smoothing=0.0, scaler=scaler)
     np_dtype = np.float16 if dtype == "fp16" else np.float32
     shape = (batch, 32, 32, 3) if layout == "NHWC" else (batch, 3, 32, 32)
     x = cp.random.standard_normal(shape, dtype=cp.float32).astype(np_dtype)
     y = cp.random.randint(0, 10, batch).astype(cp.int32)
     model.train()
-    train = median_ms(lambda: step(x, y), warmup, steps)
+    times = []
+    for cuda_graph in (False, True):
+        step = rn.step.TrainStep(model, opt, label_smoothing=0.0, scaler=scaler, cuda_graph=cuda_graph)
+        times.append(median_ms(lambda step=step: step.run(x, y), warmup, steps))
+        if cuda_graph and step.capture_error:
+            print(f"{name}: capture failed: {step.capture_error}", file=sys.stderr)
+            times[-1] = float("nan")
+        step.reset_graphs()
     model.eval()
     infer = median_ms(lambda: model.forward(x, train=False), warmup, steps)
-    return train, infer
+    return times[0], times[1], infer
 
 
 def torch_rival(name, batch, dtype, layout, warmup, steps):
@@ -99,7 +107,9 @@ def main(argv=None):
     rows = []
     for name in args.models.split(","):
         row = {"model": name, "batch": args.batch, "dtype": args.dtype, "layout": args.layout}
-        row["train_ms"], row["infer_ms"] = ours(name, args.batch, args.dtype, args.layout, args.warmup, args.steps)
+        row["train_ms"], row["train_graph_ms"], row["infer_ms"] = ours(
+            name, args.batch, args.dtype, args.layout, args.warmup, args.steps
+        )
         if not args.no_torch:
             try:
                 row["torch_train_ms"], row["torch_infer_ms"] = torch_rival(
@@ -108,13 +118,14 @@ def main(argv=None):
             except ImportError as e:
                 print(f"torch rival skipped: {e}", file=sys.stderr)
         rows.append(row)
-    print(f"{'model':10} {'batch':>5} {'train ms':>9} {'img/s':>8} {'torch ms':>9} {'ratio':>6} "
-          f"{'infer ms':>9} {'torch ms':>9} {'ratio':>6}")
+    print(f"{'model':10} {'batch':>5} {'train ms':>9} {'graph ms':>9} {'img/s':>8} {'torch ms':>9} {'ratio':>6} "
+          f"{'g.ratio':>7} {'infer ms':>9} {'torch ms':>9} {'ratio':>6}")
+    nan = float("nan")
     for r in rows:
-        tt, ti = r.get("torch_train_ms"), r.get("torch_infer_ms")
-        print(f"{r['model']:10} {r['batch']:5d} {r['train_ms']:9.2f} {r['batch'] / r['train_ms'] * 1e3:8.0f} "
-              f"{tt or float('nan'):9.2f} {r['train_ms'] / tt if tt else float('nan'):6.2f} "
-              f"{r['infer_ms']:9.2f} {ti or float('nan'):9.2f} {r['infer_ms'] / ti if ti else float('nan'):6.2f}")
+        tt, ti, tg = r.get("torch_train_ms"), r.get("torch_infer_ms"), r["train_graph_ms"]
+        print(f"{r['model']:10} {r['batch']:5d} {r['train_ms']:9.2f} {tg:9.2f} {r['batch'] / tg * 1e3:8.0f} "
+              f"{tt or nan:9.2f} {r['train_ms'] / tt if tt else nan:6.2f} {tg / tt if tt else nan:7.2f} "
+              f"{r['infer_ms']:9.2f} {ti or nan:9.2f} {r['infer_ms'] / ti if ti else nan:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -3,11 +3,20 @@ tables and an atomically written JSON file.
 
 Timing: `fn` is called `warmup` times (this is also where algorithm search happens), then `repeats` times between
 a pair of CUDA events recorded on the current stream; each sample is divided by `inner` (the calls per event pair,
-raised automatically for very short functions so that the events' own overhead does not dominate).
+raised automatically for very short functions so that the events' own overhead does not dominate). Calls are
+issued back to back, so when a call's GPU work is shorter than its host work the number is the host's time.
+
+Device-only timing (*_graphed_time): `calls` back-to-back calls of `fn` are captured once into a CUDA graph, and
+the graph is replayed between CUDA events; each sample is divided by `calls`. A replay launches every kernel
+without running any of the host code, so this is the GPU's time per call (plus the gaps between kernels).
+
+Host time per call (host_time_us): `calls` calls issued without synchronising, timed with the wall clock; with a
+problem too small to keep the GPU busy, this is what one call costs the host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import statistics
@@ -83,6 +92,100 @@ def torch_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
         elapsed_ms=lambda start, end: start.elapsed_time(end),
         synchronize=torch.cuda.synchronize,
     )
+
+
+def _graphed(launch, calls: int, warmup: int, repeats: int, new_event, elapsed_ms, synchronize) -> dict:
+    """Samples of one replay of a graph of `calls` calls, divided by `calls`."""
+    for _ in range(max(warmup, 1)):
+        launch()
+    synchronize()
+    samples = []
+    for _ in range(repeats):
+        # An untimed replay first keeps the GPU busy while the timed one is submitted, so the host's launch
+        # latency stays outside the events.
+        launch()
+        start, end = new_event(), new_event()
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        samples.append(elapsed_ms(start, end) / calls)
+    return _summary(samples, calls)
+
+
+def cupy_graphed_time(fn, *, calls: int = 20, warmup: int = 3, repeats: int = 20) -> dict:
+    """Device time per call of `fn` (work on cupy's current stream): `calls` calls captured into a CUDA graph on
+    a non-blocking stream, the graph replayed between CUDA events; returns median/min/max in ms.
+
+    `fn` must already have run (algorithm search synchronises and is refused during capture) and must not
+    allocate; it runs once more on the capture stream before capturing. A capture that fails raises."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                fn()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the capture is invalid anyway: end it, report fn's error
+                stream.end_capture()
+            raise
+        graph = stream.end_capture()
+        return _graphed(
+            lambda: graph.launch(stream),
+            calls,
+            warmup,
+            repeats,
+            new_event=cp.cuda.Event,
+            elapsed_ms=cp.cuda.get_elapsed_time,
+            synchronize=stream.synchronize,
+        )
+
+
+def torch_graphed_time(fn, *, calls: int = 20, warmup: int = 3, repeats: int = 20) -> dict:
+    """Device time per call of `fn` (torch work): warmed up on a side stream, `calls` calls captured with
+    torch.cuda.graph, the graph replayed between CUDA events; returns median/min/max in ms."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return _graphed(
+        graph.replay,
+        calls,
+        warmup,
+        repeats,
+        new_event=lambda: torch.cuda.Event(enable_timing=True),
+        elapsed_ms=lambda start, end: start.elapsed_time(end),
+        synchronize=torch.cuda.synchronize,
+    )
+
+
+def host_time_us(fn, synchronize, *, calls: int = 2000, warmup: int = 20, repeats: int = 3) -> dict:
+    """Wall-clock microseconds per call of `calls` calls of `fn` issued without synchronising in between (one
+    synchronize at the end, inside the timing); the median of `repeats` such loops."""
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples),
+            "repeats": len(samples), "calls": calls}
 
 
 class Budget:

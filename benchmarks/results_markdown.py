@@ -95,7 +95,7 @@ def per_conv_table(d):
             r["conv"],
             r["layout"],
             r["precision"],
-            f"{r['c_in']}->{r['c_out']} k{r['kernel']} s{r['stride']} {r['hw']}px n{r['n']}",
+            shape_cell(r),
             r["direction"],
             ms(r.get("legacy_ms")),
             r.get("legacy_algo", "-"),
@@ -123,6 +123,69 @@ def per_conv_table(d):
         "graph/torch",
     ]
     return table(header, rows)
+
+
+def shape_cell(r):
+    return f"{r['c_in']}->{r['c_out']} k{r['kernel']} s{r['stride']} {r['hw']}px n{r['n']}"
+
+
+def graphed_cell(r, who):
+    """A *_graphed_ms value, 'failed' when its capture failed, '-' when not measured."""
+    if r.get(f"{who}_graphed_ms") is not None:
+        return ms(r[f"{who}_graphed_ms"])
+    return "failed" if r.get(f"{who}_graphed_error") else "-"
+
+
+def loop_over_graphed(r, who):
+    loop, graphed = r.get(f"{who}_ms"), r.get(f"{who}_graphed_ms")
+    return ratio(loop / graphed if loop is not None and graphed else None)
+
+
+def per_conv_graphed_table(d):
+    """Device time per conv (CUDA graph replay) next to the back-to-back loop; None when the run had none.
+
+    loop/graphed well above 1 means the loop timing was host time, not GPU time."""
+    rows = [r for r in d["per_conv"] if any(k.endswith(("_graphed_ms", "_graphed_error")) for k in r)]
+    if not rows:
+        return None
+    engines = d.get("engines") or ["legacy", "graph"]
+    header = ["block", "conv", "layout", "prec", "shape", "direction"]
+    header += [f"{e} graphed ms" for e in engines] + ["torch graphed ms"]
+    header += [f"{e}/torch graphed" for e in engines]
+    header += [f"{e} loop/graphed" for e in engines] + ["torch loop/graphed"]
+    out = []
+    for r in rows:
+        out.append(
+            [r["block"], r["conv"], r["layout"], r["precision"], shape_cell(r), r["direction"]]
+            + [graphed_cell(r, e) for e in engines]
+            + [graphed_cell(r, "torch")]
+            + [ratio(r.get(f"{e}_graphed_ratio")) for e in engines]
+            + [loop_over_graphed(r, e) for e in engines + ["torch"]]
+        )
+    return table(header, out)
+
+
+def us(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def host_overhead_table(d):
+    """The host's cost of one call of a tiny conv; None when the run did not measure it."""
+    rows = d.get("host_overhead") or []
+    if not rows:
+        return None
+    engines = d.get("engines") or ["legacy", "graph"]
+    header = ["direction"]
+    for e in engines:
+        header += [f"{e} us", f"{e} bare _C us", f"{e} device us"]
+    header += ["torch us", "torch device us"]
+    out = []
+    for r in rows:
+        cells = [r["direction"]]
+        for e in engines:
+            cells += [us(r.get(f"{e}_us")), us(r.get(f"{e}_bare_us")), us(r.get(f"{e}_device_us"))]
+        out.append(cells + [us(r.get("torch_us")), us(r.get("torch_device_us"))])
+    return f"{rows[0]['problem']}, {rows[0]['calls']} calls without synchronising\n\n" + table(header, out)
 
 
 def model_table(rows):
@@ -166,6 +229,12 @@ def main(folder):
         blocks, fusion = block_tables(d)
         print("### Block forward (median ms)\n\n" + blocks + "\n\n### Fusion ratios\n\n" + fusion + "\n")
         print("### Per conv (median ms, algo find)\n\n" + per_conv_table(d) + "\n")
+        graphed = per_conv_graphed_table(d)
+        if graphed:
+            print("### Per conv, device time (CUDA graph replay, median ms per call)\n\n" + graphed + "\n")
+        host = host_overhead_table(d)
+        if host:
+            print("### Host cost of one call (us per call; device us from a CUDA graph replay)\n\n" + host + "\n")
     if (folder / "bench_model.json").exists():
         print("### Whole model\n\n" + model_table(json.loads((folder / "bench_model.json").read_text())) + "\n")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 from ._loader import _C
-from ._runtime import current_stream, require_gpu
+from ._runtime import require_gpu
 from .checkpoint import atomic_write_text
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -121,6 +121,10 @@ class ConvSpec:
             raise ValueError(f"deterministic: expected a bool, got {self.deterministic!r}")
         _parse_algo(self.algo)
 
+    def __getstate__(self):
+        # The resolved native tuples kept by _spec_tuple are not part of a spec: never pickled or copied along.
+        return {k: v for k, v in self.__dict__.items() if k != "_native_tuples"}
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Algorithm names
@@ -206,9 +210,23 @@ def _check_spec(spec) -> ConvSpec:
     return spec
 
 
-@lru_cache(maxsize=1024)
 def _spec_tuple(spec: ConvSpec, direction: str) -> tuple:
-    """The spec as the native ops take it, with the algorithm of one direction resolved."""
+    """The spec as the native ops take it, with the algorithm of one direction resolved.
+
+    Computed once per spec and direction and kept on the spec (a ConvSpec is immutable): the ops call this on
+    every call, and an lru_cache keyed by the spec would hash all of its fields each time.
+    """
+    resolved = spec.__dict__.get("_native_tuples")
+    if resolved is None:
+        # Outside the dataclass fields: not part of eq / hash / repr; a frozen dataclass's __dict__ is writable.
+        resolved = spec.__dict__["_native_tuples"] = {}
+    native = resolved.get(direction)
+    if native is None:
+        native = resolved[direction] = _resolve_spec_tuple(spec, direction)
+    return native
+
+
+def _resolve_spec_tuple(spec: ConvSpec, direction: str) -> tuple:
     mode, fixed, name_engine = _parse_algo(spec.algo)[direction]
     if mode == "invalid":
         raise ValueError(
@@ -247,10 +265,22 @@ def _shape4(shape, name: str) -> tuple:
     return tuple(int(v) for v in shape)
 
 
+# cupy.cuda.get_current_stream, bound on the first op call that finds a GPU: _stream() runs on every op call,
+# so it skips the device_count() call and the `import cupy` of _runtime.current_stream() (same value).
+_get_current_stream = None
+
+
 def _stream() -> int:
-    # Without a GPU, cupy cannot even name a stream; 0 lets the op validate its arguments and then raise
-    # NoGPUError at the first device access.
-    return current_stream() if _C.device_count() > 0 else 0
+    global _get_current_stream
+    if _get_current_stream is None:
+        # Without a GPU, cupy cannot even name a stream; 0 lets the op validate its arguments and then raise
+        # NoGPUError at the first device access. (A process's device count does not change.)
+        if _C.device_count() == 0:
+            return 0
+        import cupy
+
+        _get_current_stream = cupy.cuda.get_current_stream
+    return _get_current_stream().ptr
 
 
 # ----------------------------------------------------------------------------------------------------------------

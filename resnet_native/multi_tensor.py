@@ -8,9 +8,14 @@ can replay them.
 Dtypes: parameters and optimizer state are fp32; gradients may be fp32, fp16 or bf16 (one TensorList may mix
 them); model copies (the fp16/bf16 weights that low-precision ops read) may have None entries for parameters
 without a copy. Scalars that change per step (lr, inv_scale, AdamW's step) are Python numbers or float32 device
-arrays of shape (1,), which the kernel reads on the device (no host synchronisation, graph-friendly).
-found_inf is a cupy int32 array of shape (1,): when it is nonzero on the device the whole update is skipped.
+arrays of shape (1,), which the kernel reads on the device (no host synchronisation, graph-friendly); so may
+SGD's momentum and AdamW's beta1, which a one-cycle schedule moves. found_inf is a cupy int32 array of shape
+(1,): when it is nonzero on the device the whole update is skipped.
 """
+
+import functools
+
+import numpy as np
 
 from ._loader import _C
 from .kernels import resolve_dtype, stream
@@ -109,6 +114,16 @@ def _non_negative(value, name) -> float:
     return value
 
 
+def _checked_scalar(value, name, low, high=None):
+    """A number checked to lie in [low, high) (high None: no bound), or a float32 (1,) device array, passed as
+    is: a captured graph reads its current value at each replay, so only the host can range-check it."""
+    value = _scalar(value, name)
+    if isinstance(value, float) and not (value >= low and (high is None or value < high)):
+        bound = f"[{low:g}, {high:g})" if high is not None else f">= {low:g}"
+        raise ValueError(f"{name}: expected a value {'in ' if high is not None else ''}{bound}, got {value}")
+    return value
+
+
 def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0, nesterov=False, dampening=0.0,
              inv_scale=1.0, found_inf=None, model_copies=None, first_step=False):
     """One PyTorch-SGD update of every parameter, in one launch.
@@ -118,10 +133,10 @@ def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0
     the first step equals PyTorch's (buf = g) when dampening is 0; with dampening, pass first_step=True on the
     first step. momentum_bufs may be None when momentum is 0.
     """
-    momentum = _non_negative(momentum, "momentum")
+    momentum = _checked_scalar(momentum, "momentum", 0.0)
     dampening = _non_negative(dampening, "dampening")
     weight_decay = _non_negative(weight_decay, "weight_decay")
-    if nesterov and (momentum <= 0.0 or dampening != 0.0):
+    if nesterov and ((isinstance(momentum, float) and momentum == 0.0) or dampening != 0.0):
         raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
     _C.multi_tensor_sgd(_table(params, "params"), _table(grads, "grads"),
                         _table(momentum_bufs, "momentum_bufs", optional=True),
@@ -138,9 +153,8 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
     p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps). step counts from 1 (a number, or a
     float32 (1,) device array so that skipped steps need not be counted on the host).
     """
-    for value, name in ((beta1, "beta1"), (beta2, "beta2")):
-        if not 0.0 <= float(value) < 1.0:
-            raise ValueError(f"{name}: expected a value in [0, 1), got {value}")
+    beta1 = _checked_scalar(beta1, "beta1", 0.0, 1.0)
+    beta2 = float(_checked_scalar(beta2, "beta2", 0.0, 1.0))
     eps = _non_negative(eps, "eps")
     weight_decay = _non_negative(weight_decay, "weight_decay")
     step = _scalar(step, "step")
@@ -149,7 +163,46 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
     _C.multi_tensor_adamw(_table(params, "params"), _table(grads, "grads"), _table(exp_avgs, "exp_avgs"),
                           _table(exp_avg_sqs, "exp_avg_sqs"), _table(model_copies, "model_copies", optional=True),
                           _scalar(lr, "lr"), _scalar(inv_scale, "inv_scale"), step, _found_inf(found_inf),
-                          float(beta1), float(beta2), eps, weight_decay, stream())
+                          beta1, beta2, eps, weight_decay, stream())
+
+
+@functools.cache
+def _scalar_writer(count: int):
+    import cupy
+
+    values = ", ".join(f"float32 v{i}" for i in range(count))
+    body = " ".join(f"out[{i}] = v{i};" for i in range(count))
+    return cupy.ElementwiseKernel(values, "raw float32 out", body, f"rn_write_scalars_{count}")
+
+
+def write_scalars(dst, values):
+    """dst[:] = values (floats) on the device with one kernel launch on the current stream: the values travel as
+    kernel arguments, so nothing is read from host memory later (a pinned-buffer copy could be overwritten by the
+    next step before it runs). dst: a float32 device array of len(values) elements."""
+    values = [float(v) for v in values]
+    if getattr(dst, "dtype", None) != np.float32 or getattr(dst, "shape", None) != (len(values),):
+        raise ValueError(f"dst: expected a float32 array of shape ({len(values)},), got "
+                         f"{getattr(dst, 'dtype', type(dst).__name__)} {getattr(dst, 'shape', '')}")
+    _scalar_writer(len(values))(*values, dst, size=1)
+
+
+@functools.cache
+def _step_advancer():
+    import cupy
+
+    return cupy.ElementwiseKernel("raw int32 found_inf", "raw float32 step",
+                                  "if (found_inf[0] == 0) step[0] += 1.0f;", "rn_advance_step")
+
+
+def advance_step(step, found_inf=None):
+    """step[0] += 1 on the device, unless found_inf (an int32 (1,) device array) is nonzero: an update the loss
+    scaler skips is not counted (PyTorch's AdamW bias correction counts applied updates)."""
+    if found_inf is None:
+        import cupy
+
+        cupy.add(step, 1.0, out=step)
+    else:
+        _step_advancer()(found_inf, step, size=1)
 
 
 def check_finite(grads, found_inf):
@@ -167,4 +220,4 @@ def scale_(tensors, factor):
     _C.multi_tensor_scale(_table(tensors, "tensors"), _scalar(factor, "factor"), stream())
 
 
-__all__ = ["TensorList", "adamw_step", "check_finite", "scale_", "sgd_step", "zero_"]
+__all__ = ["TensorList", "adamw_step", "advance_step", "check_finite", "scale_", "sgd_step", "write_scalars", "zero_"]

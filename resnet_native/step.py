@@ -1,26 +1,124 @@
 """One training step: zero_grad, forward, softmax cross-entropy, backward, (loss scaling,) optimizer step.
 
-    step = TrainStep(model, optimizer, label_smoothing=0.1, scaler=GradScaler())   # scaler: fp16 only
-    loss, correct = step(x, labels)      # device scalars; nothing is read back to the host
+    step = TrainStep(model, optimizer, label_smoothing=0.1, scaler=GradScaler(), cuda_graph=True)
+    loss, correct = step(x, labels)       # device scalars (copies); nothing is read back to the host
+    step.run(x, labels)                   # the same step; its loss and correct count go to the totals
+    loss_sum, correct_sum, seen = step.read_totals(reset=True)    # host numbers: one synchronisation
 
-Everything runs on cupy's current stream on preallocated buffers; the only per-call allocations are the two
-returned scalars (copies, so a caller may keep them across steps).
+A step has a host half (optimizer.prepare_step: count the step, write the learning rate and momentum a schedule
+set into device scalars) and a device half (everything else), which allocates nothing and never synchronises.
+
+cuda_graph=True captures the device half in a CUDA graph and replays it, so a step costs the host a few
+launches instead of a few hundred Python-driven ones. Per input shape: the first step runs eagerly (algorithm
+searches, buffers, workspace growth and every lazily created state happen there), the second is captured and
+then replayed, like every later one. The graph reads its input from static buffers the batch is copied into,
+and the step runs on its own blocking stream, which orders it after work on the default stream (the data
+pipeline) and before later default-stream work (evaluation). Memory: each shape's warm-up and capture allocate
+from their own cupy pool, which nothing else uses, so no address a graph holds is ever handed to other arrays;
+the layers' buffers are also kept referenced, and the cuDNN workspace pool holds its buffers while graphs live.
+After loading new state into the scaler (GradScaler.load_state_dict replaces its device arrays), call
+reset_graphs(). A capture that fails (an op that cannot be captured) warns, and the step stays eager.
+The NumPy stand-ins used by CPU tests always run eagerly.
 """
 
+import warnings
+
+import numpy as np
+
+from .layers._backend import ops
 from .losses import SoftmaxCrossEntropy
 
 
+class _CapturedStep:
+    """The graph of one input shape and everything its addresses point into."""
+
+    def __init__(self, graph, x, labels, loss, correct, pool, keep, counted):
+        self.graph, self.x, self.labels = graph, x, labels
+        self.loss, self.correct = loss, correct
+        self.pool = pool  # the cupy MemoryPool its warm-up and capture allocated from
+        self.keep = keep  # the layers' buffers at capture time (a cache eviction must not free them)
+        self.counted = counted  # modules whose host-side num_batches_tracked a replay advances
+        self._holds_workspace = True
+        from ._loader import _C
+
+        _C._workspace_graph_hold(True)
+
+    def release(self):
+        if self._holds_workspace:
+            from ._loader import _C
+
+            self._holds_workspace = False
+            _C._workspace_graph_hold(False)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter teardown
+            pass
+
+
 class TrainStep:
-    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None):
+    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False):
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
         self.loss_fn = SoftmaxCrossEntropy(label_smoothing)
+        self.cuda_graph = bool(cuda_graph) and ops.needs_gpu
+        self.capture_error = None  # why capture was abandoned, if it was
+        self._graphs = {}  # input key -> _CapturedStep
+        self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
+        self._stream = None
+        self._totals = None  # (loss sum, correct sum, scratch): 0-d float64 device arrays
+        self._seen = 0
         model.cuda()
 
+    # -- public ----------------------------------------------------------------------------------------------
     def __call__(self, x, labels):
         """(loss, correct): 0-d device arrays, the batch's mean loss (fp32) and number of correct predictions
-        (int32), from the forward pass before this step's update."""
+        (int32), from the forward pass before this step's update (copies: the caller may keep them)."""
+        loss, correct = self.run(x, labels)
+        with self._on_stream():
+            return loss.copy(), correct.copy()
+
+    def run(self, x, labels):
+        """One step. Its loss (times the batch size) and correct count are added to the device totals. Returns
+        this step's (loss, correct) buffers, which the next step overwrites."""
+        if not self.cuda_graph:
+            self.optimizer.prepare_step()
+            loss, correct = self._device_half(x, labels)
+        else:
+            loss, correct = self._run_graphed(x, labels)
+        self._seen += len(labels)
+        return loss, correct
+
+    def read_totals(self, reset: bool = False) -> tuple:
+        """(sum of per-batch mean loss x batch size, correct predictions, samples) since the last reset, as host
+        numbers (one synchronisation)."""
+        loss_sum, correct_sum, _ = self._totals_arrays()
+        with self._on_stream():
+            values = (float(loss_sum), float(correct_sum), self._seen)
+            if reset:
+                loss_sum.fill(0)
+                correct_sum.fill(0)
+        if reset:
+            self._seen = 0
+        return values
+
+    def reset_graphs(self) -> None:
+        """Forget the captured graphs (the next steps warm up and capture again)."""
+        for entry in self._graphs.values():
+            entry.release()
+        self._graphs.clear()
+        self._pools.clear()
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    step = __call__
+
+    # -- the device half -------------------------------------------------------------------------------------
+    def _device_half(self, x, labels):
         model, optimizer, scaler = self.model, self.optimizer, self.scaler
         optimizer.zero_grad()
         logits = model._forward(x, train=True)
@@ -28,10 +126,96 @@ class TrainStep:
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
         model.backward(self.loss_fn.backward(scale))
         if scaler is not None:
-            scaler.step(optimizer)
+            scaler.launch_step(optimizer)
             scaler.update()
         else:
-            optimizer.step()
-        return loss.copy(), correct.copy()
+            optimizer.launch_step()
+        xp = ops.xp
+        loss_sum, correct_sum, scratch = self._totals_arrays()
+        xp.multiply(loss, float(len(labels)), out=scratch)
+        xp.add(loss_sum, scratch, out=loss_sum)
+        xp.add(correct_sum, correct, out=correct_sum)
+        return loss, correct
 
-    step = __call__
+    def _totals_arrays(self):
+        if self._totals is None:
+            self._totals = tuple(ops.xp.zeros((), dtype=np.float64) for _ in range(3))
+        return self._totals
+
+    # -- CUDA graphs -----------------------------------------------------------------------------------------
+    def _on_stream(self):
+        import contextlib
+
+        return self._stream if self._stream is not None else contextlib.nullcontext()
+
+    def _run_graphed(self, x, labels):
+        import cupy
+
+        if self._stream is None:
+            # Blocking (not non_blocking): it synchronises with the legacy default stream the data pipeline and
+            # evaluation use, so no explicit events are needed.
+            self._stream = cupy.cuda.Stream(non_blocking=False)
+        key = (tuple(x.shape), np.dtype(x.dtype).str, tuple(labels.shape), np.dtype(labels.dtype).str)
+        with self._stream:
+            entry = self._graphs.get(key)
+            if entry is None and key not in self._pools:
+                self._pools[key] = pool = cupy.cuda.MemoryPool()
+                with cupy.cuda.using_allocator(pool.malloc):
+                    self.optimizer.prepare_step()
+                    return self._device_half(x, labels)
+            if entry is None:
+                entry = self._capture(key, x, labels)
+                if entry is None:  # capture failed: eager from now on
+                    self.optimizer.prepare_step()
+                    return self._device_half(x, labels)
+            cupy.copyto(entry.x, x)
+            cupy.copyto(entry.labels, labels)
+            self.optimizer.prepare_step()
+            entry.graph.launch(self._stream)
+            for m in entry.counted:
+                m.num_batches_tracked += 1
+            return entry.loss, entry.correct
+
+    def _capture(self, key, x, labels):
+        import cupy
+
+        model, stream, pool = self.model, self._stream, self._pools[key]
+        static_x = cupy.empty(x.shape, dtype=x.dtype)
+        static_labels = cupy.empty(labels.shape, dtype=labels.dtype)
+        counted = [m for _, m in model.named_modules() if hasattr(m, "num_batches_tracked")]
+        tracked = [m.num_batches_tracked for m in counted]
+        scaler_state = getattr(self.scaler, "_unscaled", None)
+        try:
+            with cupy.cuda.using_allocator(pool.malloc):
+                stream.begin_capture()
+                try:
+                    loss, correct = self._device_half(static_x, static_labels)
+                except BaseException:
+                    try:
+                        stream.end_capture()  # leave capture mode; the op's error is the one to report
+                    except Exception:
+                        pass
+                    raise
+                graph = stream.end_capture()
+            graph.upload(stream)
+        except Exception as e:  # an op that cannot be captured: say so, and train eagerly
+            from ._loader import _C
+
+            _C._clear_cuda_error()  # a failed capture leaves an error the next launch would report
+            self.capture_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"TrainStep: CUDA-graph capture failed, the step stays eager ({self.capture_error})",
+                          RuntimeWarning, stacklevel=3)
+            self.cuda_graph = False
+            model.forget_saved()
+            return None
+        finally:
+            # Capturing ran the host side of the step once without executing it on the device.
+            for m, n in zip(counted, tracked, strict=True):
+                m.num_batches_tracked = n
+            if scaler_state is not None:
+                self.scaler._unscaled = scaler_state
+        keep = [a for _, m in model.named_modules() for a in m._buffers.arrays()]
+        keep += self.loss_fn._buffers.arrays()
+        entry = _CapturedStep(graph, static_x, static_labels, loss, correct, pool, keep, counted)
+        self._graphs[key] = entry
+        return entry

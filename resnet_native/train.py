@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, help="weight decay")
     p.add_argument("--deterministic", action="store_true",
                    help="only deterministic convolution algorithms (bit-reproducible runs; may be slower)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture the training step in a CUDA graph and replay it (recipe: on)")
     p.add_argument("--aa-workers", type=int, help="AutoAugment worker processes (default: CPUs - 1)")
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="write last.npz every N epochs and at the end (best.npz: whenever test accuracy improves)")
@@ -125,7 +127,7 @@ def resolve_config(args: argparse.Namespace) -> dict:
     simple = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
               "eval_batch_size": args.eval_batch_size, "dtype": args.dtype, "layout": args.layout,
               "seed": args.seed, "subset": args.subset, "label_smoothing": args.label_smoothing,
-              "deterministic": True if args.deterministic else None}
+              "deterministic": True if args.deterministic else None, "cuda_graph": args.cuda_graph}
     for k, v in simple.items():
         if v is not None:
             cfg[k] = v
@@ -179,6 +181,8 @@ def validate_config(cfg: dict) -> dict:
     if cfg.get("deterministic") is None:
         cfg["deterministic"] = False
     _boolean(cfg, "deterministic", "")
+    cfg.setdefault("cuda_graph", True)
+    _boolean(cfg, "cuda_graph", "")
     if cfg["model"] not in MODELS:
         raise ValueError(f"model: expected one of {sorted(MODELS)}, got {cfg['model']!r}")
     if cfg["dtype"] not in DTYPES:
@@ -242,7 +246,11 @@ def validate_config(cfg: dict) -> dict:
 
 
 def augment_config(cfg) -> AugmentConfig:
+    """What the GPU kernel does. With AutoAugment the CPU workers crop and flip first (torchvision's order:
+    crop -> flip -> AutoAugment), so the kernel keeps only Cutout and the normalisation."""
     a = cfg["augment"]
+    if a["autoaugment"]:
+        return AugmentConfig(crop_padding=0, flip=False, cutout=a["cutout"])
     return AugmentConfig(crop_padding=a["crop_padding"], flip=a["flip"], cutout=a["cutout"])
 
 
@@ -261,19 +269,25 @@ def warmup_steps(cfg, steps_per_epoch: int) -> int:
 # The adapter to the model/optimizer API (the one place that knows its constructor signatures)
 
 
+def make_deterministic(model) -> None:
+    """Make every convolution (Conv2d, and Linear, which runs as one) pick only deterministic algorithms
+    (bit-reproducible runs, e.g. to check --resume). They build their ConvSpec lazily on first use: call this
+    before the first forward."""
+    from .layers.conv2d import Conv2d
+    from .layers.linear import Linear
+
+    for _, m in model.named_modules():
+        if isinstance(m, Conv2d | Linear):
+            m.deterministic = True
+
+
 def build_model(cfg):
     import resnet_native as rn
 
     model = getattr(rn, MODELS[cfg["model"]])(num_classes=10, stem="cifar", layout=cfg["layout"], dtype=cfg["dtype"],
                                               seed=cfg["seed"])
     if cfg.get("deterministic"):
-        # Conv layers build their ConvSpec lazily on first use, so flipping the flag before the first forward makes
-        # every convolution pick only deterministic algorithms (bit-reproducible runs, e.g. to check --resume).
-        from .layers.conv2d import Conv2d
-
-        for _, m in model.named_modules():
-            if isinstance(m, Conv2d):
-                m.deterministic = True
+        make_deterministic(model)
     model.cuda()
     return model
 
@@ -315,7 +329,8 @@ def build_scaler(cfg):
 def build_train_step(cfg, model, optimizer, scaler):
     from .step import TrainStep
 
-    return TrainStep(model, optimizer, label_smoothing=cfg["label_smoothing"], scaler=scaler)
+    return TrainStep(model, optimizer, label_smoothing=cfg["label_smoothing"], scaler=scaler,
+                     cuda_graph=cfg["cuda_graph"])
 
 
 def current_lr(optimizer) -> float:
@@ -517,7 +532,9 @@ class Trainer:
         if cfg["augment"]["autoaugment"]:
             from .data.autoaugment import AutoAugmentWorkers
 
-            aa = AutoAugmentWorkers(train_x, seed=cfg["seed"], workers=self.aa_workers)
+            a = cfg["augment"]
+            aa = AutoAugmentWorkers(train_x, seed=cfg["seed"], workers=self.aa_workers,
+                                    crop_padding=a["crop_padding"], flip=a["flip"])
         try:
             return self._run(state, train_x, train_y, test_x, test_y, aa, stop_after, t_start, last_path, best_path)
         finally:
@@ -585,21 +602,19 @@ class Trainer:
                 cupy.cuda.get_current_stream().synchronize()
                 t0 = time.perf_counter()
                 model.train()
-                loss_sum = cupy.zeros((), cupy.float64)
-                correct_sum = cupy.zeros((), cupy.float64)
+                train_step.read_totals(reset=True)
                 bar = _progress(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", self.progress)
                 for i, (x, y) in enumerate(augmenter.epoch(epoch, images=source)):
-                    loss, correct = train_step(x, y)
+                    train_step.run(x, y)  # loss and correct count stay on the device, summed
                     if schedule is not None:
                         schedule.step()
-                    loss_sum += loss * len(y)
-                    correct_sum += correct
                     if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps_per_epoch):
-                        seen = (i + 1) * cfg["batch_size"]
+                        loss_sum, correct_sum, seen = train_step.read_totals()
                         bar.update(i + 1 - bar.n)
-                        bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", acc=f"{float(correct_sum) / seen:.4f}",
+                        bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct_sum / seen:.4f}",
                                         img_s=f"{seen / (time.perf_counter() - t0):.0f}")
-                train_loss, train_acc = float(loss_sum) / n_per_epoch, float(correct_sum) / n_per_epoch
+                loss_sum, correct_sum, seen = train_step.read_totals(reset=True)  # waits for the epoch's steps
+                train_loss, train_acc = loss_sum / seen, correct_sum / seen
                 epoch_time = time.perf_counter() - t0
                 if bar is not None:
                     bar.close()

@@ -5,9 +5,12 @@ On a machine with a GPU these run too: fake arrays then fail the device check (T
 NoGPUError, and are never handed to cuDNN.
 """
 
+import copy
+import dataclasses
 import itertools
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -607,3 +610,102 @@ def test_descriptor_groups_are_cached_and_droppable():
 
 def test_graph_engine_flag_is_reported():
     assert conv.graph_engine_available() is bool(C.HAVE_GRAPH_ENGINE)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Per-call host work: cupy arrays read without __cuda_array_interface__, spec tuples and the stream found once
+
+FAKE_DEVICE_BASE = 1 << 40  # an address no allocation has: the device check refuses it (or there is no GPU)
+TYPESTRS = {"float32": "<f4", "float16": "<f2", "uint16": "<u2", "int16": "<i2"}
+
+
+def cupy_at(shape, dtype, offset=0, cls=None):
+    """A cupy.ndarray (or subclass) over a fake device address: building one and reading its attributes needs no
+    GPU (its __cuda_array_interface__ does: it names cupy's current stream)."""
+    cupy = pytest.importorskip("cupy")
+    memory = cupy.cuda.UnownedMemory(FAKE_DEVICE_BASE, 1 << 24, None, device_id=0)
+    return (cls or cupy.ndarray)(shape, dtype, memptr=cupy.cuda.MemoryPointer(memory, offset))
+
+
+def duck_like(shape, dtype, address):
+    """The same array described by a plain __cuda_array_interface__ dict (the general parser's input)."""
+    duck = FakeCudaArray(shape, TYPESTRS[dtype])
+    duck.__cuda_array_interface__["data"] = (address, False)
+    return duck
+
+
+@pytest.mark.parametrize(
+    "precision,dtype",
+    [("fp32", "float32"), ("tf32", "float32"), ("fp16", "float16"), ("bf16", "uint16"), ("bf16", "int16")],
+)
+def test_cupy_arrays_parse_like_their_array_interface(precision, dtype):
+    for shape, offset in (((2, 8, 8, 16), 0), ((16,), 256), ((3, 1, 5), 4096)):
+        a = cupy_at(shape, dtype, offset)
+        parsed = C._parse_tensor(a, "x", precision, check_device=False)
+        assert parsed == C._parse_tensor(duck_like(shape, dtype, FAKE_DEVICE_BASE + offset), "x", precision,
+                                         check_device=False)
+        assert parsed[0] == a.data.ptr == FAKE_DEVICE_BASE + offset and parsed[2] == shape
+
+
+def test_cupy_subclasses_take_the_array_interface():
+    cupy = pytest.importorskip("cupy")
+
+    class Relabelled(cupy.ndarray):  # a subclass may describe itself differently: only exact cupy.ndarray is read
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": self.shape, "typestr": "<f4", "data": (FAKE_DEVICE_BASE * 2, False), "strides": None,
+                    "version": 3}
+
+    a = cupy_at((2, 3), "float32", cls=Relabelled)
+    assert C._parse_tensor(a, "x", "fp32", check_device=False)[0] == FAKE_DEVICE_BASE * 2
+
+
+def test_ops_take_cupy_arrays_up_to_the_device_check():
+    spec = ConvSpec(stride=2, padding=1, layout="NHWC", precision="fp16")
+    x, w = cupy_at((2, 8, 8, 16), "float16"), cupy_at((32, 3, 3, 16), "float16", 1 << 16)
+    y, z = cupy_at((2, 4, 4, 32), "float16", 1 << 17), cupy_at((2, 4, 4, 32), "float16", 1 << 18)
+    bias, dw = cupy_at((32,), "float16", 1 << 19), cupy_at((32, 3, 3, 16), "float16", 1 << 20)
+    dx = cupy_at((2, 8, 8, 16), "float16", 1 << 21)
+    with raises_device_stage():
+        conv.conv2d(x, w, spec, out=y)
+    with raises_device_stage():
+        conv.conv2d(x, w, spec, bias=bias, z=z, activation="relu", out=y)
+    with raises_device_stage():
+        conv.conv2d_backward_data(y, w, spec, x.shape, out=dx)
+    with raises_device_stage():
+        conv.conv2d_backward_filter(x, y, spec, w.shape, out=dw)
+    # Read directly or not, a bad cupy argument is still named (host checks come before any device access).
+    with pytest.raises(ValueError, match="^out: expected shape"):
+        conv.conv2d(x, w, spec, out=dx)
+    with pytest.raises(ValueError, match="^out must not overlap x"):
+        conv.conv2d(x, w, spec, out=cupy_at((2, 4, 4, 32), "float16", 64))
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        conv.conv2d(x, w, spec, bias=cupy_at((16,), "float16", 1 << 19), out=y)
+
+
+def test_spec_tuples_are_resolved_once_per_spec_and_direction():
+    spec = ConvSpec(stride=2, padding=1, algo="fwd=IMPLICIT_GEMM;bwd_data=ALGO_1")
+    forward = conv._spec_tuple(spec, "forward")
+    assert conv._spec_tuple(spec, "forward") is forward  # kept on the spec
+    assert forward[7:9] == ("fixed", 0) and conv._spec_tuple(spec, "backward_data")[7:9] == ("fixed", 1)
+    assert conv._spec_tuple(spec, "backward_filter")[7:9] == ("heuristic", 0)
+    twin = ConvSpec(stride=2, padding=1, algo="fwd=IMPLICIT_GEMM;bwd_data=ALGO_1")
+    # What is kept is not a field: equality, hashing and repr are those of the fields alone.
+    assert twin == spec and hash(twin) == hash(spec) and repr(twin) == repr(spec)
+    assert conv._spec_tuple(twin, "forward") == forward
+    assert conv._spec_tuple(dataclasses.replace(spec, algo="heuristic"), "forward")[7:9] == ("heuristic", 0)
+    restored = pickle.loads(pickle.dumps(spec))
+    assert restored == spec and "_native_tuples" not in vars(restored)  # resolved again where it is used
+    assert conv._spec_tuple(restored, "backward_data") == conv._spec_tuple(spec, "backward_data")
+    assert "_native_tuples" not in vars(copy.copy(spec))
+    unresolvable = ConvSpec(algo="ALGO_1")  # a backward algorithm name: no forward algorithm of that name
+    for _ in range(2):  # an error is not cached away
+        with pytest.raises(ValueError, match="forward"):
+            conv._spec_tuple(unresolvable, "forward")
+
+
+def test_stream_is_zero_without_a_gpu():
+    if rn.cuda_available():
+        pytest.skip("this machine has a GPU")
+    assert conv._stream() == 0 and conv._stream() == 0
+    assert conv._get_current_stream is None  # cupy's stream is only bound once a GPU was seen

@@ -44,7 +44,8 @@ def test_magnitude_table():
 def test_sampling_frequencies_and_reproducibility():
     n = 200_000
     c = sample_autoaugment(0, 0, n)
-    assert c.shape == (n, 5) and c.dtype == np.int8
+    assert c.shape == (n, 9) and c.dtype == np.int16
+    assert not c[:, 5:].any()  # no crop, no flip unless asked
     counts = np.bincount(c[:, 0], minlength=25)
     assert abs(counts / n - 1 / 25).max() < 0.004
     probs = np.array([[s[0][1], s[1][1]] for s in CIFAR10_POLICY])
@@ -53,7 +54,7 @@ def test_sampling_frequencies_and_reproducibility():
         for j in range(2):
             assert abs(rows[:, 1 + j].mean() - probs[k, j]) < 0.025
     assert not c[c[:, 0] == 14][:, 2].any()  # ("Invert", 0.0): never fires
-    assert abs(c[:, 3:].mean() - 0.5) < 0.01
+    assert abs(c[:, 3:5].mean() - 0.5) < 0.01
     small = sample_autoaugment(0, 0, 1000)
     np.testing.assert_array_equal(small, sample_autoaugment(0, 0, 1000))
     assert not np.array_equal(sample_autoaugment(0, 1, 1000), small)
@@ -101,13 +102,41 @@ def test_geometric_ops(img):
 
 def test_apply_autoaugment_follows_the_choice(img):
     x = np.asarray(img)
-    assert aa.apply_autoaugment(x, [0, 0, 0, 0, 0]) is x  # nothing fires: the image itself
-    np.testing.assert_array_equal(aa.apply_autoaugment(x, [0, 1, 0, 0, 0]), 255 - x)  # sub-policy 0: Invert
-    both = aa.apply_autoaugment(x, [0, 1, 1, 0, 0])  # Invert then Contrast at bin 6 (sign: negate=0 -> +)
+    no_crop = [0, 0, 0, 0]
+    assert aa.apply_autoaugment(x, [0, 0, 0, 0, 0, *no_crop]) is x  # nothing fires: the image itself
+    np.testing.assert_array_equal(aa.apply_autoaugment(x, [0, 1, 0, 0, 0, *no_crop]), 255 - x)  # 0: Invert
+    both = aa.apply_autoaugment(x, [0, 1, 1, 0, 0, *no_crop])  # Invert then Contrast at bin 6 (negate=0 -> +)
     from PIL import ImageEnhance
 
     want = ImageEnhance.Contrast(ImageOps.invert(img)).enhance(1.0 + float(np.float32(0.6)))
     np.testing.assert_array_equal(both, np.asarray(want))
+
+
+def test_crop_and_flip_come_first_as_in_torchvision(img):
+    """crop (zero padding) -> flip -> AutoAugment: Invert then whitens the crop's black border."""
+    x = np.asarray(img)
+    padded = np.zeros((40, 40, 3), np.uint8)
+    padded[4:36, 4:36] = x
+    crop = padded[1:33, 7:39]
+    np.testing.assert_array_equal(aa.crop_and_flip(x, 4, 1, 7, False), crop)
+    np.testing.assert_array_equal(aa.crop_and_flip(x, 4, 1, 7, True), crop[:, ::-1])
+    got = aa.apply_autoaugment(x, [0, 1, 0, 0, 0, 4, 1, 7, 1])  # sub-policy 0: Invert, after crop and flip
+    np.testing.assert_array_equal(got, 255 - crop[:, ::-1])
+    assert (got[:3] == 255).all()  # rows 0-2 came from the padding (row offset 1 of 4): inverted black
+
+
+def test_crop_and_flip_sampling():
+    n = 100_000
+    c = sample_autoaugment(3, 2, n, crop_padding=4, flip=True)
+    np.testing.assert_array_equal(c[:, :5], sample_autoaugment(3, 2, n)[:, :5])  # policy draws unchanged
+    assert (c[:, 5] == 4).all()
+    for col in (6, 7):
+        counts = np.bincount(c[:, col], minlength=9)
+        assert len(counts) == 9 and abs(counts / n - 1 / 9).max() < 0.01
+    assert abs(c[:, 8].mean() - 0.5) < 0.01
+    assert not np.array_equal(c, sample_autoaugment(3, 3, n, crop_padding=4, flip=True))
+    with pytest.raises(ValueError, match="crop_padding"):
+        aa.AutoAugmentWorkers(np.zeros((2, 32, 32, 3), np.uint8), workers=0, crop_padding=-1)
 
 
 def test_workers_equal_serial_and_measure_throughput(rng, capsys):

@@ -407,6 +407,15 @@ def zero_(tensors):
         a[...] = 0
 
 
+def write_scalars(dst, values):
+    dst[...] = np.asarray(values, dtype=dst.dtype)
+
+
+def advance_step(step, found_inf=None):
+    if not _skipped(found_inf):
+        step[0] += 1
+
+
 def scale_(tensors, factor):
     for a in tensors.arrays:
         a[...] = _f64(a) * factor
@@ -454,6 +463,8 @@ def numpy_backend():
             check_finite=check_finite,
             zero_=zero_,
             scale_=scale_,
+            write_scalars=write_scalars,
+            advance_step=advance_step,
         ),
         master_dtype=np.float64,
         storage={"fp32": np.float64, "tf32": np.float64},

@@ -268,7 +268,11 @@ def _train(model, steps, batches, scaler, lr):
 def test_training_lowers_the_loss_fp16_nhwc(rng, depth):
     model = (ResNet18 if depth == 18 else ResNet50)(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16")
     scaler = GradScaler()
-    losses = _train(model, 200, _learnable_batches(rng, 4, 32, 10, "NHWC", "fp16"), scaler, lr=0.02)
+    # ResNet-50 at lr 0.02 (momentum 0.9, batch 32) overshoots after its first update (loss 2.4 -> 75, measured
+    # on the H200 with the separate and the fused unscale alike) and only partly recovers in 200 steps; the
+    # assertion is about learning, not about surviving that spike.
+    lr = 0.02 if depth == 18 else 0.005
+    losses = _train(model, 200, _learnable_batches(rng, 4, 32, 10, "NHWC", "fp16"), scaler, lr=lr)
     print(
         f"\nResNet-{depth} fp16 NHWC: loss {losses[:4].mean():.3f} -> {losses[-8:].mean():.3f}, "
         f"scale {scaler.get_scale():g}"

@@ -264,7 +264,7 @@ def test_errors_with_real_device_arrays(rng):
     half_params = mt.TensorList([cp.zeros(s, cp.float16) for s in SHAPES])
     with pytest.raises(TypeError, match=r"params\[0\]: expected float32, got float16"):
         mt.sgd_step(half_params, params, None, lr=0.1, momentum=0.0)
-    with pytest.raises(ValueError, match="momentum_bufs: required when momentum != 0"):
+    with pytest.raises(ValueError, match="momentum_bufs: required when momentum"):
         mt.sgd_step(params, params, None, lr=0.1, momentum=0.9)
     with_none = mt.TensorList([None] + [cp.zeros(s, cp.float32) for s in SHAPES[1:]])
     with pytest.raises(ValueError, match="grads: every entry must be an array"):

@@ -22,7 +22,8 @@ for stage in "${stages[@]}"; do
       python3 -m pip show nvidia-cudnn-cu13 2>/dev/null | grep -E '^(Name|Version)' | tee -a "$OUT/info.txt" ;;
     build)
       start=$(date +%s)
-      python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+      # The log stays out of $OUT (at most 8 files come back); its tail is printed on failure.
+      python3 -m pip install --no-build-isolation --no-deps -e . >/tmp/rn_build.log 2>&1 || { tail -50 /tmp/rn_build.log; exit 1; }
       echo "build seconds: $(( $(date +%s) - start ))" | tee -a "$OUT/info.txt"
       python3 -c "import resnet_native as rn; print('cudnn', rn.cudnn_version(), rn.CUDNN_LIBRARY, 'gpu', rn.cuda_available())" | tee -a "$OUT/info.txt" ;;
     test)
@@ -40,9 +41,13 @@ for stage in "${stages[@]}"; do
     train-A|train-B)
       recipe=${stage#train-}
       # shellcheck disable=SC2086
-      python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "$OUT/run_$recipe" \
+      # The run folder (checkpoints included) stays on the machine; its summary, curves and CSV come back.
+      python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "/tmp/run_$recipe" \
         --no-progress ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_$recipe.log" | tail -40
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      for f in summary.json metrics.csv curves.png; do
+        [ -f "/tmp/run_$recipe/$f" ] && cp "/tmp/run_$recipe/$f" "$OUT/${recipe}_$f"
+      done ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -3,6 +3,8 @@
 // Every op validates all of its arguments (types, dtypes, ranks, shapes, geometry, aliasing) before it touches
 // the device: arrays are first parsed without the device check, the output is allocated with cupy only when
 // the inputs are valid, and only then are pointers checked against the current device and the op run.
+// Each array is parsed once per call (the device check runs on the parsed views): these ops are called per
+// layer and direction, and with small problems their host time is the step time.
 // A spec arrives as a tuple resolved by conv.py for one direction:
 //   (stride, padding, dilation, groups, layout, precision, engine, algo_mode, fixed_algo, deterministic)
 #include <pybind11/pybind11.h>
@@ -225,29 +227,33 @@ const char* numpy_dtype(DType dtype) {
   return "float32";
 }
 
+// cupy.empty, imported on first use and kept (py::module_::import per call goes through __import__).
+const py::object& cupy_empty() {
+  static const py::object* empty = new py::object(py::module_::import("cupy").attr("empty"));  // never freed
+  return *empty;
+}
+
 // `out` as given, or a new cupy array (only called once every input is known to be valid).
 py::object output_or_new(py::handle out, const std::vector<int64_t>& shape, DType dtype) {
   if (!out.is_none()) return py::reinterpret_borrow<py::object>(out);
   py::tuple t(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) t[i] = shape[i];
-  return py::module_::import("cupy").attr("empty")(t, py::arg("dtype") = numpy_dtype(dtype));
+  return cupy_empty()(t, py::arg("dtype") = numpy_dtype(dtype));
 }
 
 std::vector<int64_t> as_vector(const Dims& d) {
   return {d[0], d[1], d[2], d[3]};
 }
 
-struct NamedArray {
-  py::handle obj;
+struct NamedView {
+  const TensorView& view;
   const char* name;
-  int ndim;
 };
 
-// Second pass over the arrays, now with the device check: the first access to the device.
-void check_on_device(std::initializer_list<NamedArray> arrays, DType dtype) {
-  for (const NamedArray& a : arrays) {
-    if (!a.obj.is_none()) tensor_arg(a.obj, a.name, dtype, {a.ndim, true});
-  }
+// After every host-side check: the device check of the parsed views (undefined ones skipped), in order; the
+// first access to the device.
+void check_on_device(std::initializer_list<NamedView> views) {
+  for (const NamedView& v : views) check_on_current_device(v.view, v.name);
 }
 
 TensorArgOptions host_only(int ndim) {
@@ -289,8 +295,7 @@ py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, 
     check_no_overlap(out, "out", z, "z");
     check_no_overlap(out, "out", bias, "bias");
   }
-  check_on_device({{x_obj, "x", 4}, {w_obj, "w", 4}, {z_obj, "z", 4}, {out_obj, "out", 4}}, dtype);
-  check_on_device({{bias_obj, "bias", 1}}, dtype);
+  check_on_device({{x, "x"}, {w, "w"}, {z, "z"}, {out, "out"}, {bias, "bias"}});
   py::object result = output_or_new(out_obj, as_vector(y_shape), dtype);
   if (out_obj.is_none()) out = tensor_arg(result, "out", dtype, {4, true});
 
@@ -324,7 +329,7 @@ py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle ou
     check_no_overlap(out, "out", dy, "dy");
     check_no_overlap(out, "out", w, "w");
   }
-  check_on_device({{dy_obj, "dy", 4}, {w_obj, "w", 4}, {out_obj, "out", 4}}, dtype);
+  check_on_device({{dy, "dy"}, {w, "w"}, {out, "out"}});
   py::object result = output_or_new(out_obj, as_vector(x_shape), dtype);
   if (out_obj.is_none()) out = tensor_arg(result, "out", dtype, {4, true});
 
@@ -357,7 +362,7 @@ py::object conv_backward_filter(py::handle x_obj, py::handle dy_obj, py::handle 
     check_no_overlap(out, "out", x, "x");
     check_no_overlap(out, "out", dy, "dy");
   }
-  check_on_device({{x_obj, "x", 4}, {dy_obj, "dy", 4}, {out_obj, "out", 4}}, dtype);
+  check_on_device({{x, "x"}, {dy, "dy"}, {out, "out"}});
   py::object result = output_or_new(out_obj, as_vector(w_shape), dtype);
   if (out_obj.is_none()) out = tensor_arg(result, "out", dtype, {4, true});
 
@@ -390,8 +395,7 @@ py::object conv_backward_bias(py::handle dy_obj, py::handle out_obj, const std::
     }
     check_no_overlap(out, "out", dy, "dy");
   }
-  check_on_device({{dy_obj, "dy", 4}}, dtype);
-  check_on_device({{out_obj, "out", 1}}, dtype);
+  check_on_device({{dy, "dy"}, {out, "out"}});
   py::object result = output_or_new(out_obj, {k}, dtype);
   if (out_obj.is_none()) out = tensor_arg(result, "out", dtype, {1, true});
   OpContext context(&describe_backward_bias, &dy);

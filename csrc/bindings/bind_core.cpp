@@ -105,6 +105,8 @@ py::dict stats_dict(const WorkspaceStats& s) {
   d["limit"] = s.limit == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(s.limit));
   d["grows"] = s.grows;
   d["requests"] = s.requests;
+  d["graph_holds"] = s.graph_holds;
+  d["retired"] = s.retired;
   return d;
 }
 
@@ -172,6 +174,13 @@ void bind_core(py::module_& m) {
       py::arg("stream"), "Bind the current device's handle to `stream`; returns the stream cuDNN reports.");
 
   m.def(
+      "_clear_cuda_error",
+      [] {
+        const cudaError_t err = cudaGetLastError();
+        return err == cudaSuccess ? py::object(py::none()) : py::object(py::str(cudaGetErrorName(err)));
+      },
+      "Clear the CUDA runtime's last (non-sticky) error, e.g. after an abandoned stream capture; returns its name.");
+  m.def(
       "set_workspace_limit",
       [](py::object bytes) { set_workspace_limit(bytes.is_none() ? SIZE_MAX : bytes.cast<size_t>()); },
       py::arg("bytes"), "Cap every workspace request (and algorithm search) at `bytes`; None removes the cap.");
@@ -181,14 +190,26 @@ void bind_core(py::module_& m) {
   });
   m.def(
       "workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
-      "The current device's workspace pool: size, peak_request, limit, grows, requests.");
+      "The current device's workspace pool: size, peak_request, limit, grows, requests, graph_holds, retired.");
+  m.def(
+      "_workspace_graph_hold",
+      [](bool hold) {
+        WorkspacePool& pool = WorkspacePool::current();
+        if (hold) {
+          pool.add_graph_hold();
+        } else {
+          pool.drop_graph_hold();
+        }
+        return pool.graph_holds();
+      },
+      py::arg("hold"), "A captured CUDA graph takes (True) or drops (False) its hold on the workspace buffer.");
   m.def(
       "reserve_workspace",
       [](size_t bytes, uintptr_t stream) { WorkspacePool::current().reserve(bytes, stream_arg(stream)); },
       py::arg("bytes"), py::arg("stream") = 0, "Grow the current device's pool to `bytes` now (before capture).");
   m.def(
       "release_workspace", [] { WorkspacePool::current().release(); },
-      "Free the current device's workspace buffer (it regrows on demand).");
+      "Free the current device's workspace buffer (it regrows on demand); refused while captured graphs hold it.");
   m.def(
       "_workspace_get",
       [](size_t bytes, uintptr_t stream) {

@@ -149,15 +149,18 @@ const TensorTable* optional_table(py::handle obj) {
 }
 
 void sgd_op(const TensorTable& params, const TensorTable& grads, py::handle bufs_obj, py::handle copies_obj,
-            py::handle lr_obj, py::handle inv_scale_obj, py::handle found_inf_obj, float momentum, float dampening,
-            float weight_decay, bool nesterov, bool first_step, uintptr_t stream) {
+            py::handle lr_obj, py::handle inv_scale_obj, py::handle found_inf_obj, py::handle momentum_obj,
+            float dampening, float weight_decay, bool nesterov, bool first_step, uintptr_t stream) {
   const TensorTable* bufs = optional_table(bufs_obj);
   const TensorTable* copies = optional_table(copies_obj);
   OpArgs args("sgd_step");
   const ScalarArg lr = scalar_arg(args, lr_obj, "lr");
   const ScalarArg inv_scale = scalar_arg(args, inv_scale_obj, "inv_scale");
+  const ScalarArg momentum = scalar_arg(args, momentum_obj, "momentum");
   const int32_t* found_inf = found_inf_arg(args, found_inf_obj);
-  if (momentum != 0.0f && !bufs) throw ValueError("momentum_bufs: required when momentum != 0");
+  if ((momentum.ptr || momentum.value != 0.0f) && !bufs) {
+    throw ValueError("momentum_bufs: required when momentum is a device array or != 0");
+  }
   args.check_on_device();
   kernels::check_table(params, "params", nullptr, nullptr, false);
   kernels::check_table_dtype(params, "params", DType::F32);
@@ -169,23 +172,23 @@ void sgd_op(const TensorTable& params, const TensorTable& grads, py::handle bufs
   if (copies) kernels::check_table(*copies, "model_copies", &params, "params", true);
   OpContext context(&OpArgs::describe, &args);
   kernels::SgdOptions options;
-  options.momentum = momentum;
   options.dampening = dampening;
   options.weight_decay = weight_decay;
   options.nesterov = nesterov;
   options.first_step = first_step;
-  kernels::sgd_step(params, grads, bufs, copies, lr, inv_scale, found_inf, options, stream_arg(stream));
+  kernels::sgd_step(params, grads, bufs, copies, lr, inv_scale, momentum, found_inf, options, stream_arg(stream));
 }
 
 void adamw_op(const TensorTable& params, const TensorTable& grads, const TensorTable& exp_avgs,
               const TensorTable& exp_avg_sqs, py::handle copies_obj, py::handle lr_obj, py::handle inv_scale_obj,
-              py::handle step_obj, py::handle found_inf_obj, float beta1, float beta2, float eps, float weight_decay,
-              uintptr_t stream) {
+              py::handle step_obj, py::handle found_inf_obj, py::handle beta1_obj, float beta2, float eps,
+              float weight_decay, uintptr_t stream) {
   const TensorTable* copies = optional_table(copies_obj);
   OpArgs args("adamw_step");
   const ScalarArg lr = scalar_arg(args, lr_obj, "lr");
   const ScalarArg inv_scale = scalar_arg(args, inv_scale_obj, "inv_scale");
   const ScalarArg step = scalar_arg(args, step_obj, "step");
+  const ScalarArg beta1 = scalar_arg(args, beta1_obj, "beta1");
   const int32_t* found_inf = found_inf_arg(args, found_inf_obj);
   args.check_on_device();
   kernels::check_table(params, "params", nullptr, nullptr, false);
@@ -198,11 +201,10 @@ void adamw_op(const TensorTable& params, const TensorTable& grads, const TensorT
   if (copies) kernels::check_table(*copies, "model_copies", &params, "params", true);
   OpContext context(&OpArgs::describe, &args);
   kernels::AdamWOptions options;
-  options.beta1 = beta1;
   options.beta2 = beta2;
   options.eps = eps;
   options.weight_decay = weight_decay;
-  kernels::adamw_step(params, grads, exp_avgs, exp_avg_sqs, copies, lr, inv_scale, step, found_inf, options,
+  kernels::adamw_step(params, grads, exp_avgs, exp_avg_sqs, copies, lr, inv_scale, step, beta1, found_inf, options,
                       stream_arg(stream));
 }
 

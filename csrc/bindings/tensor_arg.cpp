@@ -113,10 +113,12 @@ bool is_c_contiguous(const TensorView& view, bool has_strides, StrideAt stride_a
   return true;
 }
 
-void check_device(const TensorView& view, const char* name) {
+// One cudaPointerGetAttributes per operand and call. Not cached per pointer: memory is freed and its addresses
+// reused (by cupy's pool, or for host memory), so a cached answer could be stale.
+void check_pointer_device(const void* data, const char* name) {
   const int device = current_device();
   cudaPointerAttributes attributes{};
-  const cudaError_t err = cudaPointerGetAttributes(&attributes, view.data);
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, data);
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw TypeError(arg_prefix(name) + "pointer is not CUDA memory (" + cudaGetErrorName(err) + ")");
@@ -130,8 +132,119 @@ void check_device(const TensorView& view, const char* name) {
   }
 }
 
-TensorView from_cuda_array_interface(py::handle obj, const char* name, DType dtype, const TensorArgOptions& options) {
-  py::dict iface = obj.attr("__cuda_array_interface__");
+// ---- cupy.ndarray fast path (see tensor_arg.h for why) ----
+
+// cupy.ndarray and the numpy dtype objects cupy arrays of the storage dtypes carry. Looked up in sys.modules
+// once cupy has been imported by the caller (never imported from here: ops on other arrays must not need
+// cupy); strong references, never released (cupy and numpy outlive every op).
+struct CupyTypes {
+  PyObject* ndarray = nullptr;
+  PyObject* float32 = nullptr;
+  PyObject* float16 = nullptr;
+  PyObject* uint16 = nullptr;
+  PyObject* int16 = nullptr;
+};
+
+// All of this runs under the GIL (every op is a pybind11 call that keeps it), which serialises the lookup.
+const CupyTypes* cupy_types() {
+  static const CupyTypes* found = nullptr;
+  if (found != nullptr) return found;
+  PyObject* modules = PyImport_GetModuleDict();  // borrowed
+  PyObject* cupy = PyDict_GetItemString(modules, "cupy");
+  PyObject* numpy = PyDict_GetItemString(modules, "numpy");
+  if (cupy == nullptr || numpy == nullptr) return nullptr;  // not imported (yet): the general parser serves
+  try {
+    py::object ndarray = py::reinterpret_borrow<py::object>(cupy).attr("ndarray");
+    if (!PyType_Check(ndarray.ptr())) return nullptr;
+    py::object dtype = py::reinterpret_borrow<py::object>(numpy).attr("dtype");
+    auto* types = new CupyTypes();
+    types->ndarray = ndarray.release().ptr();
+    types->float32 = dtype("float32").release().ptr();
+    types->float16 = dtype("float16").release().ptr();
+    types->uint16 = dtype("uint16").release().ptr();
+    types->int16 = dtype("int16").release().ptr();
+    found = types;
+  } catch (const py::error_already_set&) {
+    return nullptr;  // a half-imported or unusual cupy: the general parser serves (the error is cleared)
+  }
+  return found;
+}
+
+// numpy's builtin dtypes are singletons, so identity is the whole test; an equal dtype that is not the
+// singleton (there is none for these types in practice) just takes the general parser.
+bool is_storage_dtype(const CupyTypes& t, PyObject* numpy_dtype, DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return numpy_dtype == t.float32;
+    case DType::F16:
+      return numpy_dtype == t.float16;
+    case DType::BF16:
+      return numpy_dtype == t.uint16 || numpy_dtype == t.int16;
+  }
+  return false;
+}
+
+// obj.<name>, or a null object (Python error cleared) when the attribute cannot be read.
+py::object attribute_or_null(py::handle obj, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(obj.ptr(), name);
+  if (value == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(value);
+}
+
+PyObject* interned(const char* text) {
+  return PyUnicode_InternFromString(text);  // a new reference, kept for the process (attribute names)
+}
+
+// The view of an exact cupy.ndarray that tensor_arg would accept, read from the attributes that cupy's
+// __cuda_array_interface__ is made of (dtype, shape, _c_contiguous -> strides None, data.ptr). Returns false,
+// with no Python error set, whenever the array is anything but that plain accepted case.
+bool from_cupy_ndarray(py::handle obj, DType dtype, const TensorArgOptions& options, TensorView* out) {
+  const CupyTypes* cupy = cupy_types();
+  if (cupy == nullptr || reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) != cupy->ndarray) return false;
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kCContiguous = interned("_c_contiguous");
+  static PyObject* const kShape = interned("shape");
+  static PyObject* const kData = interned("data");
+  static PyObject* const kPtr = interned("ptr");
+
+  const py::object numpy_dtype = attribute_or_null(obj, kDtype);
+  if (!numpy_dtype || !is_storage_dtype(*cupy, numpy_dtype.ptr(), dtype)) return false;
+  const py::object contiguous = attribute_or_null(obj, kCContiguous);
+  if (!contiguous || contiguous.ptr() != Py_True) return false;
+  const py::object shape = attribute_or_null(obj, kShape);
+  if (!shape || !PyTuple_CheckExact(shape.ptr())) return false;
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+  if (ndim < 1 || ndim > TensorView::kMaxDims || (options.ndim >= 0 && ndim != options.ndim)) return false;
+  TensorView view;
+  view.dtype = dtype;
+  view.ndim = static_cast<int>(ndim);
+  for (Py_ssize_t i = 0; i < ndim; ++i) {
+    const long long extent = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    if (extent == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    view.shape[i] = extent;
+  }
+  if (view.numel() <= 0) return false;  // empty: the general parser names it
+  const py::object memory = attribute_or_null(obj, kData);
+  if (!memory) return false;
+  const py::object pointer = attribute_or_null(memory, kPtr);
+  if (!pointer || !PyLong_Check(pointer.ptr())) return false;
+  const unsigned long long address = PyLong_AsUnsignedLongLong(pointer.ptr());
+  if (address == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  view.data = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+  *out = view;
+  return true;
+}
+
+// `interface_obj`: obj.__cuda_array_interface__, fetched once by the caller (cupy builds it anew on each read).
+TensorView from_cuda_array_interface(py::handle obj, const py::object& interface_obj, const char* name, DType dtype,
+                                     const TensorArgOptions& options) {
+  py::dict iface = interface_obj;
   TensorView view;
   view.dtype = dtype;
   const std::string typestr = py::str(iface["typestr"]);
@@ -190,27 +303,36 @@ TensorView from_dlpack(py::handle obj, const char* name, DType dtype, const Tens
   return view;
 }
 
+// The general parser: __cuda_array_interface__, else DLPack, else a TypeError saying what obj is.
+TensorView from_any_array(py::handle obj, const char* name, DType dtype, const TensorArgOptions& options) {
+  // One read of the interface (like hasattr, an error while reading it counts as absent).
+  py::object iface = py::getattr(obj, "__cuda_array_interface__", py::none());
+  if (!iface.is_none()) return from_cuda_array_interface(obj, iface, name, dtype, options);
+  if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
+    return from_dlpack(obj, name, dtype, options);
+  }
+  throw TypeError(arg_prefix(name) +
+                  "expected a CUDA array (cupy.ndarray or any object with "
+                  "__cuda_array_interface__ or DLPack), got " +
+                  module_type_name(obj) +
+                  (py::hasattr(obj, "__array_interface__") ? " in host memory (copy it with cupy.asarray)" : ""));
+}
+
 }  // namespace
 
 TensorView tensor_arg(py::handle obj, const char* name, DType dtype, TensorArgOptions options) {
   if (obj.is_none()) throw TypeError(arg_prefix(name) + "expected a CUDA array, got None");
   TensorView view;
-  if (py::hasattr(obj, "__cuda_array_interface__")) {
-    view = from_cuda_array_interface(obj, name, dtype, options);
-  } else if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
-    view = from_dlpack(obj, name, dtype, options);
-  } else {
-    throw TypeError(arg_prefix(name) +
-                    "expected a CUDA array (cupy.ndarray or any object with "
-                    "__cuda_array_interface__ or DLPack), got " +
-                    module_type_name(obj) +
-                    (py::hasattr(obj, "__array_interface__") ? " in host memory (copy it with cupy.asarray)" : ""));
-  }
+  if (!from_cupy_ndarray(obj, dtype, options, &view)) view = from_any_array(obj, name, dtype, options);
   if (options.check_device) {
-    check_device(view, name);
+    check_pointer_device(view.data, name);
     view.device = current_device();
   }
   return view;
+}
+
+void check_on_current_device(const TensorView& view, const char* name) {
+  if (view.defined()) check_pointer_device(view.data, name);
 }
 
 TensorView optional_tensor_arg(py::handle obj, const char* name, DType dtype, TensorArgOptions options) {

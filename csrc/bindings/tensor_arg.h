@@ -4,6 +4,13 @@
 // (TypeError), rank and emptiness (ValueError), C-contiguity (ValueError), and finally that the memory lives
 // on the current CUDA device (TypeError for host memory, ValueError for another device).
 //
+// Cost per call (ops call this for every operand): a cupy.ndarray of exactly that type is read through its
+// attributes (dtype, _c_contiguous, shape, data.ptr: ~5 attribute reads) instead of __cuda_array_interface__,
+// which cupy builds as a fresh dict every time (shape and strides tuples, dtype.str, dtype.descr, the current
+// stream). The fast path only ever accepts: anything it does not recognise (another dtype, non-contiguous, a
+// rank or size the options refuse, a cupy without those attributes) goes through the general parser, which
+// raises the errors above, so accepted views and error messages are the same on both paths.
+//
 // bfloat16: cupy has no bfloat16 dtype, so a bf16 argument may be a uint16 array holding bf16 bit patterns,
 // an ml_dtypes bfloat16 array ("<V2"), or a DLPack bfloat16 tensor.
 #pragma once
@@ -24,6 +31,11 @@ struct TensorArgOptions {
 TensorView tensor_arg(pybind11::handle obj, const char* name, DType dtype, TensorArgOptions options = {});
 // None gives an undefined view (view.defined() == false).
 TensorView optional_tensor_arg(pybind11::handle obj, const char* name, DType dtype, TensorArgOptions options = {});
+
+// The device check of tensor_arg alone, for a view parsed with check_device = false (ops validate every
+// argument on the host first, then check the device of the views they already have instead of parsing the
+// arrays again). Does nothing for an undefined view.
+void check_on_current_device(const TensorView& view, const char* name);
 
 // ValueError unless `t` has exactly `expected` shape.
 void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected);

@@ -120,18 +120,18 @@ AlgoCache::Entry convolution(const ConvParams& params, const ConvOperands& ops, 
     legacy::run(params, *choice, ops, handle, stream);
     return choice;
   }
-  std::optional<legacy::FusionRefusal> refusal;
-  if (!allow_fusion) {
-    refusal = legacy::FusionRefusal{"unfused: fusion disabled", false};
-  } else if (starts_with(choice->fused_path, "unfused")) {
-    refusal = legacy::FusionRefusal{choice->fused_path, false};  // refused before: do not ask cuDNN again
-  } else {
-    refusal = legacy::try_forward_fused(params, *choice, ops, handle, stream);
+  if (!allow_fusion || starts_with(choice->fused_path, "unfused")) {
+    // Fusion disabled by the caller (not recorded), or cuDNN refused this key before: do not ask it again.
+    // (No refusal string is built here: this runs on every call of such a key.)
+    legacy::run_forward_unfused(params, *choice, ops, handle, stream);
+    return choice;
   }
+  const std::optional<legacy::FusionRefusal> refusal = legacy::try_forward_fused(params, *choice, ops, handle, stream);
   if (refusal) legacy::run_forward_unfused(params, *choice, ops, handle, stream);
-  // Record what cuDNN decided, not what the caller asked for nor a momentary lack of workspace memory.
+  // Record what cuDNN decided, not a momentary lack of workspace memory.
+  if (refusal && !refusal->lasting) return choice;
   const std::string path = refusal ? refusal->reason : "fused";
-  if (allow_fusion && (!refusal || refusal->lasting) && path != choice->fused_path) {
+  if (path != choice->fused_path) {
     AlgoCache::global().set_fused_path(params, path);
     if (AlgoCache::Entry updated = AlgoCache::global().peek(params)) choice = updated;
   }

@@ -49,6 +49,7 @@ void throw_cudnn_error(cudnnStatus_t status, const char* expr, const char* file,
 }
 
 void throw_cuda_error(cudaError_t code, const char* expr, const char* file, int line) {
+  cudaGetLastError();  // clear the runtime's record of a non-sticky error: it is reported here, once
   std::string message =
       std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")" + where(expr, file, line);
   throw CudaError(code, message);

@@ -81,5 +81,6 @@ std::string cudnn_last_error();
     }                                                              \
   } while (0)
 
-// After every kernel launch: catches bad launch configurations immediately.
-#define RN_CUDA_CHECK_LAUNCH() RN_CUDA_CHECK(cudaPeekAtLastError())
+// After every kernel launch: catches bad launch configurations immediately. cudaGetLastError (not Peek) also
+// clears a non-sticky error, so one failed launch is not reported again by every later one.
+#define RN_CUDA_CHECK_LAUNCH() RN_CUDA_CHECK(cudaGetLastError())

@@ -75,12 +75,18 @@ void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failu
                      " during CUDA-graph capture; call resnet_native.reserve_workspace() before capturing");
   }
   const size_t rounded = (bytes + kGranularity - 1) / kGranularity * kGranularity;
-  if (data_) {
+  if (data_ && graph_holds_ > 0) {
+    retired_.push_back(data_);  // a captured graph may still run on it
+    retired_bytes_ += size_;
+    data_ = nullptr;
+    size_ = 0;
+  } else if (data_) {
     // cudaFree synchronises the device, so work still reading the old buffer finishes first.
     RN_CUDA_CHECK(cudaFree(data_));
     data_ = nullptr;
     size_ = 0;
   }
+  if (graph_holds_ == 0) free_retired();
   void* ptr = nullptr;
   cudaError_t err = cudaMalloc(&ptr, rounded);
   if (err == cudaErrorMemoryAllocation && g_oom_hook && *g_oom_hook) {
@@ -101,11 +107,26 @@ void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failu
 }
 
 void WorkspacePool::release() {
+  if (graph_holds_ > 0) {
+    throw ValueError("the cuDNN workspace is in use by " + std::to_string(graph_holds_) +
+                     " captured CUDA graph(s); release them before the workspace");
+  }
+  free_retired();
   if (data_) {
     RN_CUDA_CHECK(cudaFree(data_));
     data_ = nullptr;
     size_ = 0;
   }
+}
+
+void WorkspacePool::drop_graph_hold() {
+  if (graph_holds_ > 0) --graph_holds_;
+}
+
+void WorkspacePool::free_retired() {
+  for (void* p : retired_) RN_CUDA_CHECK(cudaFree(p));
+  retired_.clear();
+  retired_bytes_ = 0;
 }
 
 WorkspaceStats WorkspacePool::stats() const {
@@ -115,6 +136,8 @@ WorkspaceStats WorkspacePool::stats() const {
   s.limit = limit_;
   s.grows = grows_;
   s.requests = requests_;
+  s.graph_holds = graph_holds_;
+  s.retired = retired_bytes_;
   return s;
 }
 

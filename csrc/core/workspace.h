@@ -4,6 +4,10 @@
 // largest request bounds the memory. The pool only grows outside CUDA-graph capture; code that will be
 // captured calls reserve() first, and a request that would grow the pool during capture raises instead of
 // allocating. The cap (set_limit) is also the workspace bound given to algorithm search.
+//
+// A captured CUDA graph keeps the buffer's address. While any graph holds the pool (add_graph_hold), growing
+// retires the old buffer instead of freeing it, and release() refuses; retired buffers are freed once the
+// last hold is dropped (at the next grow or release).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace rn {
 
@@ -20,6 +25,8 @@ struct WorkspaceStats {
   size_t limit = 0;         // cap on requests (SIZE_MAX: none)
   int64_t grows = 0;        // number of (re)allocations
   int64_t requests = 0;     // number of get() calls
+  int64_t graph_holds = 0;  // captured graphs using the buffer
+  size_t retired = 0;       // bytes of old buffers kept for them
 };
 
 class WorkspacePool {
@@ -40,12 +47,18 @@ class WorkspacePool {
   size_t limit() const { return limit_; }
   // Grow to at least `bytes` now (before CUDA-graph capture).
   void reserve(size_t bytes, cudaStream_t stream);
-  // Free the buffer (synchronises the device first, so in-flight ops finish with it).
+  // Free the buffer (synchronises the device first, so in-flight ops finish with it). Throws rn::ValueError
+  // while captured graphs hold the pool.
   void release();
+  // A captured graph that uses the pool's buffer takes a hold for its lifetime (see the header comment).
+  void add_graph_hold() { ++graph_holds_; }
+  void drop_graph_hold();
+  int64_t graph_holds() const { return graph_holds_; }
   WorkspaceStats stats() const;
 
  private:
   void* grow(size_t bytes, cudaStream_t stream, bool throw_on_failure);
+  void free_retired();
 
   void* data_ = nullptr;
   size_t size_ = 0;
@@ -53,6 +66,9 @@ class WorkspacePool {
   size_t limit_ = SIZE_MAX;
   int64_t grows_ = 0;
   int64_t requests_ = 0;
+  int64_t graph_holds_ = 0;
+  std::vector<void*> retired_;  // old buffers that captured graphs may still use
+  size_t retired_bytes_ = 0;
 };
 
 // Called once when cudaMalloc fails, before the single retry. The bindings install one that frees cupy's

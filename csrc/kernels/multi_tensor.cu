@@ -69,10 +69,10 @@ void launch(const DeviceChunks& chunks, const Body& body, const int32_t* skip_if
 struct SgdBody {
   DeviceTensorList params, grads, bufs, copies;
   bool has_bufs, has_copies;
-  ScalarArg lr_arg, inv_scale_arg;
+  ScalarArg lr_arg, inv_scale_arg, momentum_arg;
   SgdOptions o;
   // Per-thread state.
-  float lr, inv_scale;
+  float lr, inv_scale, momentum;
   float* p;
   uint64_t g;
   int32_t g_dtype;
@@ -83,6 +83,7 @@ struct SgdBody {
   __device__ void begin() {
     lr = read_scalar(lr_arg);
     inv_scale = read_scalar(inv_scale_arg);
+    momentum = read_scalar(momentum_arg);
   }
   __device__ void bind(int32_t t) {
     p = reinterpret_cast<float*>(params.ptrs[t]);
@@ -97,9 +98,9 @@ struct SgdBody {
     float w = p[i];
     if (o.weight_decay != 0.0f) d += o.weight_decay * w;
     if (buf != nullptr) {
-      const float b = o.first_step ? d : o.momentum * buf[i] + (1.0f - o.dampening) * d;
+      const float b = o.first_step ? d : momentum * buf[i] + (1.0f - o.dampening) * d;
       buf[i] = b;
-      d = o.nesterov ? d + o.momentum * b : b;
+      d = o.nesterov ? d + momentum * b : b;
     }
     w -= lr * d;
     p[i] = w;
@@ -111,10 +112,10 @@ struct SgdBody {
 struct AdamWBody {
   DeviceTensorList params, grads, exp_avgs, exp_avg_sqs, copies;
   bool has_copies;
-  ScalarArg lr_arg, inv_scale_arg, step_arg;
+  ScalarArg lr_arg, inv_scale_arg, step_arg, beta1_arg;
   AdamWOptions o;
   // Per-thread state.
-  float lr, inv_scale, decay, step_size, bias_correction2_sqrt;
+  float lr, inv_scale, beta1, decay, step_size, bias_correction2_sqrt;
   float *p, *m, *v;
   uint64_t g;
   int32_t g_dtype;
@@ -124,9 +125,10 @@ struct AdamWBody {
   __device__ void begin() {
     lr = read_scalar(lr_arg);
     inv_scale = read_scalar(inv_scale_arg);
+    beta1 = read_scalar(beta1_arg);
     const double step = read_scalar(step_arg);
     // Bias corrections in double, as PyTorch computes them on the host.
-    const double bias_correction1 = 1.0 - pow(static_cast<double>(o.beta1), step);
+    const double bias_correction1 = 1.0 - pow(static_cast<double>(beta1), step);
     const double bias_correction2 = 1.0 - pow(static_cast<double>(o.beta2), step);
     step_size = static_cast<float>(lr / bias_correction1);
     bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
@@ -144,7 +146,7 @@ struct AdamWBody {
   __device__ void apply(int64_t i) {
     const float d = load_element(g, g_dtype, i) * inv_scale;
     const float w = p[i] * decay;
-    const float mi = m[i] + (1.0f - o.beta1) * (d - m[i]);
+    const float mi = m[i] + (1.0f - beta1) * (d - m[i]);
     const float vi = o.beta2 * v[i] + (1.0f - o.beta2) * d * d;
     m[i] = mi;
     v[i] = vi;
@@ -208,24 +210,27 @@ struct ScaleBody {
 }  // namespace
 
 void sgd_step(const TensorTable& params, const TensorTable& grads, const TensorTable* bufs, const TensorTable* copies,
-              ScalarArg lr, ScalarArg inv_scale, const int32_t* found_inf, const SgdOptions& options,
-              cudaStream_t stream) {
+              ScalarArg lr, ScalarArg inv_scale, ScalarArg momentum, const int32_t* found_inf,
+              const SgdOptions& options, cudaStream_t stream) {
   SgdBody body{};
   body.params = params.list();
   body.grads = grads.list();
-  body.has_bufs = bufs != nullptr && options.momentum != 0.0f;
+  // A device momentum may change between replays of a captured graph: then the buffers are always used.
+  body.has_bufs = bufs != nullptr && (momentum.ptr != nullptr || momentum.value != 0.0f);
   if (body.has_bufs) body.bufs = bufs->list();
   body.has_copies = copies != nullptr;
   if (copies) body.copies = copies->list();
   body.lr_arg = lr;
   body.inv_scale_arg = inv_scale;
+  body.momentum_arg = momentum;
   body.o = options;
   launch(params.chunks(), body, found_inf, stream);
 }
 
 void adamw_step(const TensorTable& params, const TensorTable& grads, const TensorTable& exp_avgs,
                 const TensorTable& exp_avg_sqs, const TensorTable* copies, ScalarArg lr, ScalarArg inv_scale,
-                ScalarArg step, const int32_t* found_inf, const AdamWOptions& options, cudaStream_t stream) {
+                ScalarArg step, ScalarArg beta1, const int32_t* found_inf, const AdamWOptions& options,
+                cudaStream_t stream) {
   AdamWBody body{};
   body.params = params.list();
   body.grads = grads.list();
@@ -236,6 +241,7 @@ void adamw_step(const TensorTable& params, const TensorTable& grads, const Tenso
   body.lr_arg = lr;
   body.inv_scale_arg = inv_scale;
   body.step_arg = step;
+  body.beta1_arg = beta1;
   body.o = options;
   launch(params.chunks(), body, found_inf, stream);
 }

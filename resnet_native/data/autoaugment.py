@@ -6,10 +6,10 @@ them would be a second implementation to prove equal. The work is small per imag
 processes keep ahead of the GPU: while epoch e trains, the workers build epoch e+1's augmented copy of the training
 set in a shared buffer; the GPU kernel (augment.py) then applies crop/flip/Cutout/normalisation to that copy.
 
-Order: AutoAugment -> random crop -> flip (torchvision's usual order is crop -> flip -> AutoAugment). Every
-geometric op of the policy has a random sign and the fill is black like the crop's padding, so the two orders give
-the same distribution up to where the black borders fall; applying AutoAugment first lets the resident-on-GPU crop
-and flip stay one fused kernel for both recipes.
+Order: torchvision's, random crop -> flip -> AutoAugment, when the workers are given the crop padding and flip
+(the trainer does so, and then the GPU kernel skips its own crop and flip): the policy's ops then see the crop's
+black borders exactly as they do in torchvision's pipeline (Invert whitens them, Equalize and AutoContrast count
+them). With crop_padding=0 and flip=False the workers apply AutoAugment alone.
 
 Like augment.py: the random choices (sub-policy, whether each op fires, sign) are sampled on the host per
 (seed, epoch) in data-set order (sample_autoaugment), and applying them is deterministic (apply_autoaugment), so the
@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from .augment import STREAM_AUTOAUGMENT, epoch_rng
+from .augment import STREAM_AUTOAUGMENT, STREAM_AUTOAUGMENT_CROP, epoch_rng
 
 # The 25 sub-policies for CIFAR-10: ((op, probability, magnitude bin or None), (op, probability, bin or None)).
 CIFAR10_POLICY = (
@@ -98,17 +98,31 @@ def op_magnitude(op: str, magnitude_bin, negate: bool, table=None) -> float:
     return -m if (signed and negate) else m
 
 
-def sample_autoaugment(seed: int, epoch: int, n: int) -> np.ndarray:
-    """int8 (n, 5) choices per image in data-set order: [sub-policy, op0 fires, op1 fires, op0 negated,
-    op1 negated]. An op fires when a uniform [0, 1) draw is <= its probability; a signed magnitude is negated
-    when a fair coin says so (torchvision's convention)."""
+def sample_autoaugment(seed: int, epoch: int, n: int, *, crop_padding: int = 0, flip: bool = False) -> np.ndarray:
+    """int16 (n, 9) choices per image in data-set order: [sub-policy, op0 fires, op1 fires, op0 negated,
+    op1 negated, crop padding, crop row, crop column, flipped]. An op fires when a uniform [0, 1) draw is <= its
+    probability; a signed magnitude is negated when a fair coin says so (torchvision's convention). The crop
+    offsets (in the zero-padded image, 0..2 * crop_padding) and the flip come from their own random stream, so
+    the policy draws do not depend on them."""
     rng = epoch_rng(seed, epoch, STREAM_AUTOAUGMENT)
     policy = rng.integers(0, len(CIFAR10_POLICY), n)
     draws = rng.random((n, 2))
     negate = rng.integers(0, 2, (n, 2)) == 0
     probs = np.array([[sub[0][1], sub[1][1]] for sub in CIFAR10_POLICY])
     fires = draws <= probs[policy]
-    return np.column_stack([policy, fires, negate]).astype(np.int8)
+    crop_rng = epoch_rng(seed, epoch, STREAM_AUTOAUGMENT_CROP)
+    offsets = crop_rng.integers(0, 2 * crop_padding + 1, (n, 2))
+    flipped = crop_rng.integers(0, 2, n) == 1 if flip else np.zeros(n, bool)
+    padding = np.full(n, crop_padding)
+    return np.column_stack([policy, fires, negate, padding, offsets, flipped]).astype(np.int16)
+
+
+def crop_and_flip(image: np.ndarray, padding: int, row: int, col: int, flipped: bool) -> np.ndarray:
+    """torchvision's RandomCrop(padding, fill 0) at (row, col) of the padded image, then the horizontal flip."""
+    if padding:
+        h, w = image.shape[:2]
+        image = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))[row : row + h, col : col + w]
+    return np.ascontiguousarray(image[:, ::-1]) if flipped else image
 
 
 def apply_op(img, op: str, magnitude: float):
@@ -152,10 +166,11 @@ def apply_op(img, op: str, magnitude: float):
 
 
 def apply_autoaugment(image: np.ndarray, choice) -> np.ndarray:
-    """One uint8 (H, W, 3) image and its sampled choice row -> the augmented uint8 image."""
+    """One uint8 (H, W, 3) image and its sampled choice row -> the cropped, flipped and augmented uint8 image."""
     from PIL import Image
 
-    policy, fires0, fires1, neg0, neg1 = (int(v) for v in choice)
+    policy, fires0, fires1, neg0, neg1, padding, row, col, flipped = (int(v) for v in choice)
+    image = crop_and_flip(image, padding, row, col, bool(flipped))
     fires, negate = (fires0, fires1), (neg0, neg1)
     if not (fires0 or fires1):
         return image
@@ -204,8 +219,12 @@ class AutoAugmentWorkers:
     The pool forks: its workers inherit the source array and the buffers without copying, and never touch CUDA.
     """
 
-    def __init__(self, images: np.ndarray, *, seed: int = 0, workers: int | None = None, chunk: int = 512):
+    def __init__(self, images: np.ndarray, *, seed: int = 0, workers: int | None = None, chunk: int = 512,
+                 crop_padding: int = 0, flip: bool = False):
         images = np.ascontiguousarray(images, dtype=np.uint8)
+        if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or crop_padding < 0:
+            raise ValueError(f"crop_padding: expected an int >= 0, got {crop_padding!r}")
+        self.crop_padding, self.flip = crop_padding, bool(flip)
         if images.ndim != 4 or images.shape[3] != 3:
             raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.shape}")
         self.images = images
@@ -232,7 +251,8 @@ class AutoAugmentWorkers:
         slot = epoch % 2
         if any(e % 2 == slot for e in self._pending):
             raise RuntimeError(f"epoch {epoch}: its buffer is still in use by an earlier epoch; call result() first")
-        choices = sample_autoaugment(self.seed, epoch, len(self.images))
+        choices = sample_autoaugment(self.seed, epoch, len(self.images), crop_padding=self.crop_padding,
+                                     flip=self.flip)
         n = len(self.images)
         tasks = [(slot, s, min(s + self.chunk, n), choices[s:min(s + self.chunk, n)]) for s in range(0, n, self.chunk)]
         if self._pool is None:

@@ -1,20 +1,25 @@
-"""Linear (fully connected) layer: y = x W^T + b with cuBLAS through cupy, always in fp32.
+"""Linear (fully connected) layer: y = x W^T + b, always in fp32, computed as a 1x1 convolution.
 
-fp16/bf16 inputs (the pooled features, (N, C)) are converted to fp32 at this boundary with kernels.cast and
-the input gradient is converted back: cupy has no bf16 matmul, and at this size fp32 costs nothing while
-keeping the logits exact. The weight and bias are used as fp32 masters.
+The (N, C) input is an NHWC image of shape (N, 1, 1, C) and the (K, C) weight a (K, 1, 1, C) filter (both are
+views: no copy), so the three products go through the same cuDNN convolution engines and algorithm cache as the
+rest of the model. Why not cuBLAS through cupy's matmul: cupy refuses cuBLAS calls during CUDA-graph capture,
+and the training step is captured whole. fp16/bf16 inputs (the pooled features) are converted to fp32 at this
+boundary with kernels.cast and the input gradient is converted back: at this size fp32 costs nothing while
+keeping the logits exact (strict fp32 math, no TF32). The weight and bias are used as fp32 masters.
 """
 
 import numpy as np
 
 from ._backend import ops
 from .checks import positive_int
+from .conv2d import default_engine
 from .module import Module
 
 
 class Linear(Module):
-    def __init__(self, in_features, out_features, *, rng=None):
+    def __init__(self, in_features, out_features, *, deterministic=False, rng=None):
         super().__init__()
+        self.deterministic = bool(deterministic)  # only deterministic cuDNN algorithms (read at first use)
         self.in_features = positive_int("in_features", in_features)
         self.out_features = positive_int("out_features", out_features)
         rng = rng if rng is not None else np.random.default_rng()
@@ -22,6 +27,16 @@ class Linear(Module):
         self.weight = self.add_parameter("weight", rng.uniform(-bound, bound, (out_features, in_features)))
         self.bias = self.add_parameter("bias", rng.uniform(-bound, bound, out_features))
         self._saved = None
+        self._spec = None
+
+    def spec(self):
+        if self._spec is None:
+            self._spec = ops.conv.ConvSpec(layout="NHWC", precision="fp32", algo="find", engine=default_engine(),
+                                           deterministic=self.deterministic)
+        return self._spec
+
+    def _weight_as_filter(self):
+        return self.weight.data.reshape(self.out_features, 1, 1, self.in_features)
 
     def forward(self, x, train: bool):
         self._ensure_device()
@@ -36,7 +51,8 @@ class Linear(Module):
             x32 = self._buffers.get("x32", x.shape, ops.master_dtype)
             ops.kernels.cast(x, x32)
         y = self._buffers.get("y", (n, self.out_features), ops.master_dtype)
-        xp.matmul(x32, self.weight.data.T, out=y)
+        ops.conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(),
+                        out=y.reshape(n, 1, 1, self.out_features))
         xp.add(y, self.bias.data, out=y)
         self._saved = (x32, x.dtype) if train else None
         return y
@@ -54,14 +70,18 @@ class Linear(Module):
                 f"{dy.dtype} {tuple(dy.shape)}"
             )
         xp = ops.xp
+        x4 = x32.reshape(n, 1, 1, self.in_features)
+        dy4 = dy.reshape(n, 1, 1, self.out_features)
         dw = self._buffers.get("dw", self.weight.shape, ops.master_dtype)
-        xp.matmul(dy.T, x32, out=dw)
+        w_shape = (self.out_features, 1, 1, self.in_features)
+        ops.conv.conv2d_backward_filter(x4, dy4, self.spec(), w_shape, out=dw.reshape(w_shape))
         self.weight.accumulate_grad(dw)
         db = self._buffers.get("db", self.bias.shape, ops.master_dtype)
         xp.sum(dy, axis=0, out=db)
         self.bias.accumulate_grad(db)
         dx32 = self._buffers.get("dx32", x32.shape, ops.master_dtype)
-        xp.matmul(dy, self.weight.data, out=dx32)
+        ops.conv.conv2d_backward_data(dy4, self._weight_as_filter(), self.spec(), tuple(x4.shape),
+                                      out=dx32.reshape(x4.shape))
         if x_dtype == ops.master_dtype:
             return dx32
         dx = self._buffers.get("dx", x32.shape, x_dtype)

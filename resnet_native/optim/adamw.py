@@ -3,11 +3,13 @@
     p *= 1 - lr * weight_decay;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 
-t counts step() calls on the host, including steps the kernels skipped for inf/nan gradients (GradScaler),
-which keeps the step free of host synchronisation; PyTorch does not count skipped steps.
+t counts the updates applied, as PyTorch's does: a device counter advanced by launch_step unless GradScaler's
+found_inf says the update is skipped, so the step needs no host synchronisation. lr and beta1 are read from the
+device (Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
-from ..layers._backend import ops
+
+from ..layers._backend import ops, to_host
 from .optimizer import Optimizer, _non_negative
 
 
@@ -23,24 +25,54 @@ class AdamW(Optimizer):
         self.betas = betas
         self.eps = _non_negative(eps, "eps")
         self.weight_decay = _non_negative(weight_decay, "weight_decay")
+        self._applied = 0  # updates applied, until the device counter exists
+        self._device_step = None
 
-    def _launch(self, group, found_inf):
-        beta1, beta2 = self.betas
+    def device_hyperparameters(self) -> tuple:
+        return (self.lr, self.betas[0])
+
+    def _device_state_ready(self) -> None:
+        self._device_step = ops.xp.full((1,), self._applied, dtype=ops.master_dtype)
+
+    @property
+    def applied_steps(self) -> int:
+        """Updates applied so far (skipped ones not counted); reads the device (synchronises)."""
+        if self._device_step is None:
+            return self._applied
+        return int(to_host(self._device_step)[0])
+
+    def launch_step(self, found_inf=None, inv_scale=None) -> None:
+        self._require_ready()
+        ops.multi_tensor.advance_step(self._device_step, found_inf)
+        super().launch_step(found_inf, inv_scale)
+
+    def _launch(self, group, found_inf, inv_scale):
         ops.multi_tensor.adamw_step(
             group.params,
             group.grads,
             group.state["exp_avg"],
             group.state["exp_avg_sq"],
-            lr=self.lr,
-            beta1=beta1,
-            beta2=beta2,
+            lr=self.hyperparameter_on_device(0),
+            beta1=self.hyperparameter_on_device(1),
+            beta2=self.betas[1],
             eps=self.eps,
             weight_decay=self.weight_decay,
-            step=self.step_count,
-            inv_scale=1.0,
+            step=self._device_step,
+            inv_scale=inv_scale,
             found_inf=found_inf,
             model_copies=group.copies,
         )
 
     def set_momentum(self, value: float) -> None:
         self.betas = (float(value), self.betas[1])
+
+    def state_dict(self) -> dict:
+        out = super().state_dict()
+        out["step"] = self.applied_steps
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._applied = self.step_count
+        if self._device_step is not None:
+            self._device_step.fill(self._applied)

@@ -1,11 +1,11 @@
 """Dynamic loss scaling for fp16 training, entirely on the device (no host synchronisation per step).
 
 Per step (TrainStep does this): the loss gradient is multiplied by `scale` (a device array); after backward,
-multi_tensor.check_finite sets found_inf when any gradient is inf/nan; gradients are multiplied by 1/scale
-(one launch over the model's flat gradient buffer); the optimizer's fused kernel skips the whole update when
-found_inf is set; then update() halves the scale on inf/nan, or doubles it after `growth_interval` consecutive
-good steps (PyTorch's GradScaler rule), with a few one-element array ops. bf16 needs no scaling (use
-scaler=None).
+multi_tensor.check_finite sets found_inf when any gradient is inf/nan; the optimizer's fused kernel multiplies
+the gradients by 1/scale as it reads them (no separate pass; unscale_() does one, for callers that need the
+true gradients first, e.g. to clip them) and skips the whole update when found_inf is set; then update()
+halves the scale on inf/nan, or doubles it after `growth_interval` consecutive good steps (PyTorch's GradScaler
+rule), with a few one-element array ops. bf16 needs no scaling (use scaler=None).
 """
 
 import numpy as np
@@ -110,12 +110,26 @@ class GradScaler:
         self._unscaled = True
 
     def step(self, optimizer) -> None:
-        """unscale_ (if not done yet), then optimizer.step, which the kernels skip when found_inf is set."""
+        """optimizer.prepare_step(), then launch_step(optimizer)."""
+        optimizer.prepare_step()
+        self.launch_step(optimizer)
+
+    def launch_step(self, optimizer) -> None:
+        """The device half of step(): check the gradients for inf/nan and launch the optimizer's update with
+        1/scale fused in (or on the gradients unscale_() already divided), skipped on the device when found_inf
+        is set. Allocates nothing and never synchronises: it can be captured in a CUDA graph."""
         if not self.enabled:
-            optimizer.step()
+            optimizer.launch_step()
             return
-        self.unscale_(optimizer)
-        optimizer.step(found_inf=self.found_inf)
+        if self._unscaled:
+            optimizer.launch_step(found_inf=self.found_inf)
+            return
+        dev = self._device()
+        dev["found_inf"].fill(0)
+        for grads in optimizer.grad_lists():
+            ops.multi_tensor.check_finite(grads, dev["found_inf"])
+        ops.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
+        optimizer.launch_step(found_inf=dev["found_inf"], inv_scale=dev["inv_scale"])
 
     def update(self) -> None:
         """Adjust the scale from this step's found_inf (on the device)."""

@@ -4,6 +4,11 @@ On the device, parameters are grouped by the dtype of their low-precision copies
 whole model), and each group's masters, gradients, state and copies are held in
 resnet_native.multi_tensor.TensorLists built once, so a step is one kernel launch per group, whatever the
 number of tensors.
+
+A step has a host half and a device half, so that the device half can be captured in a CUDA graph and replayed
+while a schedule keeps changing the learning rate: prepare_step() counts the step and writes the hyperparameters
+a schedule moves (lr; SGD's momentum or AdamW's beta1) into a small device array, with one tiny kernel launch;
+launch_step() runs the update kernels, which read them from there. step() is both.
 """
 
 import numpy as np
@@ -47,6 +52,7 @@ class Optimizer:
         self.state = None  # {name: [device array per parameter]}, created with the tensor lists
         self._pending_state = {}  # {name: [host array]} loaded before the parameters reached the device
         self._groups = None
+        self._hyper = None  # float32 device array: the values of device_hyperparameters(), see prepare_step
 
     # -- device state ----------------------------------------------------------------------------------------
     def _ready(self) -> bool:
@@ -78,7 +84,20 @@ class Optimizer:
             _Group(idx, [self.params[i] for i in idx], self.state, self.state_names)
             for idx in by_dtype.values()
         ]
+        self._hyper = ops.xp.zeros((len(self.device_hyperparameters()),), dtype=ops.master_dtype)
+        self._device_state_ready()
         return True
+
+    def _device_state_ready(self) -> None:
+        """Hook: create further device state once the parameters are on the device."""
+
+    def device_hyperparameters(self) -> tuple:
+        """The hyperparameters the kernels read from the device (as floats, in the order of the device array)."""
+        return (self.lr,)
+
+    def hyperparameter_on_device(self, index: int):
+        """View of one entry of the device hyperparameter array, shape (1,), as the kernels take it."""
+        return self._hyper[index : index + 1]
 
     def _require_ready(self):
         if not self._ready():
@@ -113,15 +132,30 @@ class Optimizer:
             for g in self._groups:
                 ops.multi_tensor.zero_(g.grads)
 
-    def step(self, found_inf=None) -> None:
-        """One update of every parameter. found_inf: optional device int32 array of shape (1,); when nonzero
-        the kernels skip the whole update (no host synchronisation), as GradScaler uses it."""
+    def step(self, found_inf=None, inv_scale=None) -> None:
+        """One update of every parameter: prepare_step() then launch_step(found_inf, inv_scale)."""
+        self.prepare_step()
+        self.launch_step(found_inf, inv_scale)
+
+    def prepare_step(self) -> None:
+        """The host half of a step: count it and write device_hyperparameters() to the device (one launch, on
+        the current stream, ordered before the update kernels). Never inside a CUDA-graph capture."""
         self._require_ready()
         self.step_count += 1
-        for g in self._groups:
-            self._launch(g, found_inf)
+        ops.multi_tensor.write_scalars(self._hyper, self.device_hyperparameters())
 
-    def _launch(self, group, found_inf):
+    def launch_step(self, found_inf=None, inv_scale=None) -> None:
+        """The device half: the update kernels, one launch per group, reading the hyperparameters written by the
+        last prepare_step(); allocates nothing and never synchronises, so it can be captured in a CUDA graph.
+
+        found_inf: optional device int32 array of shape (1,); when nonzero the kernels skip the whole update
+        (GradScaler). inv_scale: optional float32 (1,) device array the gradients are multiplied by first
+        (GradScaler's 1/scale, fused into the update instead of a separate pass)."""
+        self._require_ready()
+        for g in self._groups:
+            self._launch(g, found_inf, 1.0 if inv_scale is None else inv_scale)
+
+    def _launch(self, group, found_inf, inv_scale):
         raise NotImplementedError
 
     def set_momentum(self, value: float) -> None:

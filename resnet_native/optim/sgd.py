@@ -3,7 +3,8 @@
     g = grad + weight_decay * p;  buf = momentum * buf + (1 - dampening) * g
     p -= lr * (g + momentum * buf if nesterov else buf)
 
-For fp16/bf16 models the same launch rewrites the low-precision copies the ops read.
+For fp16/bf16 models the same launch rewrites the low-precision copies the ops read. lr and momentum are read
+from the device (see Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
 from ..layers._backend import ops
@@ -23,7 +24,10 @@ class SGD(Optimizer):
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
 
-    def _launch(self, group, found_inf):
+    def device_hyperparameters(self) -> tuple:
+        return (self.lr, self.momentum)
+
+    def _launch(self, group, found_inf, inv_scale):
         # PyTorch starts the momentum buffer at the first gradient, undamped; the kernel needs telling only
         # when dampening makes that differ from updating a zero buffer.
         first = {"first_step": True} if self.dampening and self.step_count == 1 else {}
@@ -31,12 +35,13 @@ class SGD(Optimizer):
             group.params,
             group.grads,
             group.state["momentum_buffer"],
-            lr=self.lr,
-            momentum=self.momentum,
+            lr=self.hyperparameter_on_device(0),
+            # A momentum of 0 stays a host number: the kernel then skips the buffers altogether.
+            momentum=self.hyperparameter_on_device(1) if self.momentum else 0.0,
             weight_decay=self.weight_decay,
             nesterov=self.nesterov,
             dampening=self.dampening,
-            inv_scale=1.0,
+            inv_scale=inv_scale,
             found_inf=found_inf,
             model_copies=group.copies,
             **first,

@@ -88,19 +88,16 @@ std::shared_ptr<ConvOpGraph> finalized_graph(const ConvParams& p, const GraphCon
   return graph;
 }
 
-PlanKey plan_key(const ConvParams& p, const GraphConstants& c, int64_t engine_id, const std::string& knobs) {
-  PlanKey key;
-  key.params = p;
-  // Fields that only say how the choice was made: normalised, so the same engine config reached through Find,
-  // Heuristic, Fixed or 'auto' shares one plan. (Determinism and the workspace cap stay: run() may serve a key
-  // with a heuristic fallback plan, which must have been chosen under the same constraints.)
-  key.params.engine = static_cast<uint8_t>(ConvEngineKind::Graph);
-  key.params.algo_mode = 0;
-  key.params.fixed_algo = 0;
-  key.constants = c;
-  key.engine_id = engine_id;
-  key.knobs = knobs;
-  return key;
+// The params part of a plan key. Fields that only say how the choice was made are normalised, so the same
+// engine config reached through Find, Heuristic, Fixed or 'auto' shares one plan. (Determinism and the
+// workspace cap stay: run() may serve a key with a heuristic fallback plan, which must have been chosen under
+// the same constraints.)
+ConvParams plan_params(const ConvParams& p) {
+  ConvParams keyed = p;
+  keyed.engine = static_cast<uint8_t>(ConvEngineKind::Graph);
+  keyed.algo_mode = 0;
+  keyed.fixed_algo = 0;
+  return keyed;
 }
 
 }  // namespace
@@ -120,7 +117,8 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mo
 
   const SearchResult found = mode == AlgoMode::Fixed ? fixed_plan(params, graph, fixed_algo, handle)
                                                      : search_plan(params, graph, ops, mode, handle, stream);
-  PlanCache::instance().insert(plan_key(params, constants, found.plan->engine_id, found.plan->knobs), found.plan);
+  const ConvParams keyed = plan_params(params);
+  PlanCache::instance().insert(PlanKeyRef{keyed, constants, found.plan->engine_id, found.plan->knobs}, found.plan);
 
   AlgoChoice choice;
   choice.engine = static_cast<uint8_t>(ConvEngineKind::Graph);
@@ -141,7 +139,8 @@ void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands&
   }
   check_operands(params, ops);
   const GraphConstants constants = constants_for(params, ops);
-  const PlanKey key = plan_key(params, constants, choice.algo, choice.knobs);
+  const ConvParams keyed = plan_params(params);
+  const PlanKeyRef key{keyed, constants, choice.algo, choice.knobs};  // borrowed: no copy of the knob string
   std::shared_ptr<ExecutionPlan> plan = PlanCache::instance().find(key);
   if (!plan) {
     // A choice from the cache file, or new scalars / alignment: rebuild from engine index + knob choices.

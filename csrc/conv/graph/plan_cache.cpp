@@ -21,13 +21,7 @@ bool same_constants(const GraphConstants& a, const GraphConstants& b) {
   return std::memcmp(a.alignment, b.alignment, sizeof(a.alignment)) == 0;
 }
 
-}  // namespace
-
-bool PlanKey::operator==(const PlanKey& o) const {
-  return params == o.params && same_constants(constants, o.constants) && engine_id == o.engine_id && knobs == o.knobs;
-}
-
-size_t PlanKeyHash::operator()(const PlanKey& k) const {
+size_t hash_key(const PlanKeyRef& k) {
   size_t h = ConvParamsHash()(k.params);
   auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   mix(float_bits(k.constants.alpha1));
@@ -35,38 +29,60 @@ size_t PlanKeyHash::operator()(const PlanKey& k) const {
   mix(float_bits(k.constants.beta));
   for (uint8_t a : k.constants.alignment) mix(a);
   mix(static_cast<uint64_t>(k.engine_id));
-  mix(std::hash<std::string>()(k.knobs));
+  mix(std::hash<std::string_view>()(k.knobs));
   return h;
 }
+
+bool same_key(const PlanKey& stored, const PlanKeyRef& k) {
+  return stored.params == k.params && same_constants(stored.constants, k.constants) &&
+         stored.engine_id == k.engine_id && std::string_view(stored.knobs) == k.knobs;
+}
+
+}  // namespace
 
 PlanCache& PlanCache::instance() {
   static PlanCache* cache = new PlanCache();  // Leaked on purpose, like the cuDNN handles (core/device.h).
   return *cache;
 }
 
-std::shared_ptr<ExecutionPlan> PlanCache::find(const PlanKey& key) const {
+std::shared_ptr<ExecutionPlan> PlanCache::find(const PlanKeyRef& key) const {
+  const size_t hash = hash_key(key);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = plans_.find(key);
-  return it == plans_.end() ? nullptr : it->second;
+  auto bucket = buckets_.find(hash);
+  if (bucket == buckets_.end()) return nullptr;
+  for (const Entry& e : bucket->second) {
+    if (same_key(e.key, key)) return e.plan;
+  }
+  return nullptr;
 }
 
-void PlanCache::insert(const PlanKey& key, std::shared_ptr<ExecutionPlan> plan) {
+void PlanCache::insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan) {
+  const size_t hash = hash_key(key);
   std::lock_guard<std::mutex> lock(mutex_);
-  plans_[key] = std::move(plan);
+  std::vector<Entry>& bucket = buckets_[hash];
+  for (Entry& e : bucket) {
+    if (same_key(e.key, key)) {
+      e.plan = std::move(plan);
+      return;
+    }
+  }
+  bucket.push_back(Entry{key.to_key(), std::move(plan)});
+  ++size_;
 }
 
 void PlanCache::clear() {
   // Destroy outside the lock: descriptor destruction may take a while and must not block lookups.
-  std::unordered_map<PlanKey, std::shared_ptr<ExecutionPlan>, PlanKeyHash> dropped;
+  Buckets dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    dropped.swap(plans_);
+    dropped.swap(buckets_);
+    size_ = 0;
   }
 }
 
 size_t PlanCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return plans_.size();
+  return size_;
 }
 
 }  // namespace rn::graph

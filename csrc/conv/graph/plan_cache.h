@@ -5,14 +5,17 @@
 // engine, whose scalars are per-call arguments. A call with other scalars or a less aligned pointer therefore
 // gets its own plan, rebuilt from the same engine index and knob choices.
 //
-// A plan keeps alive every descriptor it was built from (operation graph, engine config). Entries are held
-// by shared_ptr so clear() during another thread's run() cannot free a plan that is executing.
+// A plan keeps alive every descriptor it was built from (operation graph, engine config) and the variant pack
+// of its last execution. Entries are held by shared_ptr so clear() during another thread's run() cannot free a
+// plan that is executing.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -27,12 +30,30 @@ struct PlanKey {
   GraphConstants constants;
   int64_t engine_id = -1;
   std::string knobs;
-
-  bool operator==(const PlanKey& o) const;
 };
 
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const;
+// A PlanKey's fields, borrowed: run() looks its plan up on every call and must not copy the knob string.
+struct PlanKeyRef {
+  const ConvParams& params;
+  const GraphConstants& constants;
+  int64_t engine_id;
+  std::string_view knobs;
+
+  PlanKey to_key() const { return PlanKey{params, constants, engine_id, std::string(knobs)}; }
+};
+
+// The variant pack of a plan's last execution, kept for the next one. A finalized pack only binds the graph's
+// tensor uids to data pointers and the workspace pointer, so while those stay the same (a training step reuses
+// its buffers, cupy's pool hands back the same blocks) it is executed again as is, instead of creating, setting,
+// finalizing and destroying one per call; any other pointer rebuilds it (execute_plan). A pack whose buffers
+// were freed meanwhile is harmless: it only runs for a call whose own (live) pointers are the ones it binds.
+struct ReusableVariantPack {
+  // Held while the pack is compared, rebuilt and executed: a cached plan is shared by every caller. (Ops run
+  // under the GIL today, so it is uncontended; it keeps the plan safe without relying on that.)
+  std::mutex mutex;
+  std::vector<void*> pointers;  // bound in `pack`, in plan.graph->io_uids order
+  void* workspace = nullptr;
+  std::optional<BackendDescriptor> pack;  // empty before the first execution
 };
 
 struct ExecutionPlan {
@@ -42,6 +63,7 @@ struct ExecutionPlan {
   int64_t workspace = 0;                        // bytes
   int64_t engine_id = -1;
   std::string knobs;
+  mutable ReusableVariantPack last_pack;  // a cache beside the (immutable) plan; destroyed with it
 };
 
 class PlanCache {
@@ -49,14 +71,23 @@ class PlanCache {
   // The process-wide cache (never destroyed: plans alive at exit are left to the driver's teardown).
   static PlanCache& instance();
 
-  std::shared_ptr<ExecutionPlan> find(const PlanKey& key) const;
-  void insert(const PlanKey& key, std::shared_ptr<ExecutionPlan> plan);
+  std::shared_ptr<ExecutionPlan> find(const PlanKeyRef& key) const;
+  void insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan);
   void clear();
   size_t size() const;
 
  private:
+  struct Entry {
+    PlanKey key;
+    std::shared_ptr<ExecutionPlan> plan;
+  };
+  using Buckets = std::unordered_map<size_t, std::vector<Entry>>;
+
+  // Entries grouped by the hash of their whole key and told apart by comparing keys: unlike an
+  // unordered_map<PlanKey, ...>, this can be searched with borrowed fields (C++17 has no heterogeneous lookup).
   mutable std::mutex mutex_;
-  std::unordered_map<PlanKey, std::shared_ptr<ExecutionPlan>, PlanKeyHash> plans_;
+  Buckets buckets_;
+  size_t size_ = 0;
 };
 
 }  // namespace rn::graph

@@ -1,6 +1,7 @@
 #include "plan_execution.h"
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "../../core/error.h"
@@ -20,6 +21,18 @@ BackendDescriptor make_variant_pack(const ExecutionPlan& plan, const ConvOperand
   set_pointer(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, workspace);
   finalize(pack.get());
   return pack;
+}
+
+// Whether `last` holds a pack bound to exactly these operand pointers and this workspace (then it is the pack
+// make_variant_pack would build now: a pack holds nothing else).
+bool binds(const ReusableVariantPack& last, const ExecutionPlan& plan, const ConvOperands& ops, void* workspace) {
+  if (!last.pack || last.workspace != workspace) return false;
+  const std::vector<int64_t>& uids = plan.graph->io_uids;
+  if (last.pointers.size() != uids.size()) return false;
+  for (size_t i = 0; i < uids.size(); ++i) {
+    if (last.pointers[i] != operand_pointer(ops, uids[i])) return false;
+  }
+  return true;
 }
 
 class CudaEvent {
@@ -56,8 +69,18 @@ void* operand_pointer(const ConvOperands& ops, int64_t uid) {
 void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
   void* workspace = nullptr;
   if (plan.workspace > 0) workspace = WorkspacePool::current().get(static_cast<size_t>(plan.workspace), stream);
-  BackendDescriptor pack = make_variant_pack(plan, ops, workspace);
-  RN_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), pack.get()));
+  ReusableVariantPack& last = plan.last_pack;
+  std::lock_guard<std::mutex> lock(last.mutex);
+  if (!binds(last, plan, ops, workspace)) {
+    // Forget the old pack first: if building the new one throws, no stale pack is left to match later.
+    last.pack.reset();
+    BackendDescriptor pack = make_variant_pack(plan, ops, workspace);
+    last.pointers.clear();
+    for (int64_t uid : plan.graph->io_uids) last.pointers.push_back(operand_pointer(ops, uid));
+    last.workspace = workspace;
+    last.pack.emplace(std::move(pack));
+  }
+  RN_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), last.pack->get()));
 }
 
 float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream, int runs,

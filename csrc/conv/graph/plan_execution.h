@@ -15,6 +15,8 @@ namespace rn::graph {
 void* operand_pointer(const ConvOperands& ops, int64_t uid);
 
 // Executes `plan` on `ops`; throws (CudnnError, or ValueError when the workspace exceeds the pool's limit).
+// Reuses the plan's variant pack of the previous execution when the operand and workspace pointers are the
+// same, else builds (and keeps) a new one: a call with unchanged buffers creates no descriptor at all.
 void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream);
 
 // Times `plan` on `ops` with CUDA events: one warm-up run, then `runs` timed runs; returns the median in ms.
