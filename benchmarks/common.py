@@ -79,6 +79,15 @@ def cupy_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
     )
 
 
+def _torch_events(torch) -> dict:
+    """The event factory, elapsed-time reader and synchronise of torch's CUDA events, as _timed/_graphed take them."""
+    return {
+        "new_event": lambda: torch.cuda.Event(enable_timing=True),
+        "elapsed_ms": lambda start, end: start.elapsed_time(end),
+        "synchronize": torch.cuda.synchronize,
+    }
+
+
 def torch_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
     """Time `fn` (work on torch's current stream) with torch CUDA events; returns median/min/max in ms."""
     import torch
@@ -88,9 +97,7 @@ def torch_time(fn, *, warmup: int = 3, repeats: int = 20, inner=None) -> dict:
         warmup,
         repeats,
         inner,
-        new_event=lambda: torch.cuda.Event(enable_timing=True),
-        elapsed_ms=lambda start, end: start.elapsed_time(end),
-        synchronize=torch.cuda.synchronize,
+        **_torch_events(torch),
     )
 
 
@@ -165,9 +172,7 @@ def torch_graphed_time(fn, *, calls: int = 20, warmup: int = 3, repeats: int = 2
         calls,
         warmup,
         repeats,
-        new_event=lambda: torch.cuda.Event(enable_timing=True),
-        elapsed_ms=lambda start, end: start.elapsed_time(end),
-        synchronize=torch.cuda.synchronize,
+        **_torch_events(torch),
     )
 
 

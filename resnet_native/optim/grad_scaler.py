@@ -101,13 +101,17 @@ class GradScaler:
         """Check every gradient for inf/nan (into found_inf) and divide them by the scale, once per step."""
         if not self.enabled or self._unscaled:
             return
+        optimizer.unscale_grads(self._check_gradients(optimizer))
+        self._unscaled = True
+
+    def _check_gradients(self, optimizer):
+        """found_inf = any gradient inf/nan; inv_scale = 1/scale; returns inv_scale (device (1,) arrays)."""
         dev = self._device()
         dev["found_inf"].fill(0)
         for grads in optimizer.grad_lists():
             ops.multi_tensor.check_finite(grads, dev["found_inf"])
         ops.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
-        optimizer.unscale_grads(dev["inv_scale"])
-        self._unscaled = True
+        return dev["inv_scale"]
 
     def step(self, optimizer) -> None:
         """optimizer.prepare_step(), then launch_step(optimizer)."""
@@ -124,12 +128,8 @@ class GradScaler:
         if self._unscaled:
             optimizer.launch_step(found_inf=self.found_inf)
             return
-        dev = self._device()
-        dev["found_inf"].fill(0)
-        for grads in optimizer.grad_lists():
-            ops.multi_tensor.check_finite(grads, dev["found_inf"])
-        ops.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
-        optimizer.launch_step(found_inf=dev["found_inf"], inv_scale=dev["inv_scale"])
+        inv_scale = self._check_gradients(optimizer)
+        optimizer.launch_step(found_inf=self.found_inf, inv_scale=inv_scale)
 
     def update(self) -> None:
         """Adjust the scale from this step's found_inf (on the device)."""
