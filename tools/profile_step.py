@@ -1,0 +1,94 @@
+"""Where a training step's GPU time goes: the top kernels of one eager step, ours and PyTorch's, side by side.
+
+    python tools/profile_step.py --model resnet50 --batch 256 [--steps 5] [--top 25]
+
+Why torch.profiler for our step too: CUPTI records every kernel of the process, whoever launched it (cuDNN,
+our .cu kernels, cupy's elementwise kernels), so one tool measures both trainers the same way. The step is run
+eagerly (kernels of a replayed CUDA graph are not attributed to it reliably by every CUPTI version); bench_model.py
+shows eager and captured steps take the same time once the step is GPU-bound. Prints, per trainer, the total
+kernel time per step and the kernels that take the most, with their share.
+"""
+
+import argparse
+import collections
+
+import cupy as cp
+import numpy as np
+import torch
+
+import resnet_native as rn
+
+
+def kernel_table(prof, steps: int) -> tuple:
+    """(total us per step, [(name, us per step, calls per step)] sorted by time) from a profiler's CUDA events."""
+    totals, calls = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.time_range.elapsed_us()  # a kernel: its own duration
+            calls[event.name] += 1
+    rows = [(name, us / steps, calls[name] / steps) for name, us in totals.most_common()]
+    return sum(totals.values()) / steps, rows
+
+
+def profile(fn, steps: int, synchronize) -> tuple:
+    for _ in range(3):  # warm-up: algorithm searches, buffers, lazy state
+        fn()
+    synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        synchronize()
+    return kernel_table(prof, steps)
+
+
+def ours(name, batch, steps):
+    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16")
+    opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
+    x = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32).astype(np.float16)
+    y = cp.random.randint(0, 10, batch).astype(cp.int32)
+    return profile(lambda: step.run(x, y), steps, cp.cuda.Device().synchronize)
+
+
+def theirs(name, batch, steps):
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    model = getattr(torchvision.models, name)(num_classes=10)
+    model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    model.maxpool = torch.nn.Identity()
+    model = model.cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    scaler = torch.amp.GradScaler()
+    x = torch.randn(batch, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device="cuda")
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    return profile(step, steps, torch.cuda.synchronize)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args()
+    for who, run in (("resnet_native", ours), ("torch", theirs)):
+        total, rows = run(args.model, args.batch, args.steps)
+        print(f"\n{who}: {args.model} batch {args.batch}: {total / 1000:.2f} ms of kernels per step")
+        print(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel")
+        for name, us, n in rows[: args.top]:
+            print(f"{us:9.1f} {us / total:6.1%} {n:6.1f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
