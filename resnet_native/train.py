@@ -349,21 +349,23 @@ def _state(obj):
 
 
 def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a normalised device set, without augmentation; one host sync."""
+    """(mean cross-entropy, accuracy) over a normalised device set, without augmentation; one host sync. The loss
+    is the training loss's own code (SoftmaxCrossEntropy, no smoothing), summed on the device."""
     import cupy
 
+    from .losses import SoftmaxCrossEntropy
+
     model.eval()
+    loss_fn = SoftmaxCrossEntropy()
     loss_sum = cupy.zeros((), cupy.float64)
-    correct = cupy.zeros((), cupy.int64)
+    correct_sum = cupy.zeros((), cupy.float64)
     n = len(y_all)
     for s in range(0, n, batch_size):
-        logits = model.forward(x_all[s:s + batch_size], train=False).astype(cupy.float32, copy=False)
         y = y_all[s:s + batch_size]
-        m = logits.max(axis=1, keepdims=True)
-        lse = cupy.log(cupy.exp(logits - m).sum(axis=1)) + m[:, 0]
-        loss_sum += (lse - logits[cupy.arange(len(y)), y]).astype(cupy.float64).sum()
-        correct += (logits.argmax(axis=1) == y).sum()
-    return float(loss_sum) / n, float(correct) / n
+        loss, correct = loss_fn.forward(model._forward(x_all[s:s + batch_size], False), y, train=False)
+        loss_sum += loss * len(y)
+        correct_sum += correct
+    return float(loss_sum) / n, float(correct_sum) / n
 
 
 # ----------------------------------------------------------------------------------------------------------------
