@@ -28,6 +28,25 @@ def current_stream() -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+# cupy.cuda.get_current_stream, bound by the first op call that finds a GPU: op_stream() runs on every op call, so
+# it skips the device_count() call and the `import cupy` of current_stream() (same value).
+_get_current_stream = None
+
+
+def op_stream() -> int:
+    """The stream an op runs on: cupy's current stream; 0 without a GPU, where cupy cannot even name a stream and
+    the op validates its arguments and then raises NoGPUError at the first device access. (A process's device
+    count does not change, so the check runs until a GPU is seen.)"""
+    global _get_current_stream
+    if _get_current_stream is None:
+        if _C.device_count() == 0:
+            return 0
+        import cupy
+
+        _get_current_stream = cupy.cuda.get_current_stream
+    return _get_current_stream().ptr
+
+
 def _free_cupy_cache() -> None:
     try:
         import cupy

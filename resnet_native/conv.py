@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 from ._loader import _C
+from ._runtime import op_stream as _stream
 from ._runtime import require_gpu
 from .checkpoint import atomic_write_text
 
@@ -263,24 +264,6 @@ def _shape4(shape, name: str) -> tuple:
     if not isinstance(shape, (tuple, list)) or len(shape) != 4 or not all(_is_int(v) for v in shape):
         raise ValueError(f"{name}: expected a tuple of 4 ints, got {shape!r}")
     return tuple(int(v) for v in shape)
-
-
-# cupy.cuda.get_current_stream, bound on the first op call that finds a GPU: _stream() runs on every op call,
-# so it skips the device_count() call and the `import cupy` of _runtime.current_stream() (same value).
-_get_current_stream = None
-
-
-def _stream() -> int:
-    global _get_current_stream
-    if _get_current_stream is None:
-        # Without a GPU, cupy cannot even name a stream; 0 lets the op validate its arguments and then raise
-        # NoGPUError at the first device access. (A process's device count does not change.)
-        if _C.device_count() == 0:
-            return 0
-        import cupy
-
-        _get_current_stream = cupy.cuda.get_current_stream
-    return _get_current_stream().ptr
 
 
 # ----------------------------------------------------------------------------------------------------------------

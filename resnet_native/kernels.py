@@ -11,7 +11,7 @@ for the tail), grid-stride over any size.
 """
 
 from ._loader import _C
-from ._runtime import cuda_available, current_stream
+from ._runtime import op_stream
 
 _DTYPE_NAMES = {
     "fp32": "fp32", "float32": "fp32", "tf32": "fp32",
@@ -22,10 +22,8 @@ _CUPY_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "uint16"}
 _DLPACK_CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
-def stream() -> int:
-    """cupy's current stream for the op; 0 without a GPU, where the op validates its arguments and then raises
-    NoGPUError (cupy cannot be asked for a stream there)."""
-    return current_stream() if cuda_available() else 0
+# The stream every op wrapper passes (conv.py's too): cupy's current stream, 0 without a GPU.
+stream = op_stream
 
 
 def _element_kind(obj, name):

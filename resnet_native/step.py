@@ -21,10 +21,12 @@ reset_graphs(). A capture that fails (an op that cannot be captured) warns, and 
 The NumPy stand-ins used by CPU tests always run eagerly.
 """
 
+import contextlib
 import warnings
 
 import numpy as np
 
+from ._loader import _C
 from .layers._backend import ops
 from .losses import SoftmaxCrossEntropy
 
@@ -39,14 +41,10 @@ class _CapturedStep:
         self.keep = keep  # the layers' buffers at capture time (a cache eviction must not free them)
         self.counted = counted  # modules whose host-side num_batches_tracked a replay advances
         self._holds_workspace = True
-        from ._loader import _C
-
         _C._workspace_graph_hold(True)
 
     def release(self):
         if self._holds_workspace:
-            from ._loader import _C
-
             self._holds_workspace = False
             _C._workspace_graph_hold(False)
 
@@ -84,8 +82,7 @@ class TrainStep:
         """One step. Its loss (times the batch size) and correct count are added to the device totals. Returns
         this step's (loss, correct) buffers, which the next step overwrites."""
         if not self.cuda_graph:
-            self.optimizer.prepare_step()
-            loss, correct = self._device_half(x, labels)
+            loss, correct = self._eager(x, labels)
         else:
             loss, correct = self._run_graphed(x, labels)
         self._seen += len(labels)
@@ -118,6 +115,10 @@ class TrainStep:
     step = __call__
 
     # -- the device half -------------------------------------------------------------------------------------
+    def _eager(self, x, labels):
+        self.optimizer.prepare_step()
+        return self._device_half(x, labels)
+
     def _device_half(self, x, labels):
         model, optimizer, scaler = self.model, self.optimizer, self.scaler
         optimizer.zero_grad()
@@ -144,8 +145,6 @@ class TrainStep:
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
     def _on_stream(self):
-        import contextlib
-
         return self._stream if self._stream is not None else contextlib.nullcontext()
 
     def _run_graphed(self, x, labels):
@@ -161,13 +160,11 @@ class TrainStep:
             if entry is None and key not in self._pools:
                 self._pools[key] = pool = cupy.cuda.MemoryPool()
                 with cupy.cuda.using_allocator(pool.malloc):
-                    self.optimizer.prepare_step()
-                    return self._device_half(x, labels)
+                    return self._eager(x, labels)
             if entry is None:
                 entry = self._capture(key, x, labels)
                 if entry is None:  # capture failed: eager from now on
-                    self.optimizer.prepare_step()
-                    return self._device_half(x, labels)
+                    return self._eager(x, labels)
             cupy.copyto(entry.x, x)
             cupy.copyto(entry.labels, labels)
             self.optimizer.prepare_step()
@@ -199,8 +196,6 @@ class TrainStep:
                 graph = stream.end_capture()
             graph.upload(stream)
         except Exception as e:  # an op that cannot be captured: say so, and train eagerly
-            from ._loader import _C
-
             _C._clear_cuda_error()  # a failed capture leaves an error the next launch would report
             self.capture_error = f"{type(e).__name__}: {e}"
             warnings.warn(f"TrainStep: CUDA-graph capture failed, the step stays eager ({self.capture_error})",

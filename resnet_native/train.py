@@ -603,8 +603,7 @@ class Trainer:
                 lr_start = current_lr(optimizer)
                 cupy.cuda.get_current_stream().synchronize()
                 t0 = time.perf_counter()
-                model.train()
-                train_step.read_totals(reset=True)
+                model.train()  # the step's device totals start at zero: every epoch's last read resets them
                 bar = _progress(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", self.progress)
                 for i, (x, y) in enumerate(augmenter.epoch(epoch, images=source)):
                     train_step.run(x, y)  # loss and correct count stay on the device, summed

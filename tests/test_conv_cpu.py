@@ -707,5 +707,7 @@ def test_spec_tuples_are_resolved_once_per_spec_and_direction():
 def test_stream_is_zero_without_a_gpu():
     if rn.cuda_available():
         pytest.skip("this machine has a GPU")
-    assert conv._stream() == 0 and conv._stream() == 0
-    assert conv._get_current_stream is None  # cupy's stream is only bound once a GPU was seen
+    from resnet_native import _runtime, kernels
+
+    assert conv._stream() == 0 and conv._stream() == 0 and kernels.stream() == 0
+    assert _runtime._get_current_stream is None  # cupy's stream is only bound once a GPU was seen

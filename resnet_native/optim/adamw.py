@@ -8,7 +8,6 @@ found_inf says the update is skipped, so the step needs no host synchronisation.
 device (Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
-
 from ..layers._backend import ops, to_host
 from .optimizer import Optimizer, _non_negative
 
