@@ -6,10 +6,11 @@ Semantics are PyTorch's: running = (1 - momentum) * running + momentum * batch s
 variance unbiased; save_invstd = 1 / sqrt(biased batch variance + eps).
 
 Paths (see last_path()):
-- NHWC fp16 with relu=True (and C % 4 == 0): ONE cudnnBatchNormalizationForwardTrainingEx call computes
-  relu(bn(x) [+ z]) in cuDNN's persistent NHWC kernels, and one cudnnBatchNormalizationBackwardEx call its
-  gradient. That path needs a reserve buffer kept from forward to backward: batch_norm_train returns it.
-- Elsewhere the plain cuDNN call runs and the custom kernels add z and apply ReLU (and mask dy in backward).
+- NHWC fp16 (and C % 4 == 0): ONE cudnnBatchNormalizationForwardTrainingEx call computes relu(bn(x) [+ z]), or
+  bn(x) alone, in cuDNN's persistent NHWC kernels, and one cudnnBatchNormalizationBackwardEx call its gradient.
+  That path needs a reserve buffer kept from forward to backward: batch_norm_train returns it.
+- Elsewhere (and for bn(x) + z without ReLU) the plain cuDNN call runs and the custom kernels add z and apply
+  ReLU (and mask dy in backward).
 Mode: SPATIAL_PERSISTENT for NHWC, SPATIAL for NCHW (cuDNN's NCHW persistent reduction can overflow to inf/NaN on
 large activations); set_mode() forces one. bf16 fusion is off unless set_fuse_bf16(True): cuDNN documents its
 fused kernels for fp16.
@@ -49,7 +50,8 @@ def _number(value, name) -> float:
 
 
 def batch_norm_reserve_size(x_shape, *, layout, relu=False, has_z=False, dtype="fp16") -> int:
-    """Bytes of reserve space batch_norm_train needs for this problem (0 when it takes the unfused path)."""
+    """Bytes of reserve space batch_norm_train needs for this problem (0 when it takes the unfused path, never 0
+    on the fused one)."""
     _channels(x_shape, layout, "x_shape")
     dt = resolve_dtype_name(dtype)
     return int(_C.batch_norm_reserve_size(tuple(int(s) for s in x_shape), layout, dt, bool(relu), bool(has_z),
@@ -84,12 +86,10 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
         save_invstd = _stats(c)
     if reserve is None and cuda_available():  # without a GPU the op only validates, then raises NoGPUError
         nbytes = batch_norm_reserve_size(shape, layout=layout, relu=relu, has_z=z is not None, dtype=dt)
-        if nbytes or relu or z is not None:
+        if nbytes:  # 0: the plain path. Never 0 on the fused path: the buffer is also backward's token of it
             import cupy
 
-            # Opaque bytes (float32 for tensor_arg). Kept even when cuDNN needs 0 bytes: the buffer is also the token
-            # by which backward knows that a fused forward filled it (seen on the H200: BN+ReLU reserves 0 bytes).
-            reserve = cupy.empty((max(1, (nbytes + 3) // 4),), dtype=cupy.float32)
+            reserve = cupy.empty(((nbytes + 3) // 4,), dtype=cupy.float32)  # opaque bytes (float32 for tensor_arg)
     _C.batch_norm_train(x, gamma, beta, running_mean, running_var, z, out, save_mean, save_invstd, reserve, layout,
                         dt, momentum, eps, bool(relu), stream())
     return out, save_mean, save_invstd, reserve

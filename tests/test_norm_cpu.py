@@ -113,7 +113,8 @@ def test_backward_validates_its_arguments():
 def test_reserve_size_is_zero_where_the_path_is_unfused():
     # These paths never fuse, so the answer needs no cuDNN handle (and no GPU).
     assert norm.batch_norm_reserve_size((4, 16, 8, 8), layout="NCHW", relu=True, has_z=True, dtype="fp16") == 0
-    assert norm.batch_norm_reserve_size((4, 8, 8, 16), layout="NHWC", relu=False, dtype="fp16") == 0
+    # bn(x) + z without ReLU: cuDNN has no add-only op
+    assert norm.batch_norm_reserve_size((4, 8, 8, 16), layout="NHWC", relu=False, has_z=True, dtype="fp16") == 0
     assert norm.batch_norm_reserve_size((4, 8, 8, 16), layout="NHWC", relu=True, dtype="fp32") == 0
     assert norm.batch_norm_reserve_size((4, 8, 8, 6), layout="NHWC", relu=True, dtype="fp16") == 0  # C % 4 != 0
     with pytest.raises(ValueError, match="dtype: expected one of"):

@@ -45,6 +45,17 @@ const char* mode_name(cudnnBatchNormMode_t mode) {
   return mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "persistent" : "spatial";
 }
 
+const char* ops_name(cudnnBatchNormOps_t ops) {
+  switch (ops) {
+    case CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
+      return "BN_ADD_ACTIVATION";
+    case CUDNN_BATCHNORM_OPS_BN_ACTIVATION:
+      return "BN_ACTIVATION";
+    default:
+      return "BN";
+  }
+}
+
 cudnnBatchNormMode_t preferred_mode(Layout layout) {
   switch (static_cast<BatchNormModePolicy>(g_mode_policy.load())) {
     case BatchNormModePolicy::Persistent:
@@ -66,8 +77,8 @@ struct Fusion {
 Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
                      cudnnBatchNormMode_t mode) {
   Fusion f;
-  if (!relu) {
-    f.why_not = "no ReLU to fuse";
+  if (!relu && has_z) {
+    f.why_not = "an add without ReLU (cuDNN has no BN_ADD op)";
   } else if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
     f.why_not = "spatial mode";
   } else if (layout != Layout::NHWC) {
@@ -84,7 +95,9 @@ Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<
     if (it != refusals().end()) f.why_not = "cuDNN refused this shape (" + it->second + ")";
   }
   f.fused = f.why_not.empty();
-  f.ops = has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+  f.ops = !relu   ? CUDNN_BATCHNORM_OPS_BN
+          : has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                  : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
   return f;
 }
 
@@ -211,11 +224,12 @@ cudnnStatus_t fused_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cu
                              size_t workspace_bytes, const std::array<int, 4>& d) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
   const ActivationDescriptor act = make_relu();
+  const void* y = ops == CUDNN_BATCHNORM_OPS_BN ? nullptr : a.y.data;  // the ReLU mask's source; BN alone needs none
   return cudnnBatchNormalizationBackwardEx(
-      handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), a.y.data,
-      desc.data.get(), a.dy.data, desc.data.get(), a.has_z ? a.dz.data : nullptr, desc.data.get(), a.dx.data,
-      desc.param.get(), a.gamma.data, a.beta.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data,
-      a.save_invstd.data, act.get(), workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
+      handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), y, desc.data.get(),
+      a.dy.data, desc.data.get(), a.has_z ? a.dz.data : nullptr, desc.data.get(), a.dx.data, desc.param.get(),
+      a.gamma.data, a.beta.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data, a.save_invstd.data, act.get(),
+      workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
 }
 
 cudnnStatus_t fused_backward_workspace(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
@@ -322,7 +336,8 @@ size_t batch_norm_reserve_size(Layout layout, DType dtype, const std::array<int,
   size_t bytes = 0;
   const cudnnStatus_t status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
       cudnn_handle(stream), mode, fusion.ops, act.get(), desc.data.get(), &bytes);
-  if (status == CUDNN_STATUS_SUCCESS) return bytes;
+  // At least one float: the buffer is also the token by which the backward knows a fused forward filled it.
+  if (status == CUDNN_STATUS_SUCCESS) return std::max(bytes, sizeof(float));
   if (is_refusal(status)) return 0;  // the forward will be refused too and run unfused
   throw_cudnn_error(status, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", __FILE__, __LINE__);
 }
@@ -343,8 +358,7 @@ void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t strea
     } else if (status == CUDNN_STATUS_SUCCESS) {
       record_forward(a.reserve, problem, true);
       t_last_path = {"train", true, mode_name(mode),
-                     has_z ? "cudnnBatchNormalizationForwardTrainingEx(BN_ADD_ACTIVATION)"
-                           : "cudnnBatchNormalizationForwardTrainingEx(BN_ACTIVATION)"};
+                     std::string("cudnnBatchNormalizationForwardTrainingEx(") + ops_name(fusion.ops) + ")"};
       return;
     } else if (is_refusal(status)) {
       remember_refusal(true, dtype, d, has_z, status);
@@ -358,7 +372,7 @@ void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t strea
       run_with_mode_fallback(mode, "cudnnBatchNormalizationForwardTraining",
                              [&](cudnnBatchNormMode_t m) { return plain_forward(handle, m, a, d); });
   std::string detail = "cudnnBatchNormalizationForwardTraining" + run_epilogue(a.y, a.z, a.relu, stream);
-  if (a.relu) detail += " (unfused: " + fusion.why_not + ")";
+  detail += " (unfused: " + fusion.why_not + ")";
   t_last_path = {"train", false, mode_name(ran), detail};
 }
 
@@ -401,10 +415,9 @@ void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
           fused_backward(handle, mode, fusion.ops, a, scratch.grads, scratch.workspace, scratch.workspace_bytes, d);
       if (status == CUDNN_STATUS_SUCCESS) {
         finish_param_grads(a, scratch.grads, stream);
-        t_last_path = {"backward", true, mode_name(mode),
-                       std::string(a.has_z ? "cudnnBatchNormalizationBackwardEx(BN_ADD_ACTIVATION)"
-                                           : "cudnnBatchNormalizationBackwardEx(BN_ACTIVATION)") +
-                           accumulate_note};
+        t_last_path = {
+            "backward", true, mode_name(mode),
+            std::string("cudnnBatchNormalizationBackwardEx(") + ops_name(fusion.ops) + ")" + accumulate_note};
         return;
       }
     }
@@ -430,8 +443,7 @@ void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
       mode, "cudnnBatchNormalizationBackward",
       [&](cudnnBatchNormMode_t m) { return plain_backward(handle, m, a, grad, scratch.grads, d); });
   finish_param_grads(a, scratch.grads, stream);
-  detail += "cudnnBatchNormalizationBackward" + accumulate_note;
-  if (a.relu) detail += " (unfused: " + fusion.why_not + ")";
+  detail += "cudnnBatchNormalizationBackward" + accumulate_note + " (unfused: " + fusion.why_not + ")";
   t_last_path = {"backward", false, mode_name(ran), detail};
 }
 
