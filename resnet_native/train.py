@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-smoothing", type=float, help="label smoothing of the training loss")
     p.add_argument("--lr", type=float, help="(peak) learning rate")
     p.add_argument("--weight-decay", type=float, help="weight decay")
+    p.add_argument("--cutout", type=int, metavar="SIZE", help="Cutout square side in pixels, 0 for none")
     p.add_argument("--deterministic", action="store_true",
                    help="only deterministic convolution algorithms (bit-reproducible runs; may be slower)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
@@ -137,6 +138,8 @@ def resolve_config(args: argparse.Namespace) -> dict:
         cfg["optimizer"]["weight_decay"] = args.weight_decay
     if args.warmup_epochs is not None:
         cfg["schedule"]["warmup_epochs"] = args.warmup_epochs
+    if args.cutout is not None:
+        cfg["augment"]["cutout"] = args.cutout
     return validate_config(cfg)
 
 

@@ -36,7 +36,8 @@ def test_recipe_b_is_the_issue_recipe():
     assert cfg["optimizer"] == {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8,
                                 "weight_decay": 0.05}
     assert cfg["schedule"]["name"] == "onecycle"
-    assert cfg["augment"]["autoaugment"] is True and cfg["augment"]["cutout"] == 0
+    assert cfg["augment"]["autoaugment"] is True and cfg["augment"]["cutout"] == 16
+    assert cfg["label_smoothing"] == 0.1
     assert sorted(train.available_recipes())[:2] == ["A", "B"]
 
 
@@ -44,12 +45,13 @@ def test_cli_flags_override_the_recipe():
     cfg = cfg_from(["--recipe", "B", "--model", "resnet50", "--epochs", "3", "--batch-size", "128",
                     "--eval-batch-size", "500", "--dtype", "bf16", "--layout", "NCHW", "--seed", "4",
                     "--subset", "1000", "--warmup-epochs", "1.5", "--label-smoothing", "0.1", "--lr", "0.01",
-                    "--weight-decay", "0.001", "--deterministic"])
+                    "--weight-decay", "0.001", "--cutout", "8", "--deterministic"])
     assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["eval_batch_size"]) == ("resnet50", 3, 128, 500)
     assert (cfg["dtype"], cfg["layout"], cfg["seed"], cfg["subset"]) == ("bf16", "NCHW", 4, 1000)
     assert cfg["schedule"] == {"name": "onecycle", "warmup_epochs": 1.5}
     assert cfg["label_smoothing"] == 0.1 and cfg["deterministic"] is True
     assert cfg["optimizer"]["lr"] == 0.01 and cfg["optimizer"]["weight_decay"] == 0.001
+    assert cfg["augment"]["cutout"] == 8 and cfg["augment"]["autoaugment"] is True
     assert cfg["optimizer"]["name"] == "adamw"  # untouched keys keep the recipe's values
     args = train.build_parser().parse_args(["--out", "runs/x", "--resume", "--no-progress", "--data", "d"])
     assert args.resume and args.no_progress and args.out == "runs/x" and args.data == "d"
