@@ -4,7 +4,8 @@ Feeds torchvision's ResNet-18 (CIFAR stem, channels_last, fp16 autocast + GradSc
 resnet_native's data pipeline (shared through DLPack), so a difference in accuracy between the two trainers points
 at the model/optimizer, not the data. Recipe A: SGD Nesterov, cosine per step, crop + flip + Cutout on the GPU.
 Recipe B: AdamW (wd 0.05) with torch's own OneCycleLR (beta1 cycled), AutoAugment workers (crop -> flip ->
-AutoAugment, as the trainer runs them). Cutout as in the recipe's YAML unless --cutout says otherwise.
+AutoAugment, as the trainer runs them). Cutout and label smoothing as in the recipe's YAML unless --cutout /
+--label-smoothing say otherwise.
 
     python tools/torch_reference_train.py --data .data/cifar10-jpeg.tar.xz --epochs 3
     python tools/torch_reference_train.py --data .data/cifar10-jpeg.tar.xz --recipe B --epochs 100
@@ -36,6 +37,7 @@ def main():
     p.add_argument("--recipe", choices=["A", "B"], default="A")
     p.add_argument("--lr", type=float, help="(peak) learning rate (default: A 0.1, B 3e-4)")
     p.add_argument("--cutout", type=int, help="Cutout side in pixels (default: the recipe YAML's)")
+    p.add_argument("--label-smoothing", type=float, help="(default: the recipe YAML's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pipeline", choices=["resnet_native", "torchvision"], default="resnet_native")
     p.add_argument("--workers", type=int, default=12, help="DataLoader workers (--pipeline torchvision)")
@@ -46,7 +48,9 @@ def main():
     train_x, train_y = cp.asarray(data.train_images), cp.asarray(data.train_labels, dtype=cp.int32)
     recipe_b = args.recipe == "B"
     lr = args.lr if args.lr is not None else (3e-4 if recipe_b else 0.1)
-    cutout = args.cutout if args.cutout is not None else load_recipe(args.recipe)["augment"]["cutout"]
+    recipe = load_recipe(args.recipe)
+    cutout = args.cutout if args.cutout is not None else recipe["augment"]["cutout"]
+    smoothing = args.label_smoothing if args.label_smoothing is not None else recipe.get("label_smoothing", 0.0)
     if args.pipeline == "torchvision":
         if cutout:
             raise SystemExit("--pipeline torchvision has no Cutout: pass --cutout 0")
@@ -69,7 +73,7 @@ def main():
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     scaler = torch.amp.GradScaler()
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
     start = time.time()
     best = 0.0
     for epoch in range(args.epochs):
@@ -98,7 +102,8 @@ def main():
         print(f"torch epoch {epoch + 1}/{args.epochs}: train loss {tot_loss.item() / seen:.4f} "
               f"acc {correct.item() / seen:.4f} | test acc {acc:.4f} | {time.time() - start:.1f}s")
     batches.close()
-    print(json.dumps({"recipe": args.recipe, "pipeline": args.pipeline, "cutout": cutout, "seed": args.seed,
+    print(json.dumps({"recipe": args.recipe, "pipeline": args.pipeline, "cutout": cutout,
+                      "label_smoothing": smoothing, "seed": args.seed,
                       "torch_test_acc": acc, "best_test_acc": best, "epochs": args.epochs,
                       "wall_s": time.time() - start}))
 
