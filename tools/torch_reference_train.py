@@ -45,7 +45,6 @@ def main():
     torch.manual_seed(args.seed)
     torch.backends.cudnn.benchmark = True
     data = load_cifar10(args.data)
-    train_x, train_y = cp.asarray(data.train_images), cp.asarray(data.train_labels, dtype=cp.int32)
     recipe_b = args.recipe == "B"
     lr = args.lr if args.lr is not None else (3e-4 if recipe_b else 0.1)
     recipe = load_recipe(args.recipe)
@@ -56,7 +55,7 @@ def main():
             raise SystemExit("--pipeline torchvision has no Cutout: pass --cutout 0")
         batches = torchvision_batches(data, args.batch_size, recipe_b, args.workers, args.seed)
     else:
-        batches = resnet_native_batches(data, train_x, train_y, args.batch_size, recipe_b, cutout, args.seed)
+        batches = resnet_native_batches(data, args.batch_size, recipe_b, cutout, args.seed)
     test_x = torch.from_dlpack(normalize_on_gpu(data.test_images, layout="NCHW", dtype="fp32"))
     test_x = test_x.contiguous(memory_format=torch.channels_last)
     test_y = torch.as_tensor(data.test_labels, device="cuda").long()
@@ -121,7 +120,8 @@ class Batches:
         return self.generate(epoch, epochs)
 
 
-def resnet_native_batches(data, train_x, train_y, batch_size, recipe_b, cutout, seed):
+def resnet_native_batches(data, batch_size, recipe_b, cutout, seed):
+    train_x, train_y = cp.asarray(data.train_images), cp.asarray(data.train_labels, dtype=cp.int32)
     aa = None
     if recipe_b:
         from resnet_native.data.autoaugment import AutoAugmentWorkers
