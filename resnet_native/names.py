@@ -1,0 +1,59 @@
+"""The package's one table of names: precisions, storage dtypes, layouts, engines, directions and their spellings.
+
+Every Python module takes its names from here. The native core's typed enums (resnet_native._C.Precision, Layout,
+...) carry the same names; tests/test_names_cpu.py checks that the two tables agree.
+"""
+
+import numpy as np
+
+# Precision modes: the storage dtype of activations and weights plus the math cuDNN may use. fp32 is strict FMA
+# math, tf32 lets the tensor cores round inputs to TF32, fp16 and bf16 store 16-bit values and accumulate in fp32.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+# Element types of op arguments. cupy has no bfloat16: bf16 arrays are uint16 arrays holding bf16 bit patterns.
+DTYPES = ("fp32", "fp16", "bf16")
+# Accepted spellings of a dtype argument ('tf32' data is fp32 data).
+DTYPE_ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "tf32": "fp32",
+    "fp16": "fp16", "float16": "fp16",
+    "bf16": "bf16", "bfloat16": "bf16",
+}
+# The NumPy / cupy dtype that stores each dtype and each precision.
+ARRAY_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+PRECISION_STORAGE = {p: ARRAY_DTYPES[DTYPE_ALIASES[p]] for p in PRECISIONS}
+# The dtype of master weights, gradients, batch-norm statistics and logits, whatever the precision.
+MASTER_DTYPE = np.dtype(np.float32)
+
+# Activation layouts: NCHW arrays are (N, C, H, W), NHWC arrays (N, H, W, C); filters (K, C/g, R, S) and
+# (K, R, S, C/g).
+LAYOUTS = ("NCHW", "NHWC")
+
+# Convolution engines: cuDNN's legacy API, its graph (backend) API, or whichever is faster per problem.
+ENGINES = ("auto", "legacy", "graph")
+# Convolution directions, with the short spellings the per-direction algorithm syntax and cache keys use.
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+DIRECTION_ALIASES = {
+    "forward": "forward", "fwd": "forward",
+    "backward_data": "backward_data", "bwd_data": "backward_data",
+    "backward_filter": "backward_filter", "bwd_filter": "backward_filter",
+}
+# How an algorithm is chosen: timed on the call's arrays, cuDNN's heuristic ranking, or one named algorithm.
+ALGO_MODES = ("find", "heuristic", "fixed")
+# A forward convolution's epilogue: y = activation(alpha1 * conv(x, w) + alpha2 * z + bias).
+ACTIVATIONS = ("identity", "relu")
+EPILOGUE_PARTS = ("bias", "residual", "relu")
+# Batch-norm reduction modes ('auto': persistent for NHWC, spatial for NCHW).
+BATCH_NORM_MODES = ("auto", "persistent", "spatial")
+
+
+def choice(name: str, value, allowed):
+    """`value` if it is one of `allowed`, else a ValueError naming the argument and the accepted values."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+    return value
+
+
+def canonical_dtype(value, name: str = "dtype") -> str:
+    """'fp32', 'fp16' or 'bf16' for any accepted spelling; ValueError naming the argument otherwise."""
+    if not isinstance(value, str) or value not in DTYPE_ALIASES:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(d) for d in DTYPES)}, got {value!r}")
+    return DTYPE_ALIASES[value]
