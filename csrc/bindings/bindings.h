@@ -5,6 +5,7 @@
 
 namespace rn {
 
+void bind_enums(pybind11::module_& m);         // typed enums shared by every op (DType, Precision, Layout, ...)
 void bind_core(pybind11::module_& m);          // errors, version, devices, handles, descriptors, workspace
 void bind_conv(pybind11::module_& m);          // convolution engine, algorithm cache, legacy descriptors
 void bind_kernels(pybind11::module_& m);       // elementwise kernels, cast, multi-tensor optimizer kernels

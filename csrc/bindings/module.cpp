@@ -5,6 +5,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "resnet_native native core: cuDNN handle, descriptors, workspace pool, convolution and kernels";
+  rn::bind_enums(m);
   rn::bind_core(m);
   rn::bind_conv(m);
   rn::bind_kernels(m);
