@@ -35,7 +35,7 @@ def median_ms(fn, warmup, steps):
 
 def ours(name, batch, dtype, layout, warmup, steps):
     """(eager train step, CUDA-graph train step, inference) in ms."""
-    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout=layout, dtype=dtype)
+    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout=layout, precision=dtype)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     scaler = rn.optim.GradScaler() if dtype == "fp16" else None
     np_dtype = np.float16 if dtype == "fp16" else np.float32

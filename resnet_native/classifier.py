@@ -121,7 +121,7 @@ def build_release_model(config: dict, weights: dict):
 
     m = config["model"]
     model = getattr(rn, MODELS[m["name"]])(num_classes=int(m["num_classes"]), stem=m["stem"], layout=m["layout"],
-                                           dtype=m["dtype"])
+                                           precision=m["dtype"])
     if hasattr(model, "cuda"):
         model.cuda()
     model.load_state_dict(weights)

@@ -287,7 +287,7 @@ def make_deterministic(model) -> None:
 def build_model(cfg):
     import resnet_native as rn
 
-    model = getattr(rn, MODELS[cfg["model"]])(num_classes=10, stem="cifar", layout=cfg["layout"], dtype=cfg["dtype"],
+    model = getattr(rn, MODELS[cfg["model"]])(num_classes=10, stem="cifar", layout=cfg["layout"], precision=cfg["dtype"],
                                               seed=cfg["seed"])
     if cfg.get("deterministic"):
         make_deterministic(model)

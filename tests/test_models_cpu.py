@@ -143,8 +143,8 @@ def test_load_state_dict_errors():
         (dict(depth=19), "depth"),
         (dict(depth=18, stem="tiny"), "stem"),
         (dict(depth=18, layout="CHWN"), "layout"),
-        (dict(depth=18, dtype="fp64"), "dtype"),
-        (dict(depth=18, dtype="float16"), "dtype"),
+        (dict(depth=18, precision="fp64"), "precision"),
+        (dict(depth=18, precision="float16"), "precision"),
         (dict(depth=18, engine="cudnn"), "engine"),
         (dict(depth=18, num_classes=0), "num_classes"),
         (dict(depth=18, num_classes=2.5), "num_classes"),
@@ -157,7 +157,7 @@ def test_argument_validation(kwargs, match):
 
 def test_constructors_defaults_and_exports():
     model = rn.ResNet34()
-    assert (model.depth, model.num_classes, model.stem, model.layout, model.dtype) == (
+    assert (model.depth, model.num_classes, model.stem, model.layout, model.precision) == (
         34,
         1000,
         "cifar",
@@ -166,7 +166,7 @@ def test_constructors_defaults_and_exports():
     )
     assert rn.ResNet50.__name__ == "ResNet50" and rn.ResNet152 is ResNet152 and rn.ResNet101 is ResNet101
     assert rn.optim.SGD and rn.optim.AdamW and rn.optim.GradScaler
-    model = ResNet18(num_classes=10, dtype="bf16", layout="NCHW", engine="legacy")
+    model = ResNet18(num_classes=10, precision="bf16", layout="NCHW", engine="legacy")
     assert all(
         m.engine == "legacy" and m.precision == "bf16" and m.layout == "NCHW"
         for _, m in model.named_modules()

@@ -214,7 +214,7 @@ def test_fp16_training_runs_the_low_precision_paths(rng):
     """fp16 storage under the references: low-precision weight copies, gradient casts, fp32 fc, fused step."""
     with ops.use(**ref.numpy_backend()) as o:
         o.storage = {**o.storage, "fp16": np.dtype(np.float16)}
-        model = ResNet18(num_classes=10, dtype="fp16", seed=7)
+        model = ResNet18(num_classes=10, precision="fp16", seed=7)
         opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
         step = TrainStep(model, opt, scaler=GradScaler(init_scale=128.0))
         x, labels = _input(rng, "NHWC", 4, 8).astype(np.float32), rng.integers(0, 10, 4)

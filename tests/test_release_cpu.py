@@ -23,7 +23,7 @@ def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC",
     ResNet-18 built on the host), summary.json."""
     cfg = train.resolve_config(train.build_parser().parse_args(
         ["--recipe", recipe, "--epochs", str(epochs), "--layout", layout, "--dtype", dtype]))
-    model = rn.ResNet18(num_classes=10, stem="cifar", layout=layout, dtype=dtype, seed=seed)
+    model = rn.ResNet18(num_classes=10, stem="cifar", layout=layout, precision=dtype, seed=seed)
     history = [{"epoch": e, "lr": 0.1, "train_loss": 1.0 / e, "train_acc": 0.3 * e, "test_loss": 1.1 / e,
                 "test_acc": 0.25 * e + (0.1 if e == best_epoch else 0.0), "epoch_time_s": 2.0,
                 "images_per_s": 25000.0} for e in range(1, epochs + 1)]

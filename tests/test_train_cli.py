@@ -167,7 +167,7 @@ def test_schedule_adapter_onecycle_cycles_momentum():
 
 
 def test_optimizer_adapter_and_state_round_trip(tmp_path):
-    model = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16", seed=0)
+    model = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
     sgd = train.build_optimizer(cfg_from(["--recipe", "A"]), model)
     assert isinstance(sgd, rn.SGD) and sgd.nesterov and sgd.lr == 0.1 and sgd.weight_decay == 5e-4
     adamw = train.build_optimizer(cfg_from(["--recipe", "B"]), model)
@@ -185,9 +185,9 @@ def test_optimizer_adapter_and_state_round_trip(tmp_path):
 
 
 def test_model_seed_reproduces_initial_weights():
-    a = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16", seed=3).state_dict()
-    b = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16", seed=3).state_dict()
-    c = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16", seed=4).state_dict()
+    a = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=3).state_dict()
+    b = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=3).state_dict()
+    c = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=4).state_dict()
     np.testing.assert_array_equal(a["conv1.weight"], b["conv1.weight"])
     assert not np.array_equal(a["conv1.weight"], c["conv1.weight"])
 

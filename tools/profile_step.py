@@ -42,7 +42,7 @@ def profile(fn, steps: int, synchronize) -> tuple:
 
 
 def ours(name, batch, steps):
-    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16")
+    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision="fp16")
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
     x = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32).astype(np.float16)

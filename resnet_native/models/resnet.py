@@ -1,11 +1,11 @@
 """ResNet-18/34/50/101/152 with torchvision's structure, parameter names and shapes, on the native ops.
 
-    model = resnet_native.ResNet50(num_classes=10, stem="cifar", layout="NHWC", dtype="fp16")
+    model = resnet_native.ResNet50(num_classes=10, stem="cifar", layout="NHWC", precision="fp16")
     logits = model.forward(x, train=False)            # x: (N, 32, 32, 3) float16 cupy array -> (N, 10) fp32
 
 Stems: 'cifar' = 3x3 stride-1 conv 64, BN, ReLU (no max pool);
        'imagenet' = 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
-dtype: 'fp32' (strict FMA math), 'tf32', 'fp16' or 'bf16' (bf16 activations are uint16 arrays of bf16 bits).
+precision: 'fp32' (strict FMA math), 'tf32', 'fp16' or 'bf16' (bf16 activations are uint16 arrays of bf16 bits).
 Parameters are fp32 masters; for fp16/bf16 the ops read low-precision copies that the optimizer's fused step
 refreshes. Parameters are built on the host (NumPy, torchvision's init) and move to the GPU on first use
 or cuda().
@@ -38,7 +38,7 @@ class ResNet(Module):
         *,
         stem="cifar",
         layout="NHWC",
-        dtype="fp32",
+        precision="fp32",
         engine=None,
         algo="find",
         fused_residual=True,
@@ -51,12 +51,12 @@ class ResNet(Module):
         self.num_classes = positive_int("num_classes", num_classes)
         self.stem = check_choice("stem", stem, STEMS)
         self.layout = check_choice("layout", layout, LAYOUTS)
-        self.dtype = check_choice("dtype", dtype, PRECISIONS)
+        self.precision = check_choice("precision", precision, PRECISIONS)
         if engine is not None:
             check_choice("engine", engine, ENGINES)
         rng = np.random.default_rng(seed)
         block, counts = DEPTHS[depth]
-        conv_args = dict(layout=layout, precision=dtype, engine=engine, algo=algo, rng=rng)
+        conv_args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
         if stem == "cifar":
             self.conv1 = Conv2d(3, 64, 3, 1, 1, needs_input_grad=False, **conv_args)
         else:
@@ -78,7 +78,7 @@ class ResNet(Module):
                         planes,
                         stride,
                         layout=layout,
-                        precision=dtype,
+                        precision=precision,
                         engine=engine,
                         algo=algo,
                         fused_residual=fused_residual,
@@ -93,13 +93,13 @@ class ResNet(Module):
     def _own_low_precision_dtype(self):
         # Every parameter gets a low-precision copy (those of BN and fc go unused) so the optimizer updates
         # the whole model, masters and copies, in one launch.
-        return ops.storage_dtype(self.dtype) if self.dtype in ("fp16", "bf16") else None
+        return ops.storage_dtype(self.precision) if self.precision in ("fp16", "bf16") else None
 
     @property
     def input_dtype(self):
         """The dtype forward() expects (float32, float16, or uint16 holding bf16 bits); others are
         converted."""
-        return ops.storage_dtype(self.dtype)
+        return ops.storage_dtype(self.precision)
 
     def forward(self, x, train=None):
         """Logits (N, num_classes), fp32, as a new array. train=None follows train()/eval()."""
@@ -147,7 +147,7 @@ class ResNet(Module):
     def model_copies(self):
         """The low-precision copies of the parameters, in parameters() order (None for fp32/tf32)."""
         params = self.parameters()
-        if self.dtype not in ("fp16", "bf16") or not params[0].on_device:
+        if self.precision not in ("fp16", "bf16") or not params[0].on_device:
             return None
         return [p.low for p in params]
 
@@ -160,7 +160,7 @@ class ResNet(Module):
     def describe(self):
         return (
             f"depth={self.depth}, num_classes={self.num_classes}, stem={self.stem}, layout={self.layout}, "
-            f"dtype={self.dtype}"
+            f"precision={self.precision}"
         )
 
     def __repr__(self):
@@ -181,8 +181,8 @@ class ResNet(Module):
 
 
 def _constructor(depth):
-    def build(num_classes=1000, stem="cifar", layout="NHWC", dtype="fp32", engine=None, **kwargs):
-        return ResNet(depth, num_classes, stem=stem, layout=layout, dtype=dtype, engine=engine, **kwargs)
+    def build(num_classes=1000, stem="cifar", layout="NHWC", precision="fp32", engine=None, **kwargs):
+        return ResNet(depth, num_classes, stem=stem, layout=layout, precision=precision, engine=engine, **kwargs)
 
     build.__name__ = build.__qualname__ = f"ResNet{depth}"
     build.__doc__ = (
