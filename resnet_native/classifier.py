@@ -19,6 +19,7 @@ import pathlib
 import numpy as np
 
 from .data.cifar10 import CLASSES
+from .models.registry import model_from_spec, rename_legacy_keys
 
 DEFAULT_MODELS_DIR = "cifar10_models"
 IMAGE_SIZE = (32, 32)
@@ -49,7 +50,7 @@ def load_release_config(version_dir) -> dict:
 
 
 def load_weights(version_dir) -> dict:
-    """The release's state_dict: model.safetensors (when present) or model.npz, as NumPy arrays."""
+    """The release's state_dict, as NumPy arrays: model.safetensors (or an older release's model.npz)."""
     d = pathlib.Path(version_dir)
     if (d / "model.safetensors").is_file():
         from safetensors.numpy import load_file
@@ -115,15 +116,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def build_release_model(config: dict, weights: dict):
     """The network described by a release's config.yaml, with its weights, in eval mode (needs a GPU)."""
-    import resnet_native as rn
-
-    from .train import MODELS
-
-    m = config["model"]
-    model = getattr(rn, MODELS[m["name"]])(num_classes=int(m["num_classes"]), stem=m["stem"], layout=m["layout"],
-                                           precision=m["dtype"])
-    if hasattr(model, "cuda"):
-        model.cuda()
+    model = model_from_spec(config["model"])
+    model.cuda()
     model.load_state_dict(weights)
     model.eval()
     return model
@@ -132,7 +126,7 @@ def build_release_model(config: dict, weights: dict):
 class CIFAR10Classifier:
     """A released CIFAR-10 model. version: 'A', 'B', ... (looked up in models_dir, default ./cifar10_models or
     $RESNET_NATIVE_MODELS) or the path of a version folder. model: use this network instead of building the
-    release's (for tests or a custom device setup); it must provide forward(x, train=False) -> logits."""
+    release's (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) -> logits."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None):
         self.version_dir = resolve_version_dir(version, models_dir)
@@ -140,8 +134,8 @@ class CIFAR10Classifier:
         folder = self.version_dir.resolve()
         self.config = load_release_config(folder)
         self.classes = tuple(self.config.get("classes", CLASSES))
-        m = self.config["model"]
-        self.layout, self.dtype = m["layout"], m["dtype"]
+        m = rename_legacy_keys(self.config["model"])  # an older release called the precision 'dtype'
+        self.layout, self.precision = m["layout"], m["precision"]
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
@@ -155,7 +149,7 @@ class CIFAR10Classifier:
         from .data.augment import normalize_on_host
 
         batch, single = to_batch(images)
-        return normalize_on_host(batch, layout=self.layout, dtype=self.dtype), single
+        return normalize_on_host(batch, layout=self.layout, dtype=self.precision), single
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         import resnet_native as rn
@@ -164,8 +158,8 @@ class CIFAR10Classifier:
             import cupy
 
             x = cupy.asarray(x)
-        logits = self.model.forward(x, train=False)
-        return np.asarray(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
+        logits = self.model.forward(x, train=False, copy=False)  # the model's own buffer, copied to the host here
+        return np.array(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
 
     def logits(self, images) -> np.ndarray:
         x, single = self.preprocess(images)

@@ -4,6 +4,8 @@ The CSV is rewritten whole (atomically) each epoch from the in-memory history, s
 the epochs of the checkpoint plus the new ones, never a row from an epoch that was lost in a crash.
 TensorBoard is written with the tensorboard package's own event writer and protobufs (no torch import).
 The plot uses matplotlib when it imports, else a plain PIL line drawing.
+tensorboard and matplotlib are optional (the extra `logging`); when one is missing where it would have been used,
+that is said once per process on stderr.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import csv
 import io
 import math
 import pathlib
+import sys
 import time
 
 from .checkpoint import atomic_write_bytes, atomic_write_text
@@ -19,12 +22,25 @@ from .checkpoint import atomic_write_bytes, atomic_write_text
 COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "images_per_s")
 
 
+_SAID = set()  # the optional packages whose absence has been reported
+
+
+def note_missing(package: str, error: Exception, consequence: str) -> None:
+    """Say once per process, on stderr, that an optional package did not import and what is done instead."""
+    if package in _SAID:
+        return
+    _SAID.add(package)
+    why = "is not installed" if isinstance(error, ImportError) else f"failed to import ({error})"
+    print(f"{package} {why}: pip install 'resnet_native[logging]'; {consequence}", file=sys.stderr)
+
+
 def _tensorboard_writer(logdir):
     """(writer, make_event) from the tensorboard package, or None when it does not import."""
     try:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    except Exception:  # not installed, or a broken install: TensorBoard output is optional
+    except Exception as e:  # not installed, or a broken install: TensorBoard output is optional
+        note_missing("tensorboard", e, "writing metrics.csv only")
         return None
     writer = EventFileWriter(str(logdir))
 
@@ -101,7 +117,8 @@ def plot_curves(rows, path, title: str = "") -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:
+    except Exception as e:  # not installed, or a broken install: Pillow draws the curves instead
+        note_missing("matplotlib", e, f"drawing {path.name} with Pillow")
         _plot_with_pil(rows, path, title)
         return "pil"
     epochs = [r["epoch"] for r in rows]

@@ -1,11 +1,14 @@
 """Package a trained run as a model release: `python -m resnet_native.release --run runs/NAME --version A`.
 
 Writes <out>/version_<X>/ (default out: cifar10_models), a symlink to the release folder .version_<X>.<suffix>:
-  model.safetensors   the weights (torchvision names and shapes; model.npz when safetensors does not import)
-  config.yaml         the network (name, stem, layout, dtype, classes), the normalisation, and the training recipe
+  model.safetensors   the weights (torchvision names and shapes)
+  config.yaml         the network (name, classes, stem, layout, precision), the normalisation, and the training recipe
   metrics.json        test accuracy and epoch of the shipped weights, training time, parameter count, and the
                       inference throughput measured now on this machine's GPU (null with --no-benchmark / no GPU)
-  preprocess.py       standalone (NumPy + Pillow) image -> normalised array, for use outside this package
+  preprocess.py       standalone (NumPy + Pillow) image -> normalised array, for use outside this package: the same
+                      file in every release, which reads the release's values from preprocess.json beside it
+The version is a plain name (VERSION_PATTERN) and, like every other value, is only ever written as data (YAML,
+JSON), never into code.
 The folder is built and fsynced under its hidden name, then published by os.replace of the version_<X> symlink: a
 reader sees the old release or the new one, never half of one nor none (the old folder is deleted afterwards). A
 version_<X> that is still a real folder (a release made before the symlink layout) is first renamed aside, which
@@ -19,6 +22,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -29,26 +33,38 @@ import numpy as np
 from .checkpoint import load_checkpoint
 from .data.augment import MEAN, STD
 from .data.cifar10 import CLASSES
+from .models.registry import model_spec, rename_legacy_keys
 
 _NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
+WEIGHTS_FILE = "model.safetensors"
 
-PREPROCESS_TEMPLATE = '''"""Preprocessing for CIFAR-10 model release {version} (standalone: NumPy and Pillow only).
+# A release name: a letter or digit, then up to 63 letters, digits, '.', '_' or '-' (no path separators, not hidden).
+VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# The standalone preprocess.py, the same in every release: it reads the release's values from preprocess.json.
+PREPROCESS_PY = '''"""Preprocessing for a CIFAR-10 model release (standalone: NumPy and Pillow only).
 
     from preprocess import preprocess, CLASSES
     x = preprocess(["cat.png", pil_image, hwc_uint8_array])   # (N, 32, 32, 3) float32 for an NHWC model
 
-Each image is converted to RGB, resized to 32x32 (bilinear) if needed, scaled to [0, 1], and normalised per
-channel with the training set's mean and standard deviation (computed in float64, rounded once to `dtype`).
+The release's values (VERSION, CLASSES, MEAN, STD, LAYOUT) are read from preprocess.json beside this file. Each
+image is converted to RGB, resized to 32x32 (bilinear) if needed, scaled to [0, 1], and normalised per channel with
+the training set's mean and standard deviation (computed in float64, rounded once to `dtype`).
 """
 
+import json
 import os
 
 import numpy as np
 
-MEAN = {mean!r}
-STD = {std!r}
-CLASSES = {classes!r}
-LAYOUT = {layout!r}  # the model's input layout: NHWC -> (N, H, W, 3), NCHW -> (N, 3, H, W)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "preprocess.json"), encoding="utf-8") as _f:
+    _RELEASE = json.load(_f)
+
+VERSION = str(_RELEASE["version"])
+MEAN = tuple(float(v) for v in _RELEASE["mean"])
+STD = tuple(float(v) for v in _RELEASE["std"])
+CLASSES = tuple(str(c) for c in _RELEASE["classes"])
+LAYOUT = str(_RELEASE["layout"])  # the model's input layout: NHWC -> (N, H, W, 3), NCHW -> (N, 3, H, W)
 SIZE = (32, 32)
 
 
@@ -86,6 +102,14 @@ def preprocess(images, layout=LAYOUT, dtype=np.float32):
 '''
 
 
+def check_version(version) -> str:
+    """The release name, or a ValueError: it names a folder and is written into the release's files."""
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
+        raise ValueError(f"version: expected a plain name like 'A' (a letter or digit, then up to 63 letters, "
+                         f"digits, '.', '_' or '-'), got {version!r}")
+    return version
+
+
 def count_parameters(weights: dict) -> int:
     """Trainable parameters in a state_dict (batch-norm running statistics excluded)."""
     return int(sum(v.size for k, v in weights.items() if not k.endswith(_NOT_PARAMETERS)))
@@ -115,18 +139,13 @@ def find_checkpoint(run_dir, which: str = "best") -> pathlib.Path:
     raise FileNotFoundError(f"{run}: no {' or '.join(order)} (is it a resnet_native.train run folder?)")
 
 
-def save_weights(weights: dict, folder) -> str:
-    """model.safetensors when safetensors imports, else model.npz. Returns the file name."""
-    folder = pathlib.Path(folder)
+def save_weights(weights: dict, folder) -> None:
+    """Write the state_dict to folder/model.safetensors."""
+    from safetensors.numpy import save_file
+
     # np.require keeps 0-d arrays (num_batches_tracked) 0-d, unlike np.ascontiguousarray.
     weights = {k: np.require(v, requirements="C") for k, v in weights.items()}
-    try:
-        from safetensors.numpy import save_file
-    except ImportError:
-        np.savez(folder / "model.npz", **weights)
-        return "model.npz"
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "resnet_native"})
-    return "model.safetensors"
+    save_file(weights, str(pathlib.Path(folder) / WEIGHTS_FILE), metadata={"format": "resnet_native"})
 
 
 def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, iters: int = 20) -> dict:
@@ -139,13 +158,13 @@ def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, it
     model = build_release_model(config, weights)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8)
-    x = normalize_on_gpu(images, layout=config["model"]["layout"], dtype=config["model"]["dtype"])
+    x = normalize_on_gpu(images, layout=config["model"]["layout"], dtype=config["model"]["precision"])
     for _ in range(3):  # algorithm search and buffer allocation happen here
-        model.forward(x, train=False)
+        model.forward(x, train=False, copy=False)
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
     for _ in range(iters):
-        model.forward(x, train=False)
+        model.forward(x, train=False, copy=False)
     stop.record()
     stop.synchronize()
     seconds = cupy.cuda.get_elapsed_time(start, stop) / 1000.0
@@ -191,35 +210,51 @@ def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
 def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
             bench_batch_size: int = 1000) -> pathlib.Path:
     """Build <out_dir>/version_<version>/ from a training run; returns its path."""
-    import yaml
-
-    if not str(version) or any(c in str(version) for c in "/\\") or str(version).startswith("."):
-        raise ValueError(f"version: expected a plain name like 'A', got {version!r}")
+    check_version(version)
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(ckpt_path)
-    cfg = state["config"]
     weights = {k: np.asarray(v) for k, v in state["model"].items()}
+    config = release_config(state, version, run_name=pathlib.Path(run_dir).resolve().name,
+                            checkpoint_name=ckpt_path.name)
+    metrics = release_metrics(state, version, weights, run_dir)
+    if benchmark:
+        import resnet_native as rn
+
+        if rn.cuda_available():
+            metrics.update(measure_inference(config, weights, batch_size=bench_batch_size))
+        else:
+            print("release: no GPU, inference_images_per_s left null", file=sys.stderr)
+    return _write_release(pathlib.Path(out_dir), version, config, metrics, weights)
+
+
+def release_config(state: dict, version: str, *, run_name: str, checkpoint_name: str) -> dict:
+    """config.yaml of a release of a training state: the network, classes, input normalisation, and where the
+    weights come from (the run folder's name, never a path)."""
+    recipe = rename_legacy_keys(state["config"])  # an older run's configuration called the precision 'dtype'
+    return {
+        "version": version,
+        "model": model_spec(recipe["model"], layout=recipe["layout"], precision=recipe["precision"]),
+        "classes": list(CLASSES),
+        "input": {"height": 32, "width": 32, "channels": 3, "order": "RGB", "scale": "1/255",
+                  "mean": list(MEAN), "std": list(STD)},
+        "weights": WEIGHTS_FILE,
+        "training": {"run": run_name, "checkpoint": checkpoint_name, "epoch": int(state["epoch"]) + 1,
+                     "recipe": recipe},
+    }
+
+
+def release_metrics(state: dict, version: str, weights: dict, run_dir) -> dict:
+    """metrics.json of a release (its inference throughput is added by the benchmark)."""
     metrics = state.get("metrics", {})
     history = metrics.get("history", [])
     epoch = int(state["epoch"]) + 1
     row = next((r for r in history if r.get("epoch") == epoch), {})
-    config = {
-        "version": str(version),
-        "model": {"name": cfg["model"], "num_classes": 10, "stem": "cifar", "layout": cfg["layout"],
-                  "dtype": cfg["dtype"]},
-        "classes": list(CLASSES),
-        "input": {"height": 32, "width": 32, "channels": 3, "order": "RGB", "scale": "1/255",
-                  "mean": list(MEAN), "std": list(STD)},
-        "weights": None,
-        "training": {"run": str(pathlib.Path(run_dir)), "checkpoint": ckpt_path.name, "epoch": epoch,
-                     "recipe": cfg},
-    }
-    out = {
-        "version": str(version),
+    return {
+        "version": version,
         "test_accuracy": row.get("test_acc"),
         "test_loss": row.get("test_loss"),
         "epoch": epoch,
-        "epochs": cfg["epochs"],
+        "epochs": state["config"]["epochs"],
         "training_time_s": metrics.get("train_time_s"),
         "train_images_per_s": _train_throughput(history),
         "wall_time_s": _run_wall_time(run_dir),
@@ -227,24 +262,27 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
         "inference_images_per_s": None,
         "released_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    if benchmark:
-        import resnet_native as rn
 
-        if rn.cuda_available():
-            out.update(measure_inference(config, weights, batch_size=bench_batch_size))
-        else:
-            print("release: no GPU, inference_images_per_s left null", file=sys.stderr)
 
-    root = pathlib.Path(out_dir)
+def preprocess_values(config: dict) -> dict:
+    """preprocess.json: what the standalone preprocess.py needs from a release's config."""
+    return {"version": config["version"], "classes": config["classes"], "mean": config["input"]["mean"],
+            "std": config["input"]["std"], "layout": config["model"]["layout"]}
+
+
+def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict, weights: dict) -> pathlib.Path:
+    """Build the release under a hidden name, fsync it, and publish it as root/version_<version>."""
+    import yaml
+
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"version_{version}"
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".version_{version}.", dir=root))
     try:
-        config["weights"] = save_weights(weights, tmp)
+        save_weights(weights, tmp)
         (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (tmp / "metrics.json").write_text(json.dumps(out, indent=2) + "\n")
-        (tmp / "preprocess.py").write_text(PREPROCESS_TEMPLATE.format(
-            version=version, mean=tuple(MEAN), std=tuple(STD), classes=tuple(CLASSES), layout=cfg["layout"]))
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (tmp / "preprocess.json").write_text(json.dumps(preprocess_values(config), indent=2) + "\n")
+        (tmp / "preprocess.py").write_text(PREPROCESS_PY)
         for f in tmp.iterdir():
             _fsync(f)
         tmp.chmod(0o755)

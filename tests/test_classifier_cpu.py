@@ -1,5 +1,10 @@
 """CIFAR10Classifier's input forms and outputs, with a stub network standing in for the GPU model."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -18,12 +23,20 @@ class StubNet:
     def __init__(self, seed=0):
         self.w = np.random.default_rng(seed).standard_normal((3, 10)).astype(np.float32) * 5
         self.inputs = []
+        self._buffer = None
 
-    def forward(self, x, train=None):
+    def forward(self, x, train=None, *, copy=True):
         assert train is False
         x = x.get() if hasattr(x, "get") else np.asarray(x)  # the classifier hands cupy arrays over on a GPU
         self.inputs.append(x)
-        return x.astype(np.float32).mean(axis=(1, 2)) @ self.w  # NHWC
+        logits = x.astype(np.float32).mean(axis=(1, 2)) @ self.w  # NHWC
+        if copy:
+            return logits
+        # Like the model's own buffer, rewritten by the next call: the classifier must copy what it keeps.
+        if self._buffer is None or self._buffer.shape != logits.shape:
+            self._buffer = np.empty_like(logits)
+        self._buffer[...] = logits
+        return self._buffer
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +118,7 @@ def test_versions_paths_and_attributes(release_dir):
     by_name = CIFAR10Classifier("A", models_dir=release_dir.parent, model=StubNet())
     assert by_path.version_dir == by_name.version_dir == release_dir
     assert by_name.classes == CLASSES and by_name.classes[3] == "cat"
-    assert (by_name.layout, by_name.dtype) == ("NHWC", "fp16")
+    assert (by_name.layout, by_name.precision) == ("NHWC", "fp16")
     with pytest.raises(FileNotFoundError, match="version_A"):
         CIFAR10Classifier("Z", models_dir=release_dir.parent, model=StubNet())
     assert rn.CIFAR10Classifier is CIFAR10Classifier
@@ -114,3 +127,14 @@ def test_versions_paths_and_attributes(release_dir):
 def test_models_dir_from_environment(release_dir, monkeypatch):
     monkeypatch.setenv("RESNET_NATIVE_MODELS", str(release_dir.parent))
     assert CIFAR10Classifier("A", model=StubNet()).version_dir == release_dir
+
+
+def test_serving_does_not_import_the_trainer():
+    repo = str(pathlib.Path(__file__).resolve().parent.parent)
+    script = ("import sys, resnet_native\n"
+              "from resnet_native.classifier import CIFAR10Classifier\n"
+              "print(sorted(m for m in sys.modules if m.startswith(('resnet_native.train', 'resnet_native.release'))))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=repo)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,7 +1,6 @@
-"""CIFAR-10 readers on tiny generated fixtures: every format decodes to the same arrays; the cache; download()."""
+"""CIFAR-10 readers on tiny generated fixtures: every format decodes to the same arrays; the cache; where the data
+set is looked for. download() is tested in test_download_cpu.py."""
 
-import hashlib
-import importlib
 import io
 import os
 import pathlib
@@ -14,14 +13,10 @@ import pytest
 from resnet_native.data import cifar10
 from resnet_native.data.cifar10 import CLASSES, decode_source, detect_format, load_cifar10
 
-# The package exports the download() function under the module's name; the tests need the module.
-download = importlib.import_module("resnet_native.data.download")
-
 TRAIN_PER_CLASS, TEST_PER_CLASS = 3, 2
 
 
-@pytest.fixture
-def fake(rng):
+def fake_arrays(rng):
     """Random images sorted by class (the order image folders decode to), as CIFAR-10 arrays."""
     def split(per_class):
         labels = np.repeat(np.arange(10, dtype=np.int32), per_class)
@@ -29,6 +24,11 @@ def fake(rng):
         return images, labels
 
     return split(TRAIN_PER_CLASS), split(TEST_PER_CLASS)
+
+
+@pytest.fixture
+def fake(rng):
+    return fake_arrays(rng)
 
 
 def write_python_batches(root: pathlib.Path, fake):
@@ -80,6 +80,17 @@ def make_tar(path: pathlib.Path, folder: pathlib.Path, arcname: str, mode: str):
     with tarfile.open(path, mode) as tar:
         tar.add(folder, arcname=arcname)
     return path
+
+
+def archive_of_python_batches(build_dir: pathlib.Path, fake_or_rng) -> bytes:
+    """The bytes of a cifar-10-python.tar.gz look-alike (cifar-10-batches-py/ inside) holding `fake` (or random
+    arrays drawn from a generator)."""
+    fake = fake_arrays(fake_or_rng) if isinstance(fake_or_rng, np.random.Generator) else fake_or_rng
+    py = write_python_batches(build_dir / "cifar-10-batches-py", fake)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(py, arcname="cifar-10-batches-py")
+    return buf.getvalue()
 
 
 def assert_same(data, fake):
@@ -259,90 +270,18 @@ def test_default_data_path(tmp_path, monkeypatch):
     monkeypatch.setenv("RESNET_NATIVE_CIFAR10", str(tmp_path / "x"))
     assert cifar10.default_data_path() == tmp_path / "x"
     monkeypatch.delenv("RESNET_NATIVE_CIFAR10")
+    monkeypatch.setenv("RESNET_NATIVE_CACHE", str(tmp_path / "usercache"))
     monkeypatch.chdir(tmp_path)
     assert cifar10.default_data_path() is None
+    # Where download() puts it: the cache folder (--cache-dir when given), searched after .data/.
+    (tmp_path / "usercache" / "cifar10" / "cifar-10-python.tar.gz").parent.mkdir(parents=True)
+    (tmp_path / "usercache" / "cifar10" / "cifar-10-python.tar.gz").write_bytes(b"")
+    assert cifar10.default_data_path() == tmp_path / "usercache" / "cifar10" / "cifar-10-python.tar.gz"
+    (tmp_path / "mine" / "cifar-10-batches-bin").mkdir(parents=True)
+    assert cifar10.default_data_path(tmp_path / "mine") == tmp_path / "mine" / "cifar-10-batches-bin"
     (tmp_path / ".data" / "cifar-10-batches-py").mkdir(parents=True)
     assert cifar10.default_data_path() == pathlib.Path(".data/cifar-10-batches-py")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# download() without a network: urlopen is replaced by an in-memory archive
-
-
-def _fake_archive(tmp_path, fake):
-    py = write_python_batches(tmp_path / "build" / "cifar-10-batches-py", fake)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(py, arcname="cifar-10-batches-py")
-    return buf.getvalue()
-
-
-class _Response(io.BytesIO):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
-
-
-def test_download_verifies_and_extracts(tmp_path, fake, monkeypatch):
-    payload = _fake_archive(tmp_path, fake)
-    url = "https://example.invalid/cifar-10-python.tar.gz"
-    monkeypatch.setitem(download.ARCHIVES, "python", (url, hashlib.md5(payload).hexdigest(),
-                                                      hashlib.sha256(payload).hexdigest(), "cifar-10-batches-py"))
-    fetched = []
-    monkeypatch.setattr(download.urllib.request, "urlopen",
-                        lambda u, timeout: fetched.append(u) or _Response(payload))
-    root = download.download(tmp_path / "data")
-    assert root == tmp_path / "data" / "cifar-10-batches-py"
-    assert_same(load_cifar10(root, cache=False), fake)
-    download.download(tmp_path / "data")  # verified archive present: no second fetch
-    assert fetched == [url]
-    assert not list((tmp_path / "data").glob("*.part"))
-
-
-def test_interrupted_extraction_is_redone(tmp_path, fake, monkeypatch):
-    payload = _fake_archive(tmp_path, fake)
-    url = "https://example.invalid/cifar-10-python.tar.gz"
-    monkeypatch.setitem(download.ARCHIVES, "python", (url, hashlib.md5(payload).hexdigest(),
-                                                      hashlib.sha256(payload).hexdigest(), "cifar-10-batches-py"))
-    monkeypatch.setattr(download.urllib.request, "urlopen", lambda u, timeout: _Response(payload))
-    real_extractall = tarfile.TarFile.extractall
-
-    def interrupted(self, path=".", members=None, **kw):
-        # Everything but one training batch lands (test_batch included), then the disk fills up.
-        kept = [m for m in (members or self.getmembers()) if not m.name.endswith("data_batch_3")]
-        real_extractall(self, path, members=kept, **kw)
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr(tarfile.TarFile, "extractall", interrupted)
-    data = tmp_path / "data"
-    with pytest.raises(OSError, match="No space left"):
-        download.download(data)
-    assert sorted(p.name for p in data.iterdir()) == ["cifar-10-python.tar.gz"]  # no half folder, no temporary
-    monkeypatch.setattr(tarfile.TarFile, "extractall", real_extractall)
-    root = download.download(data)
-    assert (root / "data_batch_3").is_file()
-    assert_same(load_cifar10(root, cache=False), fake)
-
-
-def test_download_rejects_bad_checksum(tmp_path, fake, monkeypatch):
-    payload = _fake_archive(tmp_path, fake)
-    monkeypatch.setattr(download.urllib.request, "urlopen", lambda u, timeout: _Response(payload))
-    with pytest.raises(ValueError, match="checksum mismatch"):
-        download.download(tmp_path / "data")
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == []  # nothing half-written left behind
-
-
-def test_safe_extract_refuses_escaping_members(tmp_path):
-    evil = tmp_path / "evil.tar"
-    with tarfile.open(evil, "w") as tar:
-        info = tarfile.TarInfo("../outside.txt")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(ValueError, match="outside"):
-        download.safe_extract(evil, tmp_path / "root")
-    assert not (tmp_path / "outside.txt").exists()
+    assert cifar10.search_folders() == [pathlib.Path(".data"), tmp_path / "usercache" / "cifar10"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

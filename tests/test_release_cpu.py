@@ -1,5 +1,6 @@
-"""Releases without a GPU: cifar10_models/version_X/ from a run folder, weights round trip (safetensors / npz),
-config and metrics, atomic replacement, the CLI, and the standalone preprocess.py."""
+"""Releases without a GPU: cifar10_models/version_X/ from a run folder, weights round trip (safetensors; an older
+release's npz is still read), config and metrics, atomic replacement, the CLI, the version's validation, and the
+standalone preprocess.py."""
 
 import json
 import os
@@ -12,22 +13,23 @@ import pytest
 import yaml
 
 import resnet_native as rn
-from resnet_native import checkpoint, release, train
+from resnet_native import checkpoint, release
 from resnet_native.classifier import load_weights
 from resnet_native.data.augment import MEAN, STD, normalize_on_host
 from resnet_native.data.cifar10 import CLASSES
+from resnet_native.training import cli, loop
 
 
-def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC", dtype="fp16", seed=0):
+def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC", precision="fp16", seed=0):
     """A run folder as resnet_native.train leaves it: config.yaml, last.npz, best.npz (weights of a real
     ResNet-18 built on the host), summary.json."""
-    cfg = train.resolve_config(train.build_parser().parse_args(
-        ["--recipe", recipe, "--epochs", str(epochs), "--layout", layout, "--dtype", dtype]))
-    model = rn.ResNet18(num_classes=10, stem="cifar", layout=layout, precision=dtype, seed=seed)
+    cfg = cli.resolve_config(cli.build_parser().parse_args(
+        ["--recipe", recipe, "--epochs", str(epochs), "--layout", layout, "--precision", precision])).to_dict()
+    model = rn.ResNet18(num_classes=10, stem="cifar", layout=layout, precision=precision, seed=seed)
     history = [{"epoch": e, "lr": 0.1, "train_loss": 1.0 / e, "train_acc": 0.3 * e, "test_loss": 1.1 / e,
                 "test_acc": 0.25 * e + (0.1 if e == best_epoch else 0.0), "epoch_time_s": 2.0,
                 "images_per_s": 25000.0} for e in range(1, epochs + 1)]
-    state = {"format": train.STATE_FORMAT, "epoch": best_epoch - 1, "config": cfg, "model": model.state_dict(),
+    state = {"format": loop.STATE_FORMAT, "epoch": best_epoch - 1, "config": cfg, "model": model.state_dict(),
              "optimizer": None, "schedule": None, "scaler": None, "rng": {"seed": 0, "next_epoch": best_epoch},
              "metrics": {"history": history[:best_epoch], "best": {"test_acc": history[best_epoch - 1]["test_acc"],
                                                                     "epoch": best_epoch},
@@ -56,7 +58,7 @@ def test_release_round_trip(tmp_path):
     path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
     assert path == tmp_path / "models" / "version_A"
     files = sorted(p.name for p in path.iterdir())
-    assert files == ["config.yaml", "metrics.json", "model.safetensors", "preprocess.py"]
+    assert files == ["config.yaml", "metrics.json", "model.safetensors", "preprocess.json", "preprocess.py"]
     assert_published(tmp_path / "models")  # no temporary folders left
 
     weights = load_weights(path)
@@ -67,10 +69,13 @@ def test_release_round_trip(tmp_path):
 
     config = yaml.safe_load((path / "config.yaml").read_text())
     assert config["model"] == {"name": "resnet18", "num_classes": 10, "stem": "cifar", "layout": "NHWC",
-                               "dtype": "fp16"}
+                               "precision": "fp16"}
     assert config["classes"] == list(CLASSES) and config["weights"] == "model.safetensors"
     assert config["input"]["mean"] == list(MEAN) and config["input"]["std"] == list(STD)
     assert config["training"]["epoch"] == 2 and config["training"]["recipe"]["optimizer"]["name"] == "sgd"
+    # No absolute paths: the run is named by its folder's name.
+    assert config["training"]["run"] == "run"
+    assert str(tmp_path) not in (path / "config.yaml").read_text() + (path / "metrics.json").read_text()
 
     metrics = json.loads((path / "metrics.json").read_text())
     assert metrics["test_accuracy"] == pytest.approx(0.6) and metrics["epoch"] == 2 and metrics["epochs"] == 3
@@ -80,26 +85,47 @@ def test_release_round_trip(tmp_path):
     assert metrics["inference_images_per_s"] is None
 
 
-def test_release_npz_fallback_and_last_checkpoint(tmp_path, monkeypatch):
-    import builtins
-
+def test_release_of_the_last_checkpoint(tmp_path):
     make_fake_run(tmp_path / "run")
-    real_import = builtins.__import__
-
-    def no_safetensors(name, *a, **k):
-        if name.startswith("safetensors"):
-            raise ImportError(name)
-        return real_import(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_safetensors)
     path = release.release(tmp_path / "run", "B", tmp_path / "models", checkpoint="last", benchmark=False)
-    monkeypatch.undo()
-    assert (path / "model.npz").is_file() and not (path / "model.safetensors").exists()
-    assert yaml.safe_load((path / "config.yaml").read_text())["weights"] == "model.npz"
+    assert (path / "model.safetensors").is_file() and not (path / "model.npz").exists()
+    assert yaml.safe_load((path / "config.yaml").read_text())["weights"] == "model.safetensors"
     assert json.loads((path / "metrics.json").read_text())["epoch"] == 3
     w = load_weights(path)
     assert w["fc.weight"].shape == (10, 512) and w["conv1.weight"].shape == (64, 3, 3, 3)
     assert w["bn1.num_batches_tracked"].shape == () and w["bn1.num_batches_tracked"].dtype == np.int64
+
+
+def test_older_releases_and_runs_are_still_read(tmp_path):
+    """A release made before safetensors was required (model.npz) and before 'dtype' became 'precision'; and a run
+    whose checkpoint still says 'dtype'."""
+    state = make_fake_run(tmp_path / "run", precision="bf16")
+    old = tmp_path / "old" / "version_O"
+    shutil.copytree(release.release(tmp_path / "run", "O", tmp_path / "models", benchmark=False).resolve(), old)
+    weights = load_weights(old)
+    np.savez(old / "model.npz", **weights)
+    (old / "model.safetensors").unlink()
+    config = yaml.safe_load((old / "config.yaml").read_text())
+    config["model"]["dtype"] = config["model"].pop("precision")
+    config["weights"] = "model.npz"
+    (old / "config.yaml").write_text(yaml.safe_dump(config))
+    w = load_weights(old)
+    assert w.keys() == weights.keys() and w["bn1.num_batches_tracked"].shape == ()
+    assert w["bn1.num_batches_tracked"].dtype == np.int64
+    for k, v in weights.items():
+        np.testing.assert_array_equal(w[k], v)
+
+    from resnet_native.classifier import CIFAR10Classifier
+
+    clf = CIFAR10Classifier(old, model=object())
+    assert clf.precision == "bf16" and clf.layout == "NHWC"
+
+    legacy = dict(state["config"])
+    legacy["dtype"] = legacy.pop("precision")
+    checkpoint.save_checkpoint(tmp_path / "legacy" / "best.npz", dict(state, config=legacy))
+    path = release.release(tmp_path / "legacy", "L", tmp_path / "models", benchmark=False)
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    assert config["model"]["precision"] == "bf16" and config["training"]["recipe"]["precision"] == "bf16"
 
 
 def test_release_replaces_a_version_and_validates(tmp_path):
@@ -109,7 +135,7 @@ def test_release_replaces_a_version_and_validates(tmp_path):
     second = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
     assert second == first and not (second / "stale.txt").exists()
     assert_published(tmp_path / "models")  # the previous release's folder is gone
-    for bad in ("", "../x", ".hidden", "a/b"):
+    for bad in ("", "../x", ".hidden", "a/b", "a\\b", "-x", "x" * 65, None, 3):
         with pytest.raises(ValueError, match="version"):
             release.release(tmp_path / "run", bad, tmp_path / "models", benchmark=False)
     with pytest.raises(FileNotFoundError, match="best.npz"):
@@ -180,7 +206,7 @@ def test_preprocess_py_is_standalone_and_matches_the_package(tmp_path, rng, layo
     from PIL import Image
 
     make_fake_run(tmp_path / "run", layout=layout)
-    path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    path = release.release(tmp_path / "run", "A-1.2_b", tmp_path / "models", benchmark=False)
     images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     Image.fromarray(images[1]).save(tmp_path / "one.png")
     np.save(tmp_path / "images.npy", images)
@@ -191,12 +217,46 @@ def test_preprocess_py_is_standalone_and_matches_the_package(tmp_path, rng, layo
         "imgs = np.load(sys.argv[2])\n"
         "np.save(sys.argv[3], p.preprocess([imgs[0], sys.argv[4], imgs[2], imgs[3]]))\n"
         "np.save(sys.argv[5], p.preprocess(imgs, dtype=np.float16))\n"
-        "print(p.LAYOUT, len(p.CLASSES))\n"
+        "print(p.LAYOUT, len(p.CLASSES), p.VERSION)\n"
     )
     out = subprocess.run([sys.executable, "-I", "-c", script, str(path), str(tmp_path / "images.npy"),
                           str(tmp_path / "a.npy"), str(tmp_path / "one.png"), str(tmp_path / "b.npy")],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [layout, "10"]
+    assert out.stdout.split() == [layout, "10", "A-1.2_b"]
+    assert (path / "preprocess.py").read_text() == release.PREPROCESS_PY  # the same fixed file in every release
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), normalize_on_host(images, layout=layout, dtype="fp32"))
     np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), normalize_on_host(images, layout=layout, dtype="fp16"))
+
+
+CRAFTED_VERSIONS = [
+    'x"""\nimport os; os.system("touch pwned")\n"""',  # closes the docstring preprocess.py once had
+    "x'''; raise SystemExit('''",
+    'A" + __import__("os").getcwd() + "',
+    "A\nB", "A B", "A;B", "A\x00", "\u00e9",
+]
+
+
+@pytest.mark.parametrize("version", CRAFTED_VERSIONS)
+def test_crafted_versions_are_refused_and_never_reach_code(tmp_path, version, monkeypatch):
+    make_fake_run(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="version: expected a plain name"):
+        release.release(tmp_path / "run", version, tmp_path / "models", benchmark=False)
+    assert not (tmp_path / "models").exists() or not list((tmp_path / "models").iterdir())
+    # The version only ever travels as data: preprocess.py is one fixed text, which reads preprocess.json.
+    assert "{version" not in release.PREPROCESS_PY and "preprocess.json" in release.PREPROCESS_PY
+
+
+def test_preprocess_py_runs_no_value_as_code(tmp_path):
+    """Even a preprocess.json holding code-like text (the checks above keep versions plain) is only data."""
+    make_fake_run(tmp_path / "run")
+    path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False).resolve()
+    values = json.loads((path / "preprocess.json").read_text())
+    values["version"] = CRAFTED_VERSIONS[0]
+    (path / "preprocess.json").write_text(json.dumps(values))
+    script = "import sys; sys.path[:0] = [sys.argv[1]]; import preprocess as p; print(repr(p.VERSION))"
+    out = subprocess.run([sys.executable, "-I", "-c", script, str(path)], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == repr(CRAFTED_VERSIONS[0]) and not (tmp_path / "pwned").exists()

@@ -1,121 +1,112 @@
-"""The trainer without a GPU: CLI parsing, YAML recipes, configuration checks, the schedule/optimizer adapter,
-checkpoints (atomic write, round trip, background writer), metrics CSV / TensorBoard / PNG, resume checks."""
+"""The trainer without a GPU: the command line (errors, --download, the no-GPU path), the schedule/optimizer
+adapter, checkpoints (atomic write, round trip, background writer), metrics CSV / TensorBoard / PNG, resume checks.
+The recipe's settings are tested in test_config_cpu.py."""
 
+import dataclasses
+import hashlib
+import importlib
 import json
-import pathlib
 
 import numpy as np
 import pytest
+from test_data_formats import archive_of_python_batches
 
 import resnet_native as rn
-from resnet_native import checkpoint, metrics_log, train
+from resnet_native import checkpoint, metrics_log
+from resnet_native.data import cifar10
 from resnet_native.data.cifar10 import CIFAR10Data
+from resnet_native.training import builders, checkpoint_writer, cli, loop
+from resnet_native.training.config import TrainConfig
+
+download = importlib.import_module("resnet_native.data.download")
 
 
 def cfg_from(argv):
-    return train.resolve_config(train.build_parser().parse_args(argv))
+    return cli.resolve_config(cli.build_parser().parse_args(argv))
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Recipes and CLI
-
-
-def test_recipe_a_is_the_issue_recipe():
-    cfg = cfg_from(["--recipe", "A"])
-    assert cfg["name"] == "A" and cfg["model"] == "resnet18" and cfg["epochs"] == 200
-    assert cfg["batch_size"] == 256 and cfg["dtype"] == "fp16" and cfg["layout"] == "NHWC"
-    assert cfg["optimizer"] == {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
-    assert cfg["schedule"] == {"name": "cosine", "warmup_epochs": 0.0}
-    assert cfg["augment"] == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False}
-    assert cfg["label_smoothing"] == 0.0
-
-
-def test_recipe_b_is_the_issue_recipe():
-    cfg = cfg_from(["--recipe", "B"])
-    assert cfg["epochs"] == 100 and cfg["batch_size"] == 256
-    assert cfg["optimizer"] == {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8,
-                                "weight_decay": 0.05}
-    assert cfg["schedule"]["name"] == "onecycle"
-    assert cfg["augment"]["autoaugment"] is True and cfg["augment"]["cutout"] == 16
-    assert cfg["label_smoothing"] == 0.1
-    assert sorted(train.available_recipes())[:2] == ["A", "B"]
-
-
-def test_cli_flags_override_the_recipe():
-    cfg = cfg_from(["--recipe", "B", "--model", "resnet50", "--epochs", "3", "--batch-size", "128",
-                    "--eval-batch-size", "500", "--dtype", "bf16", "--layout", "NCHW", "--seed", "4",
-                    "--subset", "1000", "--warmup-epochs", "1.5", "--label-smoothing", "0.1", "--lr", "0.01",
-                    "--weight-decay", "0.001", "--cutout", "8", "--deterministic"])
-    assert (cfg["model"], cfg["epochs"], cfg["batch_size"], cfg["eval_batch_size"]) == ("resnet50", 3, 128, 500)
-    assert (cfg["dtype"], cfg["layout"], cfg["seed"], cfg["subset"]) == ("bf16", "NCHW", 4, 1000)
-    assert cfg["schedule"] == {"name": "onecycle", "warmup_epochs": 1.5}
-    assert cfg["label_smoothing"] == 0.1 and cfg["deterministic"] is True
-    assert cfg["optimizer"]["lr"] == 0.01 and cfg["optimizer"]["weight_decay"] == 0.001
-    assert cfg["augment"]["cutout"] == 8 and cfg["augment"]["autoaugment"] is True
-    assert cfg["optimizer"]["name"] == "adamw"  # untouched keys keep the recipe's values
-    args = train.build_parser().parse_args(["--out", "runs/x", "--resume", "--no-progress", "--data", "d"])
-    assert args.resume and args.no_progress and args.out == "runs/x" and args.data == "d"
-    assert train.default_out_dir(cfg_from([])) == pathlib.Path("runs/A-resnet18")
-
-
-def test_recipe_from_a_yaml_file(tmp_path):
-    p = tmp_path / "mine.yaml"
-    p.write_text("epochs: 7\noptimizer:\n  name: sgd\n  lr: 5e-2\n  weight_decay: 5e-4\n")
-    cfg = cfg_from(["--recipe", str(p)])
-    # YAML 1.1 reads 5e-2 as a string; the config coerces numbers.
-    assert cfg["name"] == "mine" and cfg["epochs"] == 7 and cfg["optimizer"]["lr"] == 0.05
-    assert cfg["optimizer"]["weight_decay"] == 5e-4 and cfg["augment"]["crop_padding"] == 4
-
-
-@pytest.mark.parametrize("bad, message", [
-    ({"epochs": 0}, "epochs"),
-    ({"epochs": 2.5}, "epochs"),
-    ({"dtype": "fp64"}, "dtype"),
-    ({"layout": "NWHC"}, "layout"),
-    ({"model": "resnet20"}, "model"),
-    ({"label_smoothing": 1.0}, "label_smoothing"),
-    ({"optimizer": {"name": "rmsprop", "lr": 0.1}}, "optimizer.name"),
-    ({"optimizer": {"name": "sgd"}}, "optimizer.lr"),
-    ({"optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9]}}, "optimizer.betas"),
-    ({"schedule": {"name": "step"}}, "schedule.name"),
-    ({"schedule": {"name": "cosine", "warmup_epochs": 10}}, "warmup_epochs"),
-    ({"augment": {"cutout": -2}}, "augment.cutout"),
-    ({"batch_size": "many"}, "batch_size"),
-    # bool("false") is True: only real booleans are accepted.
-    ({"optimizer": {"name": "sgd", "lr": 0.1, "nesterov": "false"}}, "optimizer.nesterov"),
-    ({"augment": {"flip": "false"}}, "augment.flip"),
-    ({"augment": {"autoaugment": "false"}}, "augment.autoaugment"),
-    ({"augment": {"autoaugment": 1}}, "augment.autoaugment"),
-    ({"deterministic": "false"}, "deterministic"),
-])
-def test_invalid_configurations_name_the_key(bad, message):
-    cfg = train.load_recipe("A")
-    cfg.update(bad)
-    cfg["epochs"] = bad.get("epochs", 10)
-    with pytest.raises(ValueError, match=message):
-        train.validate_config(cfg)
+# The command line
 
 
 def test_cli_errors_exit_with_usage(capsys, tmp_path):
     with pytest.raises(SystemExit):
-        train.main(["--recipe", "Z"])
+        cli.main(["--recipe", "Z"])
     assert "unknown recipe" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.main(["--data", str(tmp_path / "missing")])
+        cli.main(["--data", str(tmp_path / "missing")])
     assert "CIFAR-10 not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.main(["--epochs", "0"])
+        cli.main(["--epochs", "0"])
     with pytest.raises(SystemExit):
-        train.build_parser().parse_args(["--dtype", "fp8"])
+        cli.build_parser().parse_args(["--precision", "fp8"])
+
+
+@pytest.fixture
+def no_data_around(tmp_path, monkeypatch):
+    """A current directory without .data/, no $RESNET_NATIVE_CIFAR10, and an empty cache folder of its own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RESNET_NATIVE_CIFAR10", raising=False)
+    monkeypatch.setenv("RESNET_NATIVE_CACHE", str(tmp_path / "cache"))
+    return cifar10.user_cache_dir()
+
+
+def test_no_data_says_what_to_pass(no_data_around, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--epochs", "1"])
+    err = capsys.readouterr().err
+    assert "CIFAR-10 not found" in err and "--data PATH" in err and "--download" in err
+    assert ".data/" in err and str(no_data_around) in err  # where it looked
+
+
+class RecordingTrainer:
+    """Stands in for the Trainer: records how main() set it up."""
+
+    made = []
+
+    def __init__(self, cfg, out, **kw):
+        self.made.append(dict(kw, cfg=cfg, out=out))
+
+    def run(self, **kw):
+        return {"test_acc": 0.5}
+
+
+def test_download_fetches_into_the_cache_folder_and_trains_on_it(no_data_around, tmp_path, monkeypatch, rng):
+    payload = archive_of_python_batches(tmp_path / "build", rng)
+    (tmp_path / "served.tar.gz").write_bytes(payload)
+    monkeypatch.setitem(download.ARCHIVES, "python", ((tmp_path / "served.tar.gz").as_uri(),
+                                                      hashlib.md5(payload).hexdigest(),
+                                                      hashlib.sha256(payload).hexdigest(), "cifar-10-batches-py"))
+    monkeypatch.setattr(rn, "require_gpu", lambda: None)
+    monkeypatch.setattr(cli, "Trainer", RecordingTrainer)
+    RecordingTrainer.made.clear()
+    cli.main(["--epochs", "1", "--download", "--no-progress", "--out", str(tmp_path / "run")])
+    fetched = no_data_around / "cifar-10-batches-py"
+    assert RecordingTrainer.made[-1]["data_path"] == fetched and (fetched / "data_batch_1").is_file()
+    # The next run finds the downloaded copy without --download.
+    (tmp_path / "served.tar.gz").unlink()
+    cli.main(["--epochs", "1", "--out", str(tmp_path / "run")])
+    assert RecordingTrainer.made[-1]["data_path"] == fetched
+
+
+@pytest.mark.skipif(rn.cuda_available(), reason="checks the no-GPU error")
+def test_cli_without_gpu_fails_before_touching_data_or_run_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "data").mkdir()
+    monkeypatch.setattr(cifar10, "load_cifar10", lambda *a, **k: pytest.fail("data decoded without a GPU"))
+    monkeypatch.setattr(download, "download", lambda *a, **k: pytest.fail("downloaded without a GPU"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--epochs", "1", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run")])
+    assert e.value.code == 1 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_subset_indices():
-    a = train.subset_indices(50000, 5000, seed=0)
+    a = builders.subset_indices(50000, 5000, seed=0)
     assert len(a) == 5000 and len(np.unique(a)) == 5000 and (np.diff(a) > 0).all()
-    np.testing.assert_array_equal(a, train.subset_indices(50000, 5000, seed=0))
-    assert not np.array_equal(a, train.subset_indices(50000, 5000, seed=1))
-    np.testing.assert_array_equal(train.subset_indices(100, None, 0), np.arange(100))
-    np.testing.assert_array_equal(train.subset_indices(100, 500, 0), np.arange(100))
+    np.testing.assert_array_equal(a, builders.subset_indices(50000, 5000, seed=0))
+    assert not np.array_equal(a, builders.subset_indices(50000, 5000, seed=1))
+    np.testing.assert_array_equal(builders.subset_indices(100, None, 0), np.arange(100))
+    np.testing.assert_array_equal(builders.subset_indices(100, 500, 0), np.arange(100))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -132,10 +123,10 @@ class FakeOptimizer:
 
 
 def test_schedule_adapter_warmup_then_cosine():
-    cfg = train.validate_config({"epochs": 10, "optimizer": {"name": "sgd", "lr": 0.1},
+    cfg = TrainConfig.from_dict({"epochs": 10, "optimizer": {"name": "sgd", "lr": 0.1},
                                  "schedule": {"name": "cosine", "warmup_epochs": 2}})
     opt = FakeOptimizer(0.1)
-    sched = train.build_schedule(cfg, opt, steps_per_epoch=5)
+    sched = builders.build_schedule(cfg, opt, steps_per_epoch=5)
     lrs = [opt.lr]
     for _ in range(50):
         sched.step()
@@ -147,16 +138,16 @@ def test_schedule_adapter_warmup_then_cosine():
     assert np.all(np.diff(lrs[10:]) <= 1e-15)
     state = sched.state_dict()
     opt2 = FakeOptimizer(0.1)
-    sched2 = train.build_schedule(cfg, opt2, steps_per_epoch=5)
+    sched2 = builders.build_schedule(cfg, opt2, steps_per_epoch=5)
     sched2.load_state_dict(checkpoint._unflatten(checkpoint._flatten(state, {}), {}))
     assert opt2.lr == opt.lr
 
 
 def test_schedule_adapter_onecycle_cycles_momentum():
-    cfg = train.validate_config({"epochs": 4, "optimizer": {"name": "adamw", "lr": 3e-4},
+    cfg = TrainConfig.from_dict({"epochs": 4, "optimizer": {"name": "adamw", "lr": 3e-4},
                                  "schedule": {"name": "onecycle"}})
     opt = FakeOptimizer(3e-4)
-    sched = train.build_schedule(cfg, opt, steps_per_epoch=25)
+    sched = builders.build_schedule(cfg, opt, steps_per_epoch=25)
     lrs = [opt.lr]
     for _ in range(99):
         sched.step()
@@ -168,20 +159,21 @@ def test_schedule_adapter_onecycle_cycles_momentum():
 
 def test_optimizer_adapter_and_state_round_trip(tmp_path):
     model = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
-    sgd = train.build_optimizer(cfg_from(["--recipe", "A"]), model)
+    sgd = builders.build_optimizer(cfg_from(["--recipe", "A"]), model)
     assert isinstance(sgd, rn.SGD) and sgd.nesterov and sgd.lr == 0.1 and sgd.weight_decay == 5e-4
-    adamw = train.build_optimizer(cfg_from(["--recipe", "B"]), model)
+    adamw = builders.build_optimizer(cfg_from(["--recipe", "B"]), model)
     assert isinstance(adamw, rn.AdamW) and adamw.lr == 3e-4 and adamw.weight_decay == 0.05
     state = {"optimizer": adamw.state_dict(), "model": model.state_dict()}
     checkpoint.save_checkpoint(tmp_path / "s.npz", state)
     back = checkpoint.load_checkpoint(tmp_path / "s.npz")
     assert back["optimizer"].keys() == state["optimizer"].keys()
-    fresh = train.build_optimizer(cfg_from(["--recipe", "B"]), model)
+    fresh = builders.build_optimizer(cfg_from(["--recipe", "B"]), model)
     fresh.load_state_dict(back["optimizer"])
     assert fresh.betas == adamw.betas
     for k, v in state["model"].items():
         np.testing.assert_array_equal(back["model"][k], v)
-    assert train.build_scaler(cfg_from([])) is not None and train.build_scaler(cfg_from(["--dtype", "bf16"])) is None
+    assert builders.build_scaler(cfg_from([])) is not None
+    assert builders.build_scaler(cfg_from(["--precision", "bf16"])) is None
 
 
 def test_model_seed_reproduces_initial_weights():
@@ -254,7 +246,7 @@ def test_checkpoint_rejects_foreign_files_and_values(tmp_path):
 
 
 def test_background_writer_and_best_link(tmp_path, rng):
-    w = train.CheckpointWriter()
+    w = checkpoint_writer.CheckpointWriter()
     state = {"epoch": 0, "w": rng.standard_normal(10)}
     w.submit(tmp_path / "last.npz", state, tmp_path / "best.npz")
     w.flush()
@@ -265,7 +257,7 @@ def test_background_writer_and_best_link(tmp_path, rng):
     assert best["epoch"] == 0
     np.testing.assert_array_equal(best["w"], state["w"])
 
-    bad = train.CheckpointWriter()
+    bad = checkpoint_writer.CheckpointWriter()
     bad.submit(tmp_path / "no" / "\0bad.npz", {"epoch": 0})
     with pytest.raises(RuntimeError, match="checkpoint"):
         bad.flush()
@@ -312,41 +304,55 @@ def test_tensorboard_events_are_readable(tmp_path):
     assert test_acc[2].value == pytest.approx(0.57)
 
 
-def test_tensorboard_absent_is_fine(tmp_path, monkeypatch):
+def block_import(monkeypatch, package):
+    """Make `import package` (and its submodules) raise ImportError, as when it is not installed."""
     import builtins
 
     real_import = builtins.__import__
 
-    def no_tensorboard(name, *a, **k):
-        if name.startswith("tensorboard"):
+    def importer(name, *a, **k):
+        if name == package or name.startswith(package + "."):
             raise ImportError(name)
         return real_import(name, *a, **k)
 
-    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    monkeypatch.setattr(builtins, "__import__", importer)
+    monkeypatch.setattr(metrics_log, "_SAID", set())  # as in a fresh process
+
+
+def test_tensorboard_absent_is_fine_and_said_once(tmp_path, monkeypatch, capsys):
+    block_import(monkeypatch, "tensorboard")
+    metrics_log.MetricsLog(tmp_path / "off", tensorboard=False)
+    assert "tensorboard" not in capsys.readouterr().err  # not asked for: nothing to say
     log = metrics_log.MetricsLog(tmp_path)
     assert not log.tensorboard_enabled
     log.log_epoch(rows(1)[0])
     assert (tmp_path / "metrics.csv").is_file()
+    assert capsys.readouterr().err == ("tensorboard is not installed: pip install 'resnet_native[logging]'; "
+                                       "writing metrics.csv only\n")
+    metrics_log.MetricsLog(tmp_path)
+    assert capsys.readouterr().err == ""  # once per process
 
 
 @pytest.mark.parametrize("backend", ["pil", "matplotlib"])
-def test_plot_curves(tmp_path, monkeypatch, backend):
+def test_plot_curves(tmp_path, monkeypatch, capsys, backend):
     from PIL import Image
 
     if backend == "matplotlib":
         pytest.importorskip("matplotlib")
     else:
-        import builtins
-
-        real_import = builtins.__import__
-        monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
-                            if name.startswith("matplotlib") else real_import(name, *a, **k))
+        block_import(monkeypatch, "matplotlib")
     used = metrics_log.plot_curves(rows(5), tmp_path / "curves.png", title="recipe A")
     assert used == backend
     with Image.open(tmp_path / "curves.png") as im:
         assert im.format == "PNG" and im.size[0] > 400 and im.size[1] > 200
         px = np.asarray(im.convert("RGB"))
     assert len(np.unique(px.reshape(-1, 3), axis=0)) > 3  # lines were drawn, not a blank canvas
+    said = capsys.readouterr().err
+    if backend == "pil":
+        assert "matplotlib is not installed: pip install 'resnet_native[logging]'; drawing curves.png with Pillow" \
+            in said
+    else:
+        assert "matplotlib" not in said
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -360,23 +366,34 @@ def tiny_data(rng):
 
 def test_resume_refuses_a_different_configuration(tmp_path, rng):
     cfg = cfg_from(["--epochs", "4", "--batch-size", "32"])
-    checkpoint.save_checkpoint(tmp_path / "last.npz", {"format": train.STATE_FORMAT, "epoch": 1, "config": cfg})
-    other = dict(cfg, seed=1)
+    checkpoint.save_checkpoint(tmp_path / "last.npz", {"format": loop.STATE_FORMAT, "epoch": 1,
+                                                       "config": cfg.to_dict()})
+    other = dataclasses.replace(cfg, seed=1)
     with pytest.raises(ValueError, match="seed"):
-        train.Trainer(other, tmp_path, data=tiny_data(rng)).run(resume=True)
-    checkpoint.save_checkpoint(tmp_path / "last.npz", {"format": "something/else", "epoch": 1, "config": cfg})
+        loop.Trainer(other, tmp_path, data=tiny_data(rng)).run(resume=True)
+    checkpoint.save_checkpoint(tmp_path / "last.npz", {"format": "something/else", "epoch": 1,
+                                                       "config": cfg.to_dict()})
     with pytest.raises(ValueError, match="not a training state"):
-        train.Trainer(cfg, tmp_path, data=tiny_data(rng)).run(resume=True)
+        loop.Trainer(cfg, tmp_path, data=tiny_data(rng)).run(resume=True)
+    # A checkpoint written before 'dtype' became 'precision' is compared on its precision all the same.
+    old = cfg.to_dict()
+    old["dtype"] = old.pop("precision")
+    checkpoint.save_checkpoint(tmp_path / "last.npz", {"format": loop.STATE_FORMAT, "epoch": 1, "config": old})
+    with pytest.raises(ValueError, match=r"differs from the checkpoint's in \['precision'\]"):
+        loop.Trainer(dataclasses.replace(cfg, precision="bf16"), tmp_path, data=tiny_data(rng)).run(resume=True)
 
 
 @pytest.mark.skipif(rn.cuda_available(), reason="checks the no-GPU error")
 def test_training_without_gpu_says_so(tmp_path, rng):
     cfg = cfg_from(["--epochs", "1", "--batch-size", "32"])
-    with pytest.raises(rn.NoGPUError):
-        train.Trainer(cfg, tmp_path, data=tiny_data(rng), progress=False).run()
+    with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
+        loop.Trainer(cfg, tmp_path / "run", data=tiny_data(rng), progress=False).run()
+    assert not (tmp_path / "run").exists()  # failed before making the run folder
+    with pytest.raises(rn.NoGPUError):  # and before decoding any data
+        loop.Trainer(cfg, tmp_path / "run", data_path=tmp_path / "not-a-data-set").run()
 
 
 def test_summary_line_is_plain_json():
-    line = train.summary_line({"test_acc": float("nan"), "wall_time_s": 12.5, "best": float("inf"), "x": 1})
+    line = cli.summary_line({"test_acc": float("nan"), "wall_time_s": 12.5, "best": float("inf"), "x": 1})
     assert "\n" not in line
     assert json.loads(line) == {"test_acc": None, "wall_time_s": 12.5, "best": None, "x": 1}

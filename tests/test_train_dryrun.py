@@ -7,6 +7,7 @@ epoch loop and its device-side accumulators; evaluation; checkpoints of the real
 release of such a run. Images are 8x8 to keep ResNet-18 in NumPy fast; the GPU tests run the real thing.
 """
 
+import inspect
 import pathlib
 import sys
 import threading
@@ -15,12 +16,15 @@ import types
 import numpy as np
 import pytest
 import test_layers_numpy_ops as ref
+import yaml
 
 import resnet_native as rn
-from resnet_native import checkpoint, release, train
+from resnet_native import checkpoint, release
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
 from resnet_native.layers._backend import ops
+from resnet_native.models.resnet import ResNet
+from resnet_native.training import checkpoint_writer, cli, loop
 
 
 def _numpy_as_cupy():
@@ -40,6 +44,19 @@ def _launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NH
                                    layout=layout, crop_padding=crop_padding, cutout=cutout)
 
 
+def _give_forward_the_copy_keyword(monkeypatch):
+    """The trainer evaluates with model.forward(x, train=False, copy=False) (the model's own logits buffer). Until
+    the model has that keyword, these tests give it one that does the same with the private _forward."""
+    if "copy" in inspect.signature(ResNet.forward).parameters:
+        return
+
+    def forward(self, x, train=None, *, copy=True):
+        logits = self._forward(x, train)
+        return logits.copy() if copy else logits
+
+    monkeypatch.setattr(ResNet, "forward", forward)
+
+
 @pytest.fixture
 def cpu_backend(monkeypatch):
     """Yields the record of the conv algorithm cache calls: {"save": [paths], "load": [paths]} (the real functions
@@ -47,6 +64,7 @@ def cpu_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _numpy_as_cupy())
     monkeypatch.setattr(aug, "launch_augment", _launch_on_numpy)
     monkeypatch.setattr(rn, "require_gpu", lambda: None)
+    _give_forward_the_copy_keyword(monkeypatch)
     algo_calls = {"save": [], "load": []}
 
     def save(path):
@@ -78,13 +96,13 @@ def tiny(rng):
 
 
 def config(*extra):
-    return train.resolve_config(train.build_parser().parse_args(
+    return cli.resolve_config(cli.build_parser().parse_args(
         ["--recipe", "A", "--epochs", "3", "--batch-size", "16", "--eval-batch-size", "8", "--seed", "2",
          *extra]))
 
 
 def run(cfg, out, data, **kw):
-    return train.Trainer(cfg, out, data=data, progress=False, tensorboard=False, **kw)
+    return loop.Trainer(cfg, out, data=data, progress=False, tensorboard=False, **kw)
 
 
 def test_epochs_checkpoints_and_summary(cpu_backend, tiny, tmp_path):
@@ -102,6 +120,10 @@ def test_epochs_checkpoints_and_summary(cpu_backend, tiny, tmp_path):
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "summary.json").is_file()
     best = checkpoint.load_checkpoint(tmp_path / "best.npz")
     assert best["metrics"]["best"]["test_acc"] == max(r["test_acc"] for r in rows)
+    # The configuration is stored as plain values, the precision under its name.
+    assert state["config"] == config().to_dict() and state["config"]["precision"] == "fp16"
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == config().to_dict()
+    assert summary["precision"] == "fp16" and "dtype" not in summary
 
 
 def test_resume_is_bit_identical(cpu_backend, tiny, tmp_path):
@@ -128,7 +150,7 @@ def test_resume_is_bit_identical(cpu_backend, tiny, tmp_path):
 
 
 def test_recipe_b_with_autoaugment_workers(cpu_backend, tiny, tmp_path):
-    cfg = train.resolve_config(train.build_parser().parse_args(
+    cfg = cli.resolve_config(cli.build_parser().parse_args(
         ["--recipe", "B", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--label-smoothing",
          "0.1"]))
     summary = run(cfg, tmp_path, tiny, aa_workers=2).run()
@@ -138,8 +160,8 @@ def test_recipe_b_with_autoaugment_workers(cpu_backend, tiny, tmp_path):
 
 
 def test_fp32_nchw_runs(cpu_backend, tiny, tmp_path):
-    summary = run(config("--dtype", "fp32", "--layout", "NCHW", "--epochs", "1"), tmp_path, tiny).run()
-    assert summary["completed"] and summary["layout"] == "NCHW"
+    summary = run(config("--precision", "fp32", "--layout", "NCHW", "--epochs", "1"), tmp_path, tiny).run()
+    assert summary["completed"] and summary["layout"] == "NCHW" and summary["precision"] == "fp32"
 
 
 def test_release_of_a_dry_run(cpu_backend, tiny, tmp_path):
@@ -155,15 +177,16 @@ def test_release_of_a_dry_run(cpu_backend, tiny, tmp_path):
 
 def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_backend, tiny, tmp_path, monkeypatch):
     events = []
-    build_model = train.build_model
+    build_model = loop.build_model
 
     def recording_build_model(cfg):
         model = build_model(cfg)
-        forward = model._forward
-        model._forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
+        for name in ("forward", "_forward"):  # the public forward (evaluation) and the step's
+            method = getattr(model, name)
+            setattr(model, name, lambda *a, _method=method, **k: events.append("forward") or _method(*a, **k))
         return model
 
-    monkeypatch.setattr(train, "build_model", recording_build_model)
+    monkeypatch.setattr(loop, "build_model", recording_build_model)
     load = rn.conv.load_algorithm_cache
     monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: events.append("load") or load(path))
     cfg = config("--epochs", "2")
@@ -181,24 +204,24 @@ def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_back
 def test_algorithm_cache_problems_only_warn(tmp_path, monkeypatch):
     # The real conv functions (no GPU needed to reach these failures).
     with pytest.warns(RuntimeWarning, match="no convolution algorithm cache"):
-        train.load_algorithm_cache(tmp_path / "algos.json")
+        checkpoint_writer.load_algorithm_cache(tmp_path / "algos.json")
     (tmp_path / "algos.json").write_text("{ not json")
     with pytest.warns(RuntimeWarning, match="could not load"):
-        train.load_algorithm_cache(tmp_path / "algos.json")
+        checkpoint_writer.load_algorithm_cache(tmp_path / "algos.json")
 
     def full_disk(path):
         raise OSError("No space left on device")
 
     monkeypatch.setattr(rn.conv, "save_algorithm_cache", full_disk)
     with pytest.warns(RuntimeWarning, match="could not write.*No space left"):
-        train.save_algorithm_cache(tmp_path / "algos.json")
+        checkpoint_writer.save_algorithm_cache(tmp_path / "algos.json")
 
 
 def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, tiny, tmp_path, monkeypatch, capsys):
     def failing_save(path, state):
         raise OSError("No space left on device")
 
-    evaluate = train.evaluate
+    evaluate = loop.evaluate
     calls = []
 
     def evaluate_then_fail(*a, **k):
@@ -207,8 +230,8 @@ def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, t
             raise RuntimeError("training broke")
         return evaluate(*a, **k)
 
-    monkeypatch.setattr(train, "save_checkpoint", failing_save)
-    monkeypatch.setattr(train, "evaluate", evaluate_then_fail)
+    monkeypatch.setattr(checkpoint_writer, "save_checkpoint", failing_save)
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_fail)
     threads = threading.active_count()
     with pytest.raises(RuntimeError, match="training broke"):
         run(config("--epochs", "2"), tmp_path, tiny).run()
@@ -220,9 +243,15 @@ def test_checkpoint_write_error_alone_still_raises(cpu_backend, tiny, tmp_path, 
     def failing_save(path, state):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(train, "save_checkpoint", failing_save)
+    monkeypatch.setattr(checkpoint_writer, "save_checkpoint", failing_save)
     with pytest.raises(RuntimeError, match="writing a checkpoint failed: No space left"):
         run(config("--epochs", "1"), tmp_path, tiny).run()
+
+
+def test_a_batch_larger_than_the_training_set_is_rejected_before_training(cpu_backend, tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "build_model", lambda cfg: pytest.fail("the model was built"))
+    with pytest.raises(ValueError, match="batch_size: 64 is larger than the 32 training images"):
+        run(config("--batch-size", "64"), tmp_path, tiny).run()
 
 
 def test_out_of_range_labels_are_rejected_before_training(cpu_backend, tiny, tmp_path):

@@ -1,7 +1,8 @@
 """Training on the GPU with the real CIFAR-10 copy: a short run learns, --resume is exact, the CLI works end to end.
 
 Kept short (a 10k-image subset, 2 epochs of ResNet-18 fp16, batch 64: 312 steps): the point is correctness, not
-accuracy.
+accuracy. To measure the spread of the short run's accuracy over seeds (what SHORT_RUN_MIN_TEST_ACC is set from):
+    RESNET_NATIVE_SHORT_RUN_SEEDS=0,1,2,3,4 python -m pytest -s tests/test_train_gpu.py -k spread
 """
 
 import json
@@ -13,13 +14,25 @@ import sys
 import numpy as np
 import pytest
 
-from resnet_native import checkpoint, train
+from resnet_native import checkpoint
 from resnet_native.data.cifar10 import load_cifar10
+from resnet_native.training import cli, loop
 
 pytestmark = [pytest.mark.gpu, pytest.mark.data]
 
-SUBSET_ARGS = ["--recipe", "A", "--epochs", "2", "--subset", "10000", "--batch-size", "64", "--deterministic",
-               "--seed", "1"]
+# The short run: 312 steps of ResNet-18 on a 10k-image subset.
+SHORT_RUN_ARGS = ["--recipe", "A", "--epochs", "2", "--subset", "10000", "--batch-size", "64"]
+SUBSET_ARGS = [*SHORT_RUN_ARGS, "--deterministic", "--seed", "1"]
+
+# The test accuracy a short run must beat (chance is 0.10). A bar after so short a run is to be set from the run's
+# measured spread over seeds, never from one run: run test_short_run_accuracy_spread over 5 seeds on the GPU (see
+# the module docstring) and set the bar below the lowest accuracy by a margin of at least three standard deviations
+# of those runs. Until that is measured it keeps its first value.
+SHORT_RUN_MIN_TEST_ACC = 0.18
+
+
+def cfg_from(argv):
+    return cli.resolve_config(cli.build_parser().parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +49,13 @@ def cifar(cache_dir):
 
 @pytest.fixture(scope="module")
 def config():
-    return train.resolve_config(train.build_parser().parse_args(SUBSET_ARGS))
+    return cfg_from(SUBSET_ARGS)
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(cifar, config, tmp_path_factory):
     out = tmp_path_factory.mktemp("run_a")
-    summary = train.Trainer(config, out, data=cifar, progress=False, tensorboard=False).run()
+    summary = loop.Trainer(config, out, data=cifar, progress=False, tensorboard=False).run()
     return out, summary
 
 
@@ -50,9 +63,8 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     out, summary = uninterrupted
     print(json.dumps(summary))
     assert summary["completed"] and summary["epochs_done"] == 2
-    # Chance is 0.10. 312 steps on 10k images is 0.4 of a full epoch: on the H200 this run reached 0.237, and
-    # PyTorch's ResNet-18 fed by the same pipeline (tools/torch_reference_train.py) reached 0.32 after a full epoch.
-    assert summary["test_acc"] > 0.18, summary
+    # 312 steps on 10k images is 0.4 of a full epoch.
+    assert summary["test_acc"] > SHORT_RUN_MIN_TEST_ACC, summary
     assert summary["train_images"] == 10000 and summary["train_images_per_s"] > 1000
     for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "algos.json", "curves.png", "summary.json"):
         assert (out / name).is_file(), name
@@ -73,10 +85,10 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
 
 def test_resume_after_epoch_one_equals_uninterrupted(uninterrupted, cifar, config, tmp_path):
     out_a, summary_a = uninterrupted
-    first = train.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(stop_after=1)
+    first = loop.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(stop_after=1)
     assert not first["completed"] and first["epochs_done"] == 1
     assert checkpoint.load_checkpoint(tmp_path / "last.npz")["epoch"] == 0
-    resumed = train.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(resume=True)
+    resumed = loop.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(resume=True)
     assert resumed["completed"] and resumed["epochs_done"] == 2
 
     a = checkpoint.load_checkpoint(out_a / "last.npz")
@@ -134,3 +146,20 @@ def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["test_accuracy"] == summary["best_test_acc"]
     assert (tmp_path / "cifar10_models" / "version_B" / "preprocess.py").is_file()
+
+
+@pytest.mark.skipif(not os.environ.get("RESNET_NATIVE_SHORT_RUN_SEEDS"),
+                    reason="measures the short run's accuracy spread: set RESNET_NATIVE_SHORT_RUN_SEEDS=0,1,2,3,4")
+def test_short_run_accuracy_spread(cifar, tmp_path):
+    """The short run over several seeds: prints each test accuracy and their spread, and checks every one against
+    the bar."""
+    seeds = [int(s) for s in os.environ["RESNET_NATIVE_SHORT_RUN_SEEDS"].split(",")]
+    accuracies = []
+    for seed in seeds:
+        summary = loop.Trainer(cfg_from([*SHORT_RUN_ARGS, "--seed", str(seed)]), tmp_path / f"seed_{seed}",
+                               data=cifar, progress=False, tensorboard=False).run()
+        accuracies.append(summary["test_acc"])
+        print(f"short run, seed {seed}: test_acc {summary['test_acc']:.4f}")
+    print(json.dumps({"seeds": seeds, "test_acc": accuracies, "min": min(accuracies),
+                      "mean": float(np.mean(accuracies)), "std": float(np.std(accuracies, ddof=1))}))
+    assert min(accuracies) > SHORT_RUN_MIN_TEST_ACC, accuracies

@@ -26,7 +26,7 @@ import torchvision
 
 from resnet_native.data.augment import MEAN, STD, AugmentConfig, GpuAugmenter, normalize_on_gpu
 from resnet_native.data.cifar10 import load_cifar10
-from resnet_native.train import load_recipe
+from resnet_native.training.config import recipe_config
 
 
 def main():
@@ -35,7 +35,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--recipe", choices=["A", "B"], default="A")
-    p.add_argument("--lr", type=float, help="(peak) learning rate (default: A 0.1, B 3e-4)")
+    p.add_argument("--lr", type=float, help="(peak) learning rate (default: the recipe YAML's)")
     p.add_argument("--cutout", type=int, help="Cutout side in pixels (default: the recipe YAML's)")
     p.add_argument("--label-smoothing", type=float, help="(default: the recipe YAML's)")
     p.add_argument("--seed", type=int, default=0)
@@ -46,10 +46,10 @@ def main():
     torch.backends.cudnn.benchmark = True
     data = load_cifar10(args.data)
     recipe_b = args.recipe == "B"
-    lr = args.lr if args.lr is not None else (3e-4 if recipe_b else 0.1)
-    recipe = load_recipe(args.recipe)
-    cutout = args.cutout if args.cutout is not None else recipe["augment"]["cutout"]
-    smoothing = args.label_smoothing if args.label_smoothing is not None else recipe.get("label_smoothing", 0.0)
+    recipe = recipe_config(args.recipe)
+    lr = args.lr if args.lr is not None else recipe.optimizer.lr
+    cutout = args.cutout if args.cutout is not None else recipe.augment.cutout
+    smoothing = args.label_smoothing if args.label_smoothing is not None else recipe.label_smoothing
     if args.pipeline == "torchvision":
         if cutout:
             raise SystemExit("--pipeline torchvision has no Cutout: pass --cutout 0")

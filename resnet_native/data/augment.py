@@ -24,13 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers._backend import _STORAGE, LAYOUTS
+from ..names import LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
-
-# Precision mode -> NumPy storage dtype of the model's input: the model's own table.
-STORAGE_DTYPES = _STORAGE
 
 # Rows of the (6, N) parameter table.
 ROW_INDEX, ROW_OFFSET_Y, ROW_OFFSET_X, ROW_FLIP, ROW_CUT_Y, ROW_CUT_X = range(6)
@@ -61,10 +58,9 @@ def epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), int(stream)]))
 
 
-def storage_dtype(dtype: str):
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
-    return STORAGE_DTYPES[dtype]
+def storage_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype that stores a precision's model inputs (bf16: uint16 bits)."""
+    return PRECISION_STORAGE[choice("dtype", dtype, PRECISIONS)]
 
 
 def check_labels(labels, num_classes: int, name: str = "labels") -> None:
@@ -85,9 +81,7 @@ def check_labels(labels, num_classes: int, name: str = "labels") -> None:
 
 
 def check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    return layout
+    return choice("layout", layout, LAYOUTS)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,14 +141,9 @@ def normalization_lut(dtype: str, mean=MEAN, std=STD) -> np.ndarray:
     storage type (bf16: uint16 bits, rounded via float32)."""
     values = (np.arange(256, dtype=np.float64)[None, :] / 255.0 - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]
     st = storage_dtype(dtype)
-    if st is np.uint16:
+    if st == np.uint16:
         return _float32_to_bf16_bits(values.astype(np.float32))
     return values.astype(st)
-
-
-def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Storage array (host) -> float32 values (bf16 bits are widened)."""
-    return bf16_bits_to_float32(x) if storage_dtype(dtype) is np.uint16 else np.asarray(x, np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -55,17 +55,39 @@ class CIFAR10Data:
 # Source discovery
 
 
-def default_data_path() -> pathlib.Path | None:
-    """$RESNET_NATIVE_CIFAR10, else the first of .data/{cifar10-jpeg.tar.xz, cifar10-jpeg, cifar-10-batches-py,
-    cifar-10-batches-bin} under the current directory that exists, else None."""
+# The names a CIFAR-10 copy goes by in the folders default_data_path() searches, in the order it prefers them.
+SOURCE_NAMES = ("cifar10-jpeg.tar.xz", "cifar10-jpeg", "cifar-10-batches-py", "cifar-10-batches-bin",
+                "cifar-10-python.tar.gz", "cifar-10-binary.tar.gz")
+
+
+def user_cache_dir() -> pathlib.Path:
+    """$RESNET_NATIVE_CACHE/cifar10, else $XDG_CACHE_HOME (default ~/.cache)/resnet_native/cifar10."""
+    base = os.environ.get("RESNET_NATIVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "resnet_native")
+    return pathlib.Path(base) / "cifar10"
+
+
+def cache_folder(cache_dir=None) -> pathlib.Path:
+    """Where decoded caches go when the source's own folder is not used, and where download() puts CIFAR-10:
+    cache_dir when given, else user_cache_dir()."""
+    return pathlib.Path(cache_dir) if cache_dir is not None else user_cache_dir()
+
+
+def search_folders(cache_dir=None) -> list[pathlib.Path]:
+    """The folders default_data_path() looks in: .data/ under the current directory, then the cache folder."""
+    return [pathlib.Path(".data"), cache_folder(cache_dir)]
+
+
+def default_data_path(cache_dir=None) -> pathlib.Path | None:
+    """$RESNET_NATIVE_CIFAR10, else the first SOURCE_NAMES entry that exists in search_folders(cache_dir), else
+    None."""
     env = os.environ.get("RESNET_NATIVE_CIFAR10")
     if env:
         return pathlib.Path(env)
-    for name in ("cifar10-jpeg.tar.xz", "cifar10-jpeg", "cifar-10-batches-py", "cifar-10-batches-bin",
-                 "cifar-10-python.tar.gz", "cifar-10-binary.tar.gz"):
-        candidate = pathlib.Path(".data") / name
-        if candidate.exists():
-            return candidate
+    for folder in search_folders(cache_dir):
+        for name in SOURCE_NAMES:
+            if (folder / name).exists():
+                return folder / name
     return None
 
 
@@ -331,12 +353,6 @@ def source_fingerprint(path) -> str:
     return h.hexdigest()[:20]
 
 
-def user_cache_dir() -> pathlib.Path:
-    base = os.environ.get("RESNET_NATIVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "resnet_native")
-    return pathlib.Path(base) / "cifar10"
-
-
 def _cache_name(path: pathlib.Path, key: str) -> str:
     return f"{path.name}.cifar10cache-{key}.npz"
 
@@ -386,8 +402,8 @@ def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int 
     if path is None:
         path = default_data_path()
         if path is None:
-            raise FileNotFoundError("CIFAR-10: no path given and none found (set RESNET_NATIVE_CIFAR10 or use "
-                                    "resnet_native.data.download())")
+            raise FileNotFoundError(f"CIFAR-10: no path given and none found in {search_folders()} (set "
+                                    "RESNET_NATIVE_CIFAR10 or use resnet_native.data.download())")
     path = pathlib.Path(path)
     if not cache:
         return decode_source(path, workers)

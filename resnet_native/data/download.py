@@ -1,10 +1,11 @@
-"""Fetch the official CIFAR-10 archive (for users with internet; tests never call this).
+"""Fetch the official CIFAR-10 archive, with a progress bar, into the cache folder by default.
 
-The archive is downloaded to a temporary file beside its destination, checked against the published MD5 and a
-SHA-256, and only then renamed into place, so an interrupted or corrupted download never looks like a good one.
-load_cifar10() reads the .tar.gz directly; extract=True also unpacks it (members are checked to stay inside root)
-into a temporary folder beside the destination, renamed into place once complete: the batches folder exists only
-whole, so an interrupted extraction is redone by the next call instead of looking finished.
+The archive is downloaded to a temporary file beside its destination, its length checked against the server's
+Content-Length, its MD5 (the one published on the CIFAR page) and SHA-256 checked, and only then renamed into place,
+so an interrupted or corrupted download never looks like a good one and leaves no partial file. load_cifar10() reads
+the .tar.gz directly; extract=True also unpacks it (members are checked to stay inside root) into a temporary folder
+beside the destination, renamed into place once complete: the batches folder exists only whole, so an interrupted
+extraction is redone by the next call instead of looking finished.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ import hashlib
 import os
 import pathlib
 import shutil
+import sys
 import tarfile
 import tempfile
 import urllib.request
+
+from tqdm import tqdm
+
+from .cifar10 import cache_folder
 
 # name -> (url, md5 published on the CIFAR page, sha256, folder inside the archive)
 ARCHIVES = {
@@ -60,37 +66,28 @@ def safe_extract(archive, root) -> None:
                 raise ValueError(f"{archive}: member {m.name!r} would be extracted outside {root}")
             if not (m.isfile() or m.isdir()):
                 raise ValueError(f"{archive}: member {m.name!r} is not a regular file or folder")
-        tar.extractall(root, members=members)
+        # Python's own "data" filter as well, where this Python has it (it refuses the same and more).
+        tar.extractall(root, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
 
 
-def download(root=".data", kind: str = "python", *, extract: bool = True, timeout: float = 60.0) -> pathlib.Path:
-    """Download the official CIFAR-10 archive ('python' or 'binary' version) into root.
+def download(root=None, kind: str = "python", *, extract: bool = True, timeout: float = 60.0,
+             progress: bool = True) -> pathlib.Path:
+    """Download the official CIFAR-10 archive ('python' or 'binary' version) into root (default: the cache folder,
+    ~/.cache/resnet_native/cifar10 or $RESNET_NATIVE_CACHE/cifar10, where the trainer also looks for it).
 
     Returns the extracted batches folder (extract=True) or the verified archive. An archive already present and
-    verified is not downloaded again.
+    verified is not downloaded again. progress: a progress bar on stderr.
     """
     if kind not in ARCHIVES:
         raise ValueError(f"kind: expected one of {sorted(ARCHIVES)}, got {kind!r}")
     url, _, _, folder = ARCHIVES[kind]
-    root = pathlib.Path(root)
+    root = cache_folder(root)
     root.mkdir(parents=True, exist_ok=True)
     archive = root / url.rsplit("/", 1)[1]
     try:
         verify_archive(archive, kind)
     except (OSError, ValueError):
-        fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".part", dir=root)
-        try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-                for block in iter(lambda: resp.read(1 << 20), b""):
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            verify_archive(tmp, kind)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, archive)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _fetch(url, archive, kind, timeout, progress)
     if not extract:
         return archive
     target = root / folder
@@ -108,3 +105,29 @@ def download(root=".data", kind: str = "python", *, extract: bool = True, timeou
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _fetch(url: str, archive: pathlib.Path, kind: str, timeout: float, progress: bool) -> None:
+    """url -> archive, through a temporary file that is removed unless the whole, verified archive replaces it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".part", dir=archive.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            length = resp.headers.get("Content-Length")
+            expected = int(length) if length and length.isdigit() else None
+            with tqdm(total=expected, desc=f"downloading {archive.name}", unit="B", unit_scale=True,
+                      unit_divisor=1024, disable=not progress, file=sys.stderr, leave=False) as bar:
+                received = 0
+                for block in iter(lambda: resp.read(1 << 20), b""):
+                    out.write(block)
+                    received += len(block)
+                    bar.update(len(block))
+            if expected is not None and received != expected:
+                raise OSError(f"{url}: download interrupted after {received} of {expected} bytes")
+            out.flush()
+            os.fsync(out.fileno())
+        verify_archive(tmp, kind)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, archive)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,91 @@
+"""From a TrainConfig to the objects a run trains with: the one place that knows the constructors' signatures."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..data.augment import STREAM_SUBSET, AugmentConfig, epoch_rng
+from ..models.registry import create_model
+from .config import TrainConfig
+
+
+def make_deterministic(model) -> None:
+    """Make every convolution (Conv2d, and Linear, which runs as one) pick only deterministic algorithms
+    (bit-reproducible runs, e.g. to check --resume). They build their ConvSpec lazily on first use: call this
+    before the first forward."""
+    from ..layers.conv2d import Conv2d
+    from ..layers.linear import Linear
+
+    for _, m in model.named_modules():
+        if isinstance(m, Conv2d | Linear):
+            m.deterministic = True
+
+
+def build_model(cfg: TrainConfig):
+    """The recipe's network, seeded, on the GPU."""
+    model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed)
+    if cfg.deterministic:
+        make_deterministic(model)
+    model.cuda()
+    return model
+
+
+def build_optimizer(cfg: TrainConfig, model):
+    from .. import optim
+
+    o = cfg.optimizer
+    if o.name == "sgd":
+        return optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
+                         weight_decay=o.weight_decay)
+    return optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
+def warmup_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    return int(round(cfg.schedule.warmup_epochs * steps_per_epoch))
+
+
+def build_schedule(cfg: TrainConfig, optimizer, steps_per_epoch: int):
+    """Per-step schedule over the whole run: linear warm-up (if any), then cosine / one-cycle / constant (None:
+    constant without warm-up)."""
+    from .. import optim
+
+    total = cfg.epochs * steps_per_epoch
+    warm = warmup_steps(cfg, steps_per_epoch)
+    main = None
+    if cfg.schedule.name == "cosine":
+        main = optim.CosineSchedule(optimizer, total - warm)
+    elif cfg.schedule.name == "onecycle":
+        main = optim.OneCycleSchedule(optimizer, total - warm)
+    if warm:
+        return optim.WarmupSchedule(optimizer, warm, after=main)
+    return main
+
+
+def build_scaler(cfg: TrainConfig):
+    """fp16 needs loss scaling; the other precisions have fp32's range."""
+    from .. import optim
+
+    return optim.GradScaler() if cfg.precision == "fp16" else None
+
+
+def build_train_step(cfg: TrainConfig, model, optimizer, scaler):
+    from ..step import TrainStep
+
+    return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
+                     cuda_graph=cfg.cuda_graph)
+
+
+def augment_config(cfg: TrainConfig) -> AugmentConfig:
+    """What the GPU kernel does. With AutoAugment the CPU workers crop and flip first (torchvision's order:
+    crop -> flip -> AutoAugment), so the kernel keeps only Cutout and the normalisation."""
+    a = cfg.augment
+    if a.autoaugment:
+        return AugmentConfig(crop_padding=0, flip=False, cutout=a.cutout)
+    return AugmentConfig(crop_padding=a.crop_padding, flip=a.flip, cutout=a.cutout)
+
+
+def subset_indices(n: int, subset, seed: int) -> np.ndarray:
+    """The training images a --subset run uses: a seeded random choice, in data-set order."""
+    if subset is None or subset >= n:
+        return np.arange(n)
+    return np.sort(epoch_rng(seed, 0, STREAM_SUBSET).permutation(n)[:subset])

@@ -1,0 +1,156 @@
+"""The trainer's command line: `python -m resnet_native.train --recipe A|B [options]`.
+
+Recipes live in resnet_native/recipes/*.yaml (or pass a path). Flags override the recipe's keys (OVERRIDES says which
+flag sets which key; its type and choices are the key's setting's), and the result goes through the same checks as
+the recipe itself. The run folder (--out, default runs/<recipe>-<model>) is described in training/loop.py; the last
+line printed is the run's summary as one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import time
+
+from ..checkpoint import atomic_write_text
+from .config import TrainConfig, recipe_config
+from .loop import Trainer
+from .settings import setting_field
+
+# Command-line flag -> the recipe key it overrides, with its help.
+OVERRIDES = (
+    ("--model", "model", "network (recipe default: resnet18)"),
+    ("--epochs", "epochs", "number of epochs"),
+    ("--batch-size", "batch_size", "training batch size (recipe: 256)"),
+    ("--eval-batch-size", "eval_batch_size", "evaluation batch size (recipe: 1000)"),
+    ("--precision", "precision", "precision of weights and activations (recipe: fp16)"),
+    ("--layout", "layout", "activation layout (recipe: NHWC)"),
+    ("--seed", "seed", "seed of the initial weights, subset, shuffling and augmentation"),
+    ("--subset", "subset", "train on a seeded random subset of this many training images"),
+    ("--warmup-epochs", "schedule.warmup_epochs", "linear learning-rate warm-up length in epochs"),
+    ("--label-smoothing", "label_smoothing", "label smoothing of the training loss"),
+    ("--lr", "optimizer.lr", "(peak) learning rate"),
+    ("--weight-decay", "optimizer.weight_decay", "weight decay"),
+    ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
+    ("--deterministic", "deterministic",
+     "only deterministic convolution algorithms (bit-reproducible runs; may be slower)"),
+    ("--cuda-graph", "cuda_graph", "capture the training step in a CUDA graph and replay it (recipe: on)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m resnet_native.train",
+        description="Train a ResNet on CIFAR-10 with resnet_native (recipe YAML + overrides).")
+    p.add_argument("--recipe", default="A", help="recipe name (A, B) or path to a YAML file (default A)")
+    for flag, key, help_text in OVERRIDES:
+        f = setting_field(TrainConfig, key)
+        if f.metadata["kind"] is bool:
+            p.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            choices = f.metadata["choices"]
+            p.add_argument(flag, dest=key, type=f.metadata["kind"], choices=choices, help=help_text,
+                           metavar=None if choices else flag[2:].replace("-", "_").upper())
+    p.add_argument("--data", help="CIFAR-10 source: tar archive, image folders, python or binary batches "
+                                  "(default: $RESNET_NATIVE_CIFAR10, else one found in .data/ or the cache folder)")
+    p.add_argument("--download", action="store_true",
+                   help="when no --data is given and none is found, fetch the official CIFAR-10 into the cache "
+                        "folder and train on it")
+    p.add_argument("--cache-dir", help="where the decoded data set is cached and --download puts it (default: "
+                                       "next to --data, else ~/.cache/resnet_native/cifar10)")
+    p.add_argument("--out", help="run folder (default runs/<recipe>-<model>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last.npz")
+    p.add_argument("--aa-workers", type=int, help="AutoAugment worker processes (default: CPUs - 1)")
+    p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                   help="write last.npz every N epochs and at the end (best.npz: whenever test accuracy improves)")
+    p.add_argument("--log-every", type=int, default=50, help="steps between progress-bar updates (host syncs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop once N epochs are complete, as if interrupted (the schedule still spans --epochs)")
+    return p
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """The recipe keys the command line sets, as a nested mapping ({'optimizer': {'lr': 0.05}})."""
+    out = {}
+    for _, key, _ in OVERRIDES:
+        value = getattr(args, key)
+        if value is None:
+            continue
+        *parents, leaf = key.split(".")
+        node = out
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return out
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """The recipe with the command line's overrides applied, checked."""
+    return recipe_config(args.recipe, overrides(args))
+
+
+def default_out_dir(cfg: TrainConfig) -> pathlib.Path:
+    return pathlib.Path("runs") / f"{cfg.name}-{cfg.model}"
+
+
+def locate_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> pathlib.Path | None:
+    """The CIFAR-10 source to train on: --data, else $RESNET_NATIVE_CIFAR10 or a copy found in the usual places;
+    None when --download is to fetch it. Anything else is a usage error that says what to pass."""
+    from ..data.cifar10 import SOURCE_NAMES, cache_folder, default_data_path, search_folders
+
+    if args.data:
+        path = pathlib.Path(args.data)
+        if not path.exists():
+            parser.error(f"--data: CIFAR-10 not found at {path}")
+        return path
+    path = default_data_path(args.cache_dir)
+    if path is not None:
+        if not path.exists():
+            parser.error(f"$RESNET_NATIVE_CIFAR10: CIFAR-10 not found at {path}")
+        return path
+    if args.download:
+        return None
+    folders = " and ".join(f"{folder}/" for folder in search_folders(args.cache_dir))
+    parser.error(f"CIFAR-10 not found: no --data, $RESNET_NATIVE_CIFAR10 is unset, and {folders} hold none of "
+                 f"{', '.join(SOURCE_NAMES)}. Pass --data PATH, or --download to fetch the official CIFAR-10 into "
+                 f"{cache_folder(args.cache_dir)}/")
+
+
+def main(argv=None) -> dict:
+    import resnet_native as rn
+
+    t0 = time.perf_counter()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+    except ValueError as e:
+        parser.error(str(e))
+    data_path = locate_data(args, parser)
+    try:
+        rn.require_gpu()  # before any download, decoding or run folder
+    except rn.NoGPUError as e:
+        parser.exit(1, f"{parser.prog}: {e}\n")
+    if data_path is None:
+        from ..data.cifar10 import cache_folder
+        from ..data.download import download
+
+        data_path = download(cache_folder(args.cache_dir), progress=not args.no_progress)
+    out = pathlib.Path(args.out) if args.out else default_out_dir(cfg)
+    trainer = Trainer(cfg, out, data_path=data_path, cache_dir=args.cache_dir, progress=not args.no_progress,
+                      tensorboard=not args.no_tensorboard, aa_workers=args.aa_workers, log_every=args.log_every,
+                      checkpoint_every=args.checkpoint_every)
+    summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
+    summary["wall_time_s"] = time.perf_counter() - t0  # the whole command, imports and data loading included
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    print(summary_line(summary))
+    return summary
+
+
+def summary_line(summary: dict) -> str:
+    """The final one-line JSON (strict JSON: NaN/inf become null)."""
+    return json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()})

@@ -1,0 +1,140 @@
+"""The training recipe: what a run trains and how, one structure of declarative settings.
+
+A recipe is a YAML file (resnet_native/recipes/A.yaml, B.yaml, or any path); command-line flags are overrides of its
+keys, merged into it before the one check (TrainConfig.from_dict) that every source goes through. Each setting's
+type, default and bounds are declared on its field below.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+from ..models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
+from ..names import LAYOUTS, PRECISIONS
+from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of, section, text, variant
+
+RECIPES_DIR = pathlib.Path(__file__).resolve().parent.parent / "recipes"
+SCHEDULES = ("cosine", "onecycle", "constant")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGDSettings(Settings):
+    name: str = one_of("sgd", ("sgd",))
+    lr: float = number(REQUIRED, minimum=0.0)
+    momentum: float = number(0.9, minimum=0.0, below=1.0)
+    nesterov: bool = flag(False)
+    weight_decay: float = number(0.0, minimum=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamWSettings(Settings):
+    name: str = one_of("adamw", ("adamw",))
+    lr: float = number(REQUIRED, minimum=0.0)
+    betas: tuple = numbers((0.9, 0.999), 2, minimum=0.0, below=1.0)
+    eps: float = number(1e-8, minimum=0.0)
+    weight_decay: float = number(0.01, minimum=0.0)
+
+
+OPTIMIZERS = {"sgd": SGDSettings, "adamw": AdamWSettings}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSettings(Settings):
+    """Per-step learning rate: a linear warm-up of warmup_epochs (if any), then cosine / one-cycle / constant."""
+
+    name: str = one_of("cosine", SCHEDULES)
+    warmup_epochs: float = number(0.0, minimum=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentSettings(Settings):
+    """Random crop with zero padding (0: none), horizontal flip, Cutout square side (0: none), AutoAugment."""
+
+    crop_padding: int = integer(4, minimum=0)
+    flip: bool = flag(True)
+    cutout: int = integer(0, minimum=0)
+    autoaugment: bool = flag(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(Settings):
+    """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
+    deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it."""
+
+    RENAMED = LEGACY_KEYS
+
+    name: str = text("custom")
+    model: str = one_of("resnet18", MODEL_NAMES)
+    epochs: int = integer(REQUIRED, minimum=1, hint="set it in the recipe or with --epochs")
+    batch_size: int = integer(256, minimum=1)
+    eval_batch_size: int = integer(1000, minimum=1)
+    precision: str = one_of("fp16", PRECISIONS)
+    layout: str = one_of("NHWC", LAYOUTS)
+    seed: int = integer(0, minimum=0)
+    subset: int | None = integer(None, minimum=1, optional=True)
+    label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
+    deterministic: bool = flag(False)
+    cuda_graph: bool = flag(True)
+    optimizer: SGDSettings | AdamWSettings = variant(OPTIMIZERS, default="sgd")
+    schedule: ScheduleSettings = section(ScheduleSettings)
+    augment: AugmentSettings = section(AugmentSettings)
+
+    def check(self) -> None:
+        if self.schedule.warmup_epochs >= self.epochs:
+            raise ValueError(f"schedule.warmup_epochs: {self.schedule.warmup_epochs} must be shorter than epochs "
+                             f"({self.epochs})")
+
+    @classmethod
+    def from_saved(cls, config: dict) -> TrainConfig:
+        """The configuration a checkpoint stored (an older checkpoint's too, with its old key names)."""
+        return cls.from_dict(rename_legacy_keys(config))
+
+
+# The settings whose change makes a resumed run differ from the interrupted one.
+RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
+               "optimizer", "schedule", "augment")
+
+
+def resume_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """The RESUME_KEYS in which two configurations differ."""
+    a, b = saved.to_dict(), cfg.to_dict()
+    return [k for k in RESUME_KEYS if a[k] != b[k]]
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def load_recipe(name_or_path) -> dict:
+    """A recipe's YAML mapping, by name ('A', 'B') from the package or from a file path; 'name' defaults to the
+    file's stem."""
+    import yaml
+
+    p = pathlib.Path(str(name_or_path))
+    if not p.suffix:
+        p = RECIPES_DIR / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise ValueError(f"recipe: unknown recipe {name_or_path!r} (available: {available_recipes()}, "
+                             "or a path to a .yaml file)")
+    with open(p) as f:
+        recipe = yaml.safe_load(f)
+    if not isinstance(recipe, dict):
+        raise ValueError(f"recipe {p}: expected a YAML mapping at the top level")
+    recipe.setdefault("name", p.stem)
+    return recipe
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    """base with overrides applied, nested blocks merged key by key (neither argument is changed)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = merge(out[key], value)
+        out[key] = value
+    return out
+
+
+def recipe_config(name_or_path, overrides: dict | None = None) -> TrainConfig:
+    """A recipe with overrides ({'epochs': 3, 'optimizer': {'lr': 0.05}}) applied, checked."""
+    return TrainConfig.from_dict(merge(load_recipe(name_or_path), overrides or {}))

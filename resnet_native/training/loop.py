@@ -1,0 +1,360 @@
+"""One training run, read top to bottom in Trainer.run: check a checkpoint to resume against the configuration, load
+the data, build the network, optimizer, schedule, loss scaler and training step, then per epoch train, evaluate,
+log and checkpoint; last, the summary.
+
+A run folder receives:
+  config.yaml     the resolved configuration
+  metrics.csv     per-epoch lr, train/test loss and accuracy, epoch time, images/s (TensorBoard files in
+                  tensorboard/ when the tensorboard package imports)
+  last.npz        the state after the latest epoch: weights, optimizer, schedule, scaler, RNG, metrics (--resume)
+  best.npz        the same state at the epoch with the best test accuracy (what resnet_native.release ships)
+  algos.json      the convolution algorithms chosen so far (resnet_native.conv.save_algorithm_cache), rewritten
+                  with every checkpoint and loaded by --resume
+  curves.png      loss and accuracy curves; summary.json: the final numbers
+
+Exact resume: the data pipeline's randomness is a function of (seed, epoch) only (see data/augment.py), and the
+checkpoint holds every other piece of state, so a run resumed after epoch k sees the same batches and performs the
+same updates as one that never stopped. The convolution algorithms are part of that state (another algorithm gives
+other rounding): they are saved to algos.json with each checkpoint and loaded on --resume instead of re-timed.
+
+Host synchronisation is kept to the minimum: loss and correct counts accumulate on the device, and are read every
+log_every steps for the progress bar and once per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checkpoint import atomic_write_text, load_checkpoint
+from ..data.augment import check_labels
+from ..data.cifar10 import CIFAR10Data
+from ..models.registry import NUM_CLASSES
+from .builders import (
+    augment_config,
+    build_model,
+    build_optimizer,
+    build_scaler,
+    build_schedule,
+    build_train_step,
+    subset_indices,
+)
+from .checkpoint_writer import CheckpointWriter, load_algorithm_cache, save_algorithm_cache
+from .config import TrainConfig, resume_differences
+
+STATE_FORMAT = "resnet_native.train/1"
+ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
+
+
+class Trainer:
+    """One training run of a TrainConfig (or a mapping of one) into the run folder out_dir.
+
+    data: a CIFAR10Data to train on, else load_cifar10(data_path, cache_dir=cache_dir). progress: a progress bar
+    per epoch; tensorboard: TensorBoard event files (when the package is installed); aa_workers: AutoAugment worker
+    processes; log_every: steps between progress-bar updates (host syncs); checkpoint_every: epochs between writes
+    of last.npz (best.npz is written whenever the test accuracy improves).
+    """
+
+    def __init__(self, cfg, out_dir, *, data=None, data_path=None, cache_dir=None, progress: bool = True,
+                 tensorboard: bool = True, aa_workers=None, log_every: int = 50, checkpoint_every: int = 1):
+        self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_dict(cfg)
+        self.out = pathlib.Path(out_dir)
+        self.data = data
+        self.data_path = data_path
+        self.cache_dir = cache_dir
+        self.progress = progress
+        self.tensorboard = tensorboard
+        self.aa_workers = aa_workers
+        self.log_every = max(1, int(log_every))
+        self.checkpoint_every = max(1, int(checkpoint_every))
+
+    def run(self, *, resume: bool = False, stop_after: int | None = None) -> dict:
+        """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
+        complete, as if interrupted (the schedule still spans cfg.epochs). Returns the summary (summary.json)."""
+        import resnet_native as rn
+
+        from ..metrics_log import MetricsLog
+
+        t_start = time.perf_counter()
+        cfg = self.cfg
+        state = self._resumed_state() if resume else None
+        rn.require_gpu()  # before any data is decoded or the run folder is made
+        data = self._load_data()
+        self.out.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:  # closed in reverse: checkpoint writer, metrics log, workers
+            aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
+            if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
+                load_algorithm_cache(self.out / ALGOS_FILE)
+            parts = _build(cfg, data)
+            progress = _Progress()
+            if state is not None:
+                parts.load_state_dict(state)
+                progress = _Progress.from_state(state)
+            atomic_write_text(self.out / "config.yaml", _yaml_dump(cfg.to_dict()))
+            end_epoch = cfg.epochs if stop_after is None else max(progress.next_epoch, min(cfg.epochs, stop_after))
+            if aa is not None and progress.next_epoch < end_epoch:
+                aa.prefetch(progress.next_epoch)
+            log = stack.enter_context(contextlib.closing(MetricsLog(
+                self.out, rows=state["metrics"]["history"] if state else None, tensorboard=self.tensorboard)))
+            writer = stack.enter_context(CheckpointWriter())
+            for epoch in range(progress.next_epoch, end_epoch):
+                images = _epoch_images(aa, epoch, end_epoch)
+                lr = float(parts.optimizer.lr)
+                train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
+                test_loss, test_acc = evaluate(parts.model, parts.test_inputs, parts.test_labels,
+                                               cfg.eval_batch_size)
+                row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
+                       "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
+                       "images_per_s": parts.images_per_epoch / epoch_time}
+                log.log_epoch(row)
+                is_best = progress.record(row)
+                print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | test loss "
+                      f"{test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
+                due = (epoch + 1) % self.checkpoint_every == 0 or epoch + 1 == end_epoch
+                if due or is_best:
+                    snapshot = self._state(parts, epoch, progress, log.rows)
+                    if due:
+                        writer.submit(self.out / "last.npz", snapshot, self.out / "best.npz" if is_best else None)
+                    else:
+                        writer.submit(self.out / "best.npz", snapshot)
+                    save_algorithm_cache(self.out / ALGOS_FILE)
+        self.model = parts.model
+        return self._summary(parts, progress, log.rows, end_epoch, t_start)
+
+    def _resumed_state(self) -> dict | None:
+        """last.npz of the run folder, checked to continue this configuration; None (and a note) when absent."""
+        path = self.out / "last.npz"
+        if not path.is_file():
+            print(f"resume: no checkpoint in {self.out}; starting from scratch", file=sys.stderr)
+            return None
+        state = load_checkpoint(path)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path}: not a training state of this version ({state.get('format')!r})")
+        try:
+            saved = TrainConfig.from_saved(state["config"])
+        except ValueError as e:
+            raise ValueError(f"{path}: the checkpoint's configuration is not valid here: {e}") from None
+        diff = resume_differences(saved, self.cfg)
+        if diff:
+            raise ValueError(f"--resume: the configuration differs from the checkpoint's in {diff}; an exact resume "
+                             "needs the same settings")
+        return state
+
+    def _load_data(self) -> CIFAR10Data:
+        """The training set (the configured subset of it) and the test set, their labels checked once, on the host,
+        before any worker forks: on the GPU an out-of-range label would only skew loss and accuracy."""
+        if self.data is None:
+            from ..data.cifar10 import load_cifar10
+
+            self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
+        d = self.data
+        check_labels(d.train_labels, NUM_CLASSES, "train labels")
+        check_labels(d.test_labels, NUM_CLASSES, "test labels")
+        idx = subset_indices(len(d.train_labels), self.cfg.subset, self.cfg.seed)
+        if len(idx) < self.cfg.batch_size:
+            raise ValueError(f"batch_size: {self.cfg.batch_size} is larger than the {len(idx)} training images")
+        return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels, source=d.source)
+
+    def _train_epoch(self, parts: _Parts, epoch: int, images) -> tuple[float, float, float]:
+        """One epoch of training steps: (mean loss, accuracy, seconds)."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        t0 = time.perf_counter()
+        parts.model.train()  # the step's device totals start at zero: every epoch's last read resets them
+        steps = len(parts.augmenter)
+        bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
+        for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
+            parts.step.run(x, y)  # loss and correct count stay on the device, summed
+            if parts.schedule is not None:
+                parts.schedule.step()
+            if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):
+                loss_sum, correct_sum, seen = parts.step.read_totals()
+                bar.update(i + 1 - bar.n)
+                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct_sum / seen:.4f}",
+                                img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+        loss_sum, correct_sum, seen = parts.step.read_totals(reset=True)  # waits for the epoch's steps
+        seconds = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+        return loss_sum / seen, correct_sum / seen, seconds
+
+    def _state(self, parts: _Parts, epoch: int, progress: _Progress, history) -> dict:
+        """The checkpoint after `epoch`: everything --resume needs to continue exactly."""
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "config": self.cfg.to_dict(),
+            **parts.state_dict(),
+            # The data pipeline draws from (seed, epoch) alone: these two numbers are its whole RNG state.
+            "rng": {"seed": self.cfg.seed, "next_epoch": epoch + 1},
+            "metrics": {"history": [dict(r) for r in history], "best": dict(progress.best),
+                        "train_time_s": progress.train_time_s},
+        }
+
+    def _summary(self, parts: _Parts, progress: _Progress, rows, end_epoch: int, t_start: float) -> dict:
+        from ..metrics_log import plot_curves
+
+        cfg = self.cfg
+        final = rows[-1] if rows else {}
+        train_time = progress.train_time_s
+        summary = {
+            "recipe": cfg.name, "model": cfg.model, "precision": cfg.precision, "layout": cfg.layout,
+            "epochs": cfg.epochs, "epochs_done": len(rows), "completed": end_epoch >= cfg.epochs,
+            "test_acc": final.get("test_acc"), "best_test_acc": progress.best["test_acc"] if rows else None,
+            "best_epoch": progress.best["epoch"] if rows else None,
+            "train_images": parts.augmenter.num_images, "train_time_s": train_time,
+            "train_images_per_s": (len(rows) * parts.images_per_epoch / train_time) if train_time > 0 else None,
+            "wall_time_s": time.perf_counter() - t_start,
+            "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
+            "out": str(self.out),
+        }
+        if rows:
+            summary["plot_backend"] = plot_curves(rows, self.out / "curves.png",
+                                                  title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
+        atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+@dataclass
+class _Parts:
+    """What a run trains with, built from its configuration."""
+
+    model: Any
+    optimizer: Any
+    schedule: Any
+    scaler: Any
+    step: Any
+    augmenter: Any
+    test_inputs: Any
+    test_labels: Any
+
+    @property
+    def images_per_epoch(self) -> int:
+        return len(self.augmenter) * self.augmenter.batch_size
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": _state_of(self.schedule), "scaler": _state_of(self.scaler)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def _state_of(obj):
+    return obj.state_dict() if obj is not None else None
+
+
+def _build(cfg: TrainConfig, data: CIFAR10Data) -> _Parts:
+    import cupy
+
+    from ..data.augment import GpuAugmenter, normalize_on_gpu
+
+    model = build_model(cfg)
+    optimizer = build_optimizer(cfg, model)
+    augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size, layout=cfg.layout,
+                             dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed)
+    schedule = build_schedule(cfg, optimizer, len(augmenter))
+    scaler = build_scaler(cfg)
+    step = build_train_step(cfg, model, optimizer, scaler)
+    test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
+    test_labels = cupy.asarray(data.test_labels, dtype=cupy.int32)
+    return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels)
+
+
+@dataclass
+class _Progress:
+    """How far a run has come: the next epoch, the best test accuracy so far and the training time."""
+
+    next_epoch: int = 0
+    best: dict = field(default_factory=lambda: {"test_acc": -1.0, "epoch": -1})
+    train_time_s: float = 0.0
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Progress:
+        m = state["metrics"]
+        return cls(int(state["epoch"]) + 1, dict(m["best"]), float(m["train_time_s"]))
+
+    def record(self, row: dict) -> bool:
+        """Count an epoch's row; True when its test accuracy is the best so far."""
+        self.next_epoch = row["epoch"]
+        self.train_time_s += row["epoch_time_s"]
+        if row["test_acc"] > self.best["test_acc"]:
+            self.best = {"test_acc": row["test_acc"], "epoch": row["epoch"]}
+            return True
+        return False
+
+
+@contextlib.contextmanager
+def _autoaugment_workers(cfg: TrainConfig, train_images, workers):
+    """The AutoAugment worker processes of a recipe that uses it (else None). They fork here, before this process
+    creates its CUDA context, and are stopped on exit."""
+    if not cfg.augment.autoaugment:
+        yield None
+        return
+    from ..data.autoaugment import AutoAugmentWorkers
+
+    aa = AutoAugmentWorkers(train_images, seed=cfg.seed, workers=workers, crop_padding=cfg.augment.crop_padding,
+                            flip=cfg.augment.flip)
+    try:
+        yield aa
+    finally:
+        aa.close()
+
+
+def _epoch_images(aa, epoch: int, end_epoch: int):
+    """This epoch's AutoAugmented training set on the GPU (one host-to-device copy; the workers then start on the
+    next epoch's), or None without AutoAugment."""
+    if aa is None:
+        return None
+    import cupy
+
+    images = cupy.ascontiguousarray(cupy.asarray(aa.result(epoch)))
+    if epoch + 1 < end_epoch:
+        aa.prefetch(epoch + 1)
+    return images
+
+
+def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a normalised device set, without augmentation; one host sync. The loss
+    is the training loss's own code (SoftmaxCrossEntropy, no smoothing), summed on the device."""
+    import cupy
+
+    from ..losses import SoftmaxCrossEntropy
+
+    model.eval()
+    loss_fn = SoftmaxCrossEntropy()
+    loss_sum = cupy.zeros((), cupy.float64)
+    correct_sum = cupy.zeros((), cupy.float64)
+    n = len(y_all)
+    for s in range(0, n, batch_size):
+        y = y_all[s:s + batch_size]
+        logits = model.forward(x_all[s:s + batch_size], train=False, copy=False)  # the model's buffer: no copy
+        loss, correct = loss_fn.forward(logits, y, train=False)
+        loss_sum += loss * len(y)
+        correct_sum += correct
+    return float(loss_sum) / n, float(correct_sum) / n
+
+
+def _progress_bar(total, desc, enabled):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def _yaml_dump(cfg: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg, sort_keys=False)

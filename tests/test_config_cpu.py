@@ -1,0 +1,164 @@
+"""The training recipe's declarative settings: recipes A and B, command-line overrides, YAML files, and the errors
+that name the key (unknown keys, wrong types, out-of-range values), through every way a configuration is made."""
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from resnet_native.training import cli
+from resnet_native.training.config import RECIPES_DIR, TrainConfig, available_recipes, load_recipe, resume_differences
+
+
+def cfg_from(argv):
+    return cli.resolve_config(cli.build_parser().parse_args(argv))
+
+
+def test_recipe_a_is_the_issue_recipe():
+    cfg = cfg_from(["--recipe", "A"])
+    assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 200
+    assert cfg.batch_size == 256 and cfg.precision == "fp16" and cfg.layout == "NHWC"
+    assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True,
+                                       "weight_decay": 5e-4}
+    assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 0.0}
+    assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False}
+    assert cfg.label_smoothing == 0.0
+
+
+def test_recipe_b_is_the_issue_recipe():
+    cfg = cfg_from(["--recipe", "B"])
+    assert cfg.epochs == 100 and cfg.batch_size == 256
+    assert cfg.to_dict()["optimizer"] == {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                          "weight_decay": 0.05}
+    assert cfg.schedule.name == "onecycle"
+    assert cfg.augment.autoaugment is True and cfg.augment.cutout == 16
+    assert cfg.label_smoothing == 0.1
+    assert sorted(available_recipes())[:2] == ["A", "B"]
+
+
+def test_shipped_recipes_use_only_known_keys():
+    for path in RECIPES_DIR.glob("*.yaml"):
+        assert TrainConfig.from_dict(load_recipe(path)).name == path.stem
+
+
+def test_cli_flags_override_the_recipe():
+    cfg = cfg_from(["--recipe", "B", "--model", "resnet50", "--epochs", "3", "--batch-size", "128",
+                    "--eval-batch-size", "500", "--precision", "bf16", "--layout", "NCHW", "--seed", "4",
+                    "--subset", "1000", "--warmup-epochs", "1.5", "--label-smoothing", "0.1", "--lr", "0.01",
+                    "--weight-decay", "0.001", "--cutout", "8", "--deterministic"])
+    assert (cfg.model, cfg.epochs, cfg.batch_size, cfg.eval_batch_size) == ("resnet50", 3, 128, 500)
+    assert (cfg.precision, cfg.layout, cfg.seed, cfg.subset) == ("bf16", "NCHW", 4, 1000)
+    assert cfg.schedule.to_dict() == {"name": "onecycle", "warmup_epochs": 1.5}
+    assert cfg.label_smoothing == 0.1 and cfg.deterministic is True
+    assert cfg.optimizer.lr == 0.01 and cfg.optimizer.weight_decay == 0.001
+    assert cfg.augment.cutout == 8 and cfg.augment.autoaugment is True
+    assert cfg.optimizer.name == "adamw"  # untouched keys keep the recipe's values
+    assert cfg_from(["--no-cuda-graph"]).cuda_graph is False and cfg_from([]).cuda_graph is True
+    args = cli.build_parser().parse_args(["--out", "runs/x", "--resume", "--no-progress", "--data", "d"])
+    assert args.resume and args.no_progress and args.out == "runs/x" and args.data == "d"
+    assert cli.default_out_dir(cfg_from([])) == pathlib.Path("runs/A-resnet18")
+
+
+def test_recipe_from_a_yaml_file(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("epochs: 7\noptimizer:\n  name: sgd\n  lr: 5e-2\n  weight_decay: 5e-4\n")
+    cfg = cfg_from(["--recipe", str(p)])
+    # YAML 1.1 reads 5e-2 as a string; the config coerces numbers.
+    assert cfg.name == "mine" and cfg.epochs == 7 and cfg.optimizer.lr == 0.05
+    assert cfg.optimizer.weight_decay == 5e-4 and cfg.augment.crop_padding == 4
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"epochs": 0}, "epochs"),
+    ({"epochs": 2.5}, "epochs"),
+    ({"precision": "fp64"}, "precision"),
+    ({"layout": "NWHC"}, "layout"),
+    ({"model": "resnet20"}, "model"),
+    ({"label_smoothing": 1.0}, "label_smoothing"),
+    ({"optimizer": {"name": "rmsprop", "lr": 0.1}}, "optimizer.name"),
+    ({"optimizer": {"name": "sgd"}}, "optimizer.lr"),
+    ({"optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9]}}, "optimizer.betas"),
+    ({"schedule": {"name": "step"}}, "schedule.name"),
+    ({"schedule": {"name": "cosine", "warmup_epochs": 10}}, "warmup_epochs"),
+    ({"augment": {"cutout": -2}}, "augment.cutout"),
+    ({"batch_size": "many"}, "batch_size"),
+    # bool("false") is True: only real booleans are accepted.
+    ({"optimizer": {"name": "sgd", "lr": 0.1, "nesterov": "false"}}, "optimizer.nesterov"),
+    ({"augment": {"flip": "false"}}, "augment.flip"),
+    ({"augment": {"autoaugment": "false"}}, "augment.autoaugment"),
+    ({"augment": {"autoaugment": 1}}, "augment.autoaugment"),
+    ({"deterministic": "false"}, "deterministic"),
+    # Unknown keys, wrong types and out-of-range values name the key and say what was expected.
+    ({"dtype": "fp16"}, "dtype: unknown setting .*it is called 'precision' now"),
+    ({"epoch": 3}, "epoch: unknown setting"),
+    ({"optimizer": {"name": "sgd", "lr": 0.1, "lr_decay": 0.5}}, "optimizer.lr_decay: unknown setting"),
+    ({"optimizer": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}}, "optimizer.betas: unknown setting"),
+    ({"optimizer": {"name": "sgd", "lr": "fast"}}, "optimizer.lr: expected a number, got 'fast'"),
+    ({"optimizer": {"name": "sgd", "lr": float("nan")}}, "optimizer.lr: expected a finite number"),
+    ({"optimizer": {"name": "sgd", "lr": -0.1}}, r"optimizer.lr: expected >= 0.0, got -0.1"),
+    ({"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 1.5}}, "optimizer.momentum: expected < 1"),
+    ({"optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1.0]}}, r"optimizer.betas\[1\]: expected < 1"),
+    ({"optimizer": "sgd"}, "optimizer: expected a mapping"),
+    ({"schedule": 3}, "schedule: expected a mapping"),
+    ({"augment": {"cutout": 4.5}}, "augment.cutout: expected an int, got 4.5"),
+    ({"augment": {"crop_padding": "4"}}, "augment.crop_padding: expected an int"),
+    ({"seed": -1}, "seed: expected >= 0"),
+    ({"seed": True}, "seed: expected an int"),
+    ({"subset": 0}, "subset: expected >= 1"),
+    ({"name": ""}, "name: expected a non-empty string"),
+])
+def test_invalid_configurations_name_the_key(bad, message):
+    cfg = load_recipe("A")
+    cfg.update(bad)
+    cfg["epochs"] = bad.get("epochs", 10)
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_dict(cfg)
+
+
+def test_missing_epochs_and_defaults():
+    with pytest.raises(ValueError, match=r"epochs: missing \(set it in the recipe or with --epochs\)"):
+        TrainConfig.from_dict({"optimizer": {"lr": 0.1}})
+    with pytest.raises(ValueError, match="optimizer.lr: missing"):
+        TrainConfig.from_dict({"epochs": 3})
+    cfg = TrainConfig.from_dict({"epochs": 3, "optimizer": {"lr": 0.1}, "subset": None})
+    assert (cfg.name, cfg.model, cfg.precision, cfg.layout, cfg.seed, cfg.subset) == (
+        "custom", "resnet18", "fp16", "NHWC", 0, None)
+    assert cfg.optimizer.name == "sgd" and cfg.optimizer.weight_decay == 0.0
+    assert TrainConfig.from_dict({"epochs": 3, "optimizer": {"name": "adamw", "lr": 1e-3}}).optimizer.weight_decay \
+        == 0.01
+    assert isinstance(cfg.optimizer.lr, float) and isinstance(cfg.epochs, int)
+    assert TrainConfig.from_dict({"epochs": 3.0, "optimizer": {"lr": 1}}).epochs == 3  # integral floats are ints
+
+
+def test_command_line_values_go_through_the_same_checks(capsys):
+    with pytest.raises(ValueError, match="label_smoothing: expected < 1"):
+        cfg_from(["--label-smoothing", "1.0"])
+    with pytest.raises(ValueError, match="optimizer.lr: expected >= 0"):
+        cfg_from(["--lr", "-1"])
+    with pytest.raises(SystemExit):
+        cli.main(["--subset", "0"])
+    assert "subset: expected >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--precision", "fp8"])
+    with pytest.raises(SystemExit):  # the old flag is gone: --precision
+        cli.build_parser().parse_args(["--dtype", "fp16"])
+
+
+def test_every_construction_is_checked():
+    cfg = cfg_from([])
+    with pytest.raises(ValueError, match="seed: expected >= 0"):
+        dataclasses.replace(cfg, seed=-1)
+    with pytest.raises(ValueError, match="schedule.warmup_epochs: 300.0 must be shorter than epochs"):
+        dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, warmup_epochs=300))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seed = 3
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg  # the dict form (config.yaml, checkpoints) round-trips
+
+
+def test_old_checkpoints_dtype_key_is_read_as_precision():
+    old = cfg_from(["--precision", "bf16"]).to_dict()
+    old["dtype"] = old.pop("precision")  # a checkpoint written before the rename
+    saved = TrainConfig.from_saved(old)
+    assert saved.precision == "bf16"
+    assert resume_differences(saved, cfg_from(["--precision", "bf16"])) == []
+    assert resume_differences(saved, cfg_from(["--precision", "fp16", "--seed", "3"])) == ["precision", "seed"]
