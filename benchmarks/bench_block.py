@@ -17,8 +17,8 @@ Table 1 (block forward, median ms) compares, per block shape x layout x precisio
                     cudnnActivationForward
   add_relu_kernel   last conv + bias, then the custom add+ReLU kernel (resnet_native.kernels.add_relu)
   add_tensor_cudnn  last conv + bias, then cudnnAddTensor (kernels.add_tensor_cudnn) and the ReLU kernel
-  algo find / heuristic / fixed (IMPLICIT_PRECOMP_GEMM) for the fused variant, engine legacy (and graph when
-  built in), and torch: the same block in PyTorch eager (cudnn.benchmark on, channels_last for NHWC, explicit
+  algo find / heuristic / fixed (IMPLICIT_PRECOMP_GEMM) for the fused variant, engine legacy and graph,
+  and torch: the same block in PyTorch eager (cudnn.benchmark on, channels_last for NHWC, explicit
   dtypes, TF32 only for 'tf32'). ratio = ours / torch (below 1: ours is faster); err = ||ours - torch|| / ||torch||.
 Table 2 (per conv, median ms) times each conv of each block alone: forward, backward-data, backward-filter, for
 each engine (algo find) and PyTorch. Two timings per cell:
@@ -600,13 +600,13 @@ def host_overhead_section(args, engines, torch, report):
 
 
 def bare_conv_ops(spec, x, w, dy, y, dx, dw) -> dict:
-    """conv_ops without the Python wrapper: the _C bindings called with the spec tuple and the stream computed
+    """conv_ops without the Python wrapper: the _C bindings called with the native specs and the stream computed
     once (private API, for this measurement only)."""
     import resnet_native as rn
     from resnet_native import conv
 
     C, stream = rn._C, rn.current_stream()
-    fwd, bwd_data, bwd_filter = (conv._spec_tuple(spec, d) for d in ("forward", "backward_data", "backward_filter"))
+    fwd, bwd_data, bwd_filter = (conv._native_spec(spec, d) for d in ("forward", "backward_data", "backward_filter"))
     return {
         "forward": lambda: C.conv_forward(x, w, y, None, None, fwd, "identity", 1.0, 1.0, True, stream),
         "backward_data": lambda: C.conv_backward_data(dy, w, dx, x.shape, bwd_data, stream),
@@ -758,8 +758,7 @@ def main(argv=None) -> int:
     if not rn.cuda_available():
         print(f"bench_block.py needs a CUDA GPU: {rn._C.device_unavailable_reason()}", file=sys.stderr)
         return 2
-    engines = (parse_list(args.engines, ["legacy", "graph"], "engines") if args.engines
-               else ["legacy"] + (["graph"] if conv.graph_engine_available() else []))
+    engines = parse_list(args.engines, ["legacy", "graph"], "engines") if args.engines else ["legacy", "graph"]
     torch = None
     if not args.no_torch:
         with contextlib.suppress(ImportError):

@@ -30,63 +30,55 @@ from ._loader import _C
 from ._runtime import op_stream as _stream
 from ._runtime import require_gpu
 from .checkpoint import atomic_write_text
-
-LAYOUTS = ("NCHW", "NHWC")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-ENGINES = ("legacy", "graph", "auto")
-ACTIVATIONS = ("identity", "relu")
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
-
-# Accepted spellings of a direction (function arguments and the per-direction algo syntax).
-_DIRECTION_ALIASES = {
-    "forward": "forward",
-    "fwd": "forward",
-    "backward_data": "backward_data",
-    "bwd_data": "backward_data",
-    "backward_filter": "backward_filter",
-    "bwd_filter": "backward_filter",
-}
-_EPILOGUE_PARTS = ("bias", "residual", "relu")
+from .names import (
+    ACTIVATIONS,
+    ALGO_MODES,
+    DIRECTION_ALIASES,
+    DIRECTIONS,
+    ENGINES,
+    EPILOGUE_PARTS,
+    LAYOUTS,
+    PRECISIONS,
+    canonical_dtype,
+    choice,
+)
 
 _CACHE_FORMAT = "resnet_native.algorithm_cache"
 _CACHE_VERSION = 1
 
-_default_engine = "legacy"
+# The native core's typed enums by name (their member names are the names above).
+_NATIVE_LAYOUT = dict(_C.Layout.__members__)
+_NATIVE_PRECISION = dict(_C.Precision.__members__)
+_NATIVE_ENGINE = dict(_C.Engine.__members__)
+_NATIVE_ALGO_MODE = dict(_C.AlgoMode.__members__)
+_NATIVE_DIRECTION = dict(_C.Direction.__members__)
+_NATIVE_DTYPE = dict(_C.DType.__members__)
+
+_default_engine = "auto"
 _fusion_enabled = True
 
 
 def set_default_engine(engine: str) -> None:
-    """The engine of ConvSpecs created from now on without engine=: 'legacy', 'graph' or 'auto'."""
+    """The engine of ConvSpecs (and so of Conv2d layers) created from now on without engine=: 'auto' (the
+    default: the faster engine per problem, timed once), 'legacy' or 'graph'."""
     global _default_engine
-    _check_choice_of(engine, ENGINES, "engine")
-    _default_engine = engine
+    _default_engine = choice("engine", engine, ENGINES)
 
 
 def default_engine() -> str:
     return _default_engine
 
 
-def graph_engine_available() -> bool:
-    """Whether this build includes the graph (backend API) engine."""
-    return bool(_C.HAVE_GRAPH_ENGINE)
-
-
-def _check_choice_of(value, allowed, name):
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
-
-
 def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _pair(value, name: str, minimum: int) -> tuple:
+def _pair(value, name: str) -> tuple:
+    """(int, int) from an int or a pair of ints; the native spec checks the range."""
     if _is_int(value):
         value = (value, value)
     if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(_is_int(v) for v in value):
         raise ValueError(f"{name}: expected an int or a pair of ints, got {value!r}")
-    if min(value) < minimum:
-        raise ValueError(f"{name}: every value must be >= {minimum}, got {tuple(value)}")
     return (int(value[0]), int(value[1]))
 
 
@@ -95,7 +87,9 @@ class ConvSpec:
     """How to convolve: geometry, layout, precision, algorithm choice, engine and determinism.
 
     stride, padding and dilation take an int or a pair (height, width). engine defaults to the module default
-    (set_default_engine) at the time the spec is created.
+    (set_default_engine) at the time the spec is created. Every value is checked here (ValueError naming the
+    field), when the native spec of each direction is built and kept on the spec; only an algorithm name that does
+    not exist in a direction, or names the other engine, raises where that direction is used.
     """
 
     stride: tuple = (1, 1)
@@ -109,22 +103,28 @@ class ConvSpec:
     deterministic: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "stride", _pair(self.stride, "stride", 1))
-        object.__setattr__(self, "padding", _pair(self.padding, "padding", 0))
-        object.__setattr__(self, "dilation", _pair(self.dilation, "dilation", 1))
-        if not _is_int(self.groups) or self.groups < 1:
+        object.__setattr__(self, "stride", _pair(self.stride, "stride"))
+        object.__setattr__(self, "padding", _pair(self.padding, "padding"))
+        object.__setattr__(self, "dilation", _pair(self.dilation, "dilation"))
+        if not _is_int(self.groups):
             raise ValueError(f"groups: expected an int >= 1, got {self.groups!r}")
         object.__setattr__(self, "groups", int(self.groups))
-        _check_choice_of(self.layout, LAYOUTS, "layout")
-        _check_choice_of(self.precision, PRECISIONS, "precision")
-        _check_choice_of(self.engine, ENGINES, "engine")
+        choice("layout", self.layout, LAYOUTS)
+        choice("precision", self.precision, PRECISIONS)
+        choice("engine", self.engine, ENGINES)
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic: expected a bool, got {self.deterministic!r}")
         _parse_algo(self.algo)
+        # The native specs check the ranges (geometry first, then each direction's algorithm); a direction whose
+        # algorithm does not resolve raises where it is used.
+        _native_spec(self, _GEOMETRY)
+        for direction in DIRECTIONS:
+            with contextlib.suppress(_UnresolvedAlgo):
+                _native_spec(self, direction)
 
     def __getstate__(self):
-        # The resolved native tuples kept by _spec_tuple are not part of a spec: never pickled or copied along.
-        return {k: v for k, v in self.__dict__.items() if k != "_native_tuples"}
+        # The native specs kept by _native_spec are not part of a spec: never pickled or copied along.
+        return {k: v for k, v in self.__dict__.items() if k != "_native_specs"}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class ConvSpec:
 
 @cache
 def _legacy_algo_names(direction: str) -> tuple:
-    return tuple(_C.conv_algo_names(direction))
+    return tuple(_C.conv_algo_names(_NATIVE_DIRECTION[direction]))
 
 
 def _named_algo(name: str, direction: str):
@@ -176,7 +176,7 @@ def _parse_algo_text(algo: str) -> dict:
         result = {d: ("heuristic", 0, None) for d in DIRECTIONS}
         for part in text.split(";"):
             key, sep, name = part.partition("=")
-            direction = _DIRECTION_ALIASES.get(key.strip())
+            direction = DIRECTION_ALIASES.get(key.strip())
             if not sep or direction is None or not name.strip():
                 raise ValueError(
                     f"algo: expected 'direction=name' parts separated by ';' with directions fwd, bwd_data, "
@@ -199,7 +199,7 @@ def _parse_algo_text(algo: str) -> dict:
 
 
 def _direction(direction) -> str:
-    resolved = _DIRECTION_ALIASES.get(direction) if isinstance(direction, str) else None
+    resolved = DIRECTION_ALIASES.get(direction) if isinstance(direction, str) else None
     if resolved is None:
         raise ValueError(f"direction: expected one of {', '.join(repr(d) for d in DIRECTIONS)}, got {direction!r}")
     return resolved
@@ -211,26 +211,42 @@ def _check_spec(spec) -> ConvSpec:
     return spec
 
 
-def _spec_tuple(spec: ConvSpec, direction: str) -> tuple:
-    """The spec as the native ops take it, with the algorithm of one direction resolved.
+_GEOMETRY = "geometry"  # the native spec for shape arithmetic only (whatever the algorithm)
 
-    Computed once per spec and direction and kept on the spec (a ConvSpec is immutable): the ops call this on
-    every call, and an lru_cache keyed by the spec would hash all of its fields each time.
+
+class _UnresolvedAlgo(ValueError):
+    """A spec's algorithm does not resolve in one direction (raised where that direction is used)."""
+
+
+def _native_spec(spec: ConvSpec, direction: str):
+    """The _C.ConvSpec the native ops take for one direction ('forward', 'backward_data', 'backward_filter'), or
+    for shape arithmetic only (_GEOMETRY).
+
+    Built once per spec and direction and kept on the spec (a ConvSpec is immutable): the ops call this on every
+    call, and an lru_cache keyed by the spec would hash all of its fields each time.
     """
-    resolved = spec.__dict__.get("_native_tuples")
-    if resolved is None:
+    specs = spec.__dict__.get("_native_specs")
+    if specs is None:
         # Outside the dataclass fields: not part of eq / hash / repr; a frozen dataclass's __dict__ is writable.
-        resolved = spec.__dict__["_native_tuples"] = {}
-    native = resolved.get(direction)
+        specs = spec.__dict__["_native_specs"] = {}
+    native = specs.get(direction)
     if native is None:
-        native = resolved[direction] = _resolve_spec_tuple(spec, direction)
+        engine, mode, fixed = ("legacy", "heuristic", 0) if direction == _GEOMETRY else _resolve_algo(spec, direction)
+        native = specs[direction] = _C.ConvSpec(
+            stride=spec.stride, padding=spec.padding, dilation=spec.dilation, groups=spec.groups,
+            layout=_NATIVE_LAYOUT[spec.layout], precision=_NATIVE_PRECISION[spec.precision],
+            engine=_NATIVE_ENGINE[engine], algo_mode=_NATIVE_ALGO_MODE[mode], fixed_algo=fixed,
+            deterministic=spec.deterministic,
+        )
     return native
 
 
-def _resolve_spec_tuple(spec: ConvSpec, direction: str) -> tuple:
+def _resolve_algo(spec: ConvSpec, direction: str) -> tuple:
+    """(engine, mode, fixed algorithm index) of one direction; _UnresolvedAlgo when the algorithm does not exist
+    there or names the other engine."""
     mode, fixed, name_engine = _parse_algo(spec.algo)[direction]
     if mode == "invalid":
-        raise ValueError(
+        raise _UnresolvedAlgo(
             f"algo: {spec.algo!r} is not a {direction} algorithm ({', '.join(_legacy_algo_names(direction))}); "
             f"name one per direction, e.g. 'fwd=IMPLICIT_PRECOMP_GEMM;bwd_data=ALGO_1;bwd_filter=ALGO_1'"
         )
@@ -239,25 +255,10 @@ def _resolve_spec_tuple(spec: ConvSpec, direction: str) -> tuple:
         if engine == "auto":
             engine = name_engine  # a fixed algorithm names its engine
         elif engine != name_engine:
-            raise ValueError(f"algo: {spec.algo!r} names a {name_engine}-engine algorithm, but engine={engine!r}")
-    return (
-        spec.stride,
-        spec.padding,
-        spec.dilation,
-        spec.groups,
-        spec.layout,
-        spec.precision,
-        engine,
-        mode,
-        fixed,
-        spec.deterministic,
-    )
-
-
-def _geometry_tuple(spec: ConvSpec) -> tuple:
-    """A spec tuple for shape arithmetic only (the algorithm does not matter)."""
-    return (spec.stride, spec.padding, spec.dilation, spec.groups, spec.layout, spec.precision, "legacy",
-            "heuristic", 0, False)
+            raise _UnresolvedAlgo(
+                f"algo: {spec.algo!r} names a {name_engine}-engine algorithm, but engine={engine!r}"
+            )
+    return engine, mode, fixed
 
 
 def _shape4(shape, name: str) -> tuple:
@@ -273,10 +274,12 @@ def _shape4(shape, name: str) -> tuple:
 def conv_output_shape(x_shape, w_shape, spec: ConvSpec) -> tuple:
     """The output shape (in the spec's layout) of convolving x_shape with w_shape; needs no GPU.
 
-    Computed by cudnnGetConvolution2dForwardOutputDim after the same validation as the ops.
+    Computed by the native core's one output-size function, after the same validation as the ops (ValueError
+    naming the argument for shapes the ops would refuse).
     """
     spec = _check_spec(spec)
-    return tuple(_C.conv_output_shape(_shape4(x_shape, "x_shape"), _shape4(w_shape, "w_shape"), _geometry_tuple(spec)))
+    return tuple(_C.conv_output_shape(_shape4(x_shape, "x_shape"), _shape4(w_shape, "w_shape"),
+                                      _native_spec(spec, _GEOMETRY)))
 
 
 def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", alpha1=1.0, alpha2=1.0, out=None):
@@ -288,14 +291,14 @@ def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", al
     cudnnActivationForward. `out` must not overlap any input.
     """
     spec = _check_spec(spec)
-    return _C.conv_forward(x, w, out, bias, z, _spec_tuple(spec, "forward"), activation, float(alpha1),
+    return _C.conv_forward(x, w, out, bias, z, _native_spec(spec, "forward"), activation, float(alpha1),
                            float(alpha2), _fusion_enabled, _stream())
 
 
 def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None):
     """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy."""
     spec = _check_spec(spec)
-    return _C.conv_backward_data(dy, w, out, _shape4(x_shape, "x_shape"), _spec_tuple(spec, "backward_data"),
+    return _C.conv_backward_data(dy, w, out, _shape4(x_shape, "x_shape"), _native_spec(spec, "backward_data"),
                                  _stream())
 
 
@@ -306,27 +309,33 @@ def conv2d_backward_filter(x, dy, spec: ConvSpec, w_shape, *, out=None, accumula
     if not isinstance(accumulate, bool):
         raise ValueError(f"accumulate: expected a bool, got {accumulate!r}")
     return _C.conv_backward_filter(x, dy, out, _shape4(w_shape, "w_shape"), accumulate,
-                                   _spec_tuple(spec, "backward_filter"), _stream())
+                                   _native_spec(spec, "backward_filter"), _stream())
 
 
-_TYPESTR_DTYPES = {"f4": "fp32", "float32": "fp32", "f2": "fp16", "float16": "fp16", "u2": "bf16",
-                   "uint16": "bf16", "i2": "bf16", "V2": "bf16", "bfloat16": "bf16"}
+# Array typestrs / dtype names -> the dtype an op takes (bf16 arrives as 16-bit integer or void bit patterns).
+_TYPESTR_DTYPES = {"f4": "fp32", "f2": "fp16", "u2": "bf16", "uint16": "bf16", "i2": "bf16", "V2": "bf16"}
 
 
-def _storage_dtype_of(array) -> str:
+def _storage_dtype_of(array):
+    """The native dtype of dy's elements; unknown: fp32, so that the op's own check reports what the argument is."""
     iface = getattr(array, "__cuda_array_interface__", None)
     if isinstance(iface, dict) and isinstance(iface.get("typestr"), str):
         key = iface["typestr"][1:]
     else:
         key = str(getattr(array, "dtype", "")).replace("torch.", "")
-    # Unknown: 'fp32', so that the op's own check reports what the argument is.
-    return _TYPESTR_DTYPES.get(key, "fp32")
+    name = _TYPESTR_DTYPES.get(key)
+    if name is None:
+        try:
+            name = canonical_dtype(key)
+        except ValueError:
+            name = "fp32"
+    return _NATIVE_DTYPE[name]
 
 
 def conv2d_backward_bias(dy, layout, *, out=None):
     """db = sum of dy over N, H and W, of shape (K,) in dy's dtype (cudnnConvolutionBackwardBias)."""
-    _check_choice_of(layout, LAYOUTS, "layout")
-    return _C.conv_backward_bias(dy, out, layout, _storage_dtype_of(dy), _stream())
+    choice("layout", layout, LAYOUTS)
+    return _C.conv_backward_bias(dy, out, _NATIVE_LAYOUT[layout], _storage_dtype_of(dy), _stream())
 
 
 @contextlib.contextmanager
@@ -350,14 +359,14 @@ def _epilogue(fused) -> str:
     if not isinstance(fused, str):
         raise ValueError(f"fused: expected None or a '+'-joined subset of bias, residual, relu, got {fused!r}")
     parts = fused.split("+")
-    if any(p not in _EPILOGUE_PARTS for p in parts) or len(set(parts)) != len(parts):
+    if any(p not in EPILOGUE_PARTS for p in parts) or len(set(parts)) != len(parts):
         raise ValueError(f"fused: expected None or a '+'-joined subset of bias, residual, relu, got {fused!r}")
-    return "+".join(p for p in _EPILOGUE_PARTS if p in parts)
+    return "+".join(p for p in EPILOGUE_PARTS if p in parts)
 
 
 def fused_name(*, bias=False, z=False, activation="identity") -> str | None:
     """The `fused` argument of last_algorithm that matches a conv2d call's bias / z / activation."""
-    _check_choice_of(activation, ACTIVATIONS, "activation")
+    choice("activation", activation, ACTIVATIONS)
     parts = [n for n, on in (("bias", bias), ("residual", z), ("relu", activation == "relu")) if on]
     return "+".join(parts) or None
 
@@ -374,18 +383,18 @@ def last_algorithm(x_shape, w_shape, spec: ConvSpec, direction="forward", fused=
     """
     spec = _check_spec(spec)
     direction = _direction(direction)
-    key = _C.conv_key(direction, _shape4(x_shape, "x_shape"), _shape4(w_shape, "w_shape"),
-                      _spec_tuple(spec, direction), _epilogue(fused))
-    choice = _C.algo_cache_lookup(key)
-    if choice is None:
+    key = _C.conv_key(_NATIVE_DIRECTION[direction], _shape4(x_shape, "x_shape"), _shape4(w_shape, "w_shape"),
+                      _native_spec(spec, direction), _epilogue(fused))
+    found = _C.algo_cache_lookup(key)
+    if found is None:
         return None
-    choice["key"] = key
-    return choice
+    found["key"] = key
+    return found
 
 
 def algorithm_cache_entries() -> list:
     """Every cached choice, as last_algorithm's dicts (each with its key)."""
-    return [dict(choice, key=key) for key, choice in _C.algo_cache_entries()]
+    return [dict(entry, key=key) for key, entry in _C.algo_cache_entries()]
 
 
 def clear_algorithm_cache() -> None:
@@ -419,7 +428,7 @@ def _check_entry(entry, index: int) -> None:
     for name, kind in _CHOICE_FIELDS.items():
         if not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool):
             raise ValueError(f"algorithm cache file: entry {index} lacks a valid {name!r}")
-    if entry["engine"] not in ("legacy", "graph") or entry["mode"] not in ("find", "heuristic", "fixed"):
+    if entry["engine"] not in ("legacy", "graph") or entry["mode"] not in ALGO_MODES:
         raise ValueError(f"algorithm cache file: entry {index} has an unknown engine or mode")
     try:
         _C._conv_params_roundtrip(entry["key"])
@@ -498,7 +507,6 @@ __all__ = [
     "conv_output_shape",
     "default_engine",
     "fused_name",
-    "graph_engine_available",
     "last_algorithm",
     "load_algorithm_cache",
     "save_algorithm_cache",

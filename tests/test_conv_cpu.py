@@ -1,16 +1,13 @@
 """Convolution engine tests that need no GPU: the params key, the algorithm-cache file, argument validation of
-every op (before any device access), conv_output_shape, and descriptor-leak safety of descriptor groups.
+every op (before any device access), descriptor-leak safety of descriptor groups and the per-call host work
+(specs and conv_output_shape: test_conv_spec_cpu.py).
 
 On a machine with a GPU these run too: fake arrays then fail the device check (TypeError) instead of raising
 NoGPUError, and are never handed to cuDNN.
 """
 
-import copy
-import dataclasses
-import itertools
 import json
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -20,6 +17,13 @@ from resnet_native import conv
 from resnet_native.conv import ConvSpec
 
 C = rn._C
+
+
+def native(spec, direction="forward"):
+    """The _C.ConvSpec the ops take for one direction of a spec."""
+    return conv._native_spec(spec, direction)
+
+
 
 BASE_KEY = (
     "conv2d.v1 dir=fwd dev=0 prec=fp16 layout=NHWC engine=legacy epi=bias+relu det=0 mode=find fixed=0 "
@@ -117,7 +121,7 @@ def test_malformed_keys_raise_value_error(bad):
 
 def test_key_of_an_nhwc_call_uses_logical_dims():
     spec = ConvSpec(stride=2, padding=1, layout="NHWC", precision="bf16", algo="heuristic", deterministic=True)
-    key = C.conv_key("forward", (8, 32, 32, 64), (128, 3, 3, 64), conv._spec_tuple(spec, "forward"), "bias+relu")
+    key = C.conv_key(C.Direction.forward, (8, 32, 32, 64), (128, 3, 3, 64), native(spec), "bias+relu")
     assert "x=8,64,32,32" in key and "w=128,64,3,3" in key and "y=8,128,16,16" in key
     assert "prec=bf16" in key and "layout=NHWC" in key and "mode=heuristic" in key and "det=1" in key
     assert "epi=bias+relu" in key and "dir=fwd" in key
@@ -126,7 +130,7 @@ def test_key_of_an_nhwc_call_uses_logical_dims():
 
 def test_fixed_algorithm_is_part_of_the_key():
     spec = ConvSpec(algo="IMPLICIT_PRECOMP_GEMM")
-    key = C.conv_key("forward", (2, 3, 8, 8), (4, 3, 3, 3), conv._spec_tuple(spec, "forward"), "none")
+    key = C.conv_key(C.Direction.forward, (2, 3, 8, 8), (4, 3, 3, 3), native(spec), "none")
     assert "mode=fixed" in key and "fixed=1" in key
 
 
@@ -426,62 +430,6 @@ def test_out_must_not_overlap_the_inputs():
         conv.conv2d(x, w, SPEC, z=z, out=out2)
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        ({"stride": 0}, "stride"),
-        ({"stride": (1, 2, 3)}, "stride"),
-        ({"stride": 1.5}, "stride"),
-        ({"padding": -1}, "padding"),
-        ({"dilation": (1, 0)}, "dilation"),
-        ({"groups": 0}, "groups"),
-        ({"groups": True}, "groups"),
-        ({"layout": "CHWN"}, "layout"),
-        ({"precision": "fp64"}, "precision"),
-        ({"engine": "cpu"}, "engine"),
-        ({"algo": "nonsense"}, "algo"),
-        ({"algo": "fwd=FOO"}, "algo"),
-        ({"algo": "sideways=GEMM"}, "algo"),
-        ({"algo": "fwd"}, "algo"),
-        ({"algo": 3}, "algo"),
-        ({"deterministic": "yes"}, "deterministic"),
-    ],
-)
-def test_bad_specs_raise_value_error(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ConvSpec(**kwargs)
-
-
-def test_spec_normalises_ints_to_pairs_and_resolves_algorithms():
-    spec = ConvSpec(stride=2, padding=[1, 0], dilation=(1, 2))
-    assert spec.stride == (2, 2) and spec.padding == (1, 0) and spec.dilation == (1, 2)
-    assert conv._spec_tuple(ConvSpec(algo="find"), "forward")[7:9] == ("find", 0)
-    assert conv._spec_tuple(ConvSpec(algo="heuristic"), "backward_filter")[7:9] == ("heuristic", 0)
-    assert conv._spec_tuple(ConvSpec(algo="implicit_precomp_gemm"), "forward")[7:9] == ("fixed", 1)
-    mixed = ConvSpec(algo="fwd=IMPLICIT_GEMM;bwd_filter=ALGO_1")
-    assert conv._spec_tuple(mixed, "forward")[7:9] == ("fixed", 0)
-    assert conv._spec_tuple(mixed, "backward_data")[7:9] == ("heuristic", 0)
-    assert conv._spec_tuple(mixed, "backward_filter")[7:9] == ("fixed", 1)
-    # FFT exists in every direction, with different enum values.
-    fft = ConvSpec(algo="FFT")
-    assert [conv._spec_tuple(fft, d)[8] for d in conv.DIRECTIONS] == [4, 2, 2]
-    # A fixed legacy name with engine='auto' runs on the legacy engine.
-    assert conv._spec_tuple(ConvSpec(algo="GEMM", engine="auto"), "forward")[6] == "legacy"
-
-
-def test_default_engine():
-    assert conv.default_engine() == "legacy"
-    try:
-        conv.set_default_engine("auto")
-        assert ConvSpec().engine == "auto"
-        assert ConvSpec(engine="legacy").engine == "legacy"
-    finally:
-        conv.set_default_engine("legacy")
-    assert ConvSpec().engine == "legacy"
-    with pytest.raises(ValueError, match="engine"):
-        conv.set_default_engine("fastest")
-
-
 def test_last_algorithm_validates_and_is_empty_without_runs(empty_cache):
     assert conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC) is None
     assert conv.last_algorithm((2, 3, 8, 8), (4, 3, 3, 3), SPEC, "backward_filter") is None
@@ -500,59 +448,11 @@ def test_last_algorithm_validates_and_is_empty_without_runs(empty_cache):
 
 def test_last_algorithm_reads_what_the_cache_holds(empty_cache):
     spec = ConvSpec(padding=1, precision="fp16", layout="NHWC", algo="heuristic")
-    key = C.conv_key("forward", (2, 8, 8, 3), (4, 3, 3, 3), conv._spec_tuple(spec, "forward"), "bias+relu")
+    key = C.conv_key(C.Direction.forward, (2, 8, 8, 3), (4, 3, 3, 3), native(spec), "bias+relu")
     C.algo_cache_insert(key, sample_choices()[0][1])
     found = conv.last_algorithm((2, 8, 8, 3), (4, 3, 3, 3), spec, fused="bias+relu")
     assert found is not None and found["key"] == key and found["algo_name"] == "IMPLICIT_PRECOMP_GEMM"
     assert conv.last_algorithm((2, 8, 8, 3), (4, 3, 3, 3), spec) is None  # the plain key is another entry
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# conv_output_shape
-
-
-def formula(x_nchw, w_kcrs, stride, padding, dilation):
-    n, _, h, w = x_nchw
-    k, _, r, s = w_kcrs
-    p = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
-    q = (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
-    return (n, k, p, q)
-
-
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_conv_output_shape_matches_the_formula(layout):
-    checked = 0
-    for (h, w), (r, s), stride, padding, dilation, groups in itertools.product(
-        [(7, 7), (8, 13), (32, 32), (1, 5)],
-        [(1, 1), (3, 3), (1, 3), (5, 2)],
-        [(1, 1), (2, 2), (3, 1)],
-        [(0, 0), (1, 1), (2, 0)],
-        [(1, 1), (2, 2), (1, 3)],
-        [1, 2],
-    ):
-        if h + 2 * padding[0] < dilation[0] * (r - 1) + 1 or w + 2 * padding[1] < dilation[1] * (s - 1) + 1:
-            continue
-        x_nchw, w_kcrs = (3, 4 * groups, h, w), (6 * groups, 4, r, s)
-        spec = ConvSpec(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
-        expected = formula(x_nchw, w_kcrs, stride, padding, dilation)
-        if layout == "NHWC":
-            x_shape = (x_nchw[0], h, w, x_nchw[1])
-            w_shape = (w_kcrs[0], r, s, w_kcrs[1])
-            expected = (expected[0], expected[2], expected[3], expected[1])
-        else:
-            x_shape, w_shape = x_nchw, w_kcrs
-        assert conv.conv_output_shape(x_shape, w_shape, spec) == expected
-        checked += 1
-    assert checked > 300
-
-
-def test_conv_output_shape_rejects_impossible_shapes():
-    with pytest.raises(ValueError, match="smaller"):
-        conv.conv_output_shape((1, 3, 4, 4), (2, 3, 5, 5), ConvSpec())
-    with pytest.raises(ValueError, match="input channels per group"):
-        conv.conv_output_shape((1, 3, 8, 8), (2, 4, 3, 3), ConvSpec())
-    with pytest.raises(ValueError, match="w_shape"):
-        conv.conv_output_shape((1, 3, 8, 8), (2, 3, 3), ConvSpec())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -608,12 +508,8 @@ def test_descriptor_groups_are_cached_and_droppable():
     assert live() == before
 
 
-def test_graph_engine_flag_is_reported():
-    assert conv.graph_engine_available() is bool(C.HAVE_GRAPH_ENGINE)
-
-
 # ------------------------------------------------------------------------------------------------------------------
-# Per-call host work: cupy arrays read without __cuda_array_interface__, spec tuples and the stream found once
+# Per-call host work: cupy arrays read without __cuda_array_interface__, native specs and the stream found once
 
 FAKE_DEVICE_BASE = 1 << 40  # an address no allocation has: the device check refuses it (or there is no GPU)
 TYPESTRS = {"float32": "<f4", "float16": "<f2", "uint16": "<u2", "int16": "<i2"}
@@ -681,27 +577,6 @@ def test_ops_take_cupy_arrays_up_to_the_device_check():
         conv.conv2d(x, w, spec, out=cupy_at((2, 4, 4, 32), "float16", 64))
     with pytest.raises(ValueError, match="^bias: expected shape"):
         conv.conv2d(x, w, spec, bias=cupy_at((16,), "float16", 1 << 19), out=y)
-
-
-def test_spec_tuples_are_resolved_once_per_spec_and_direction():
-    spec = ConvSpec(stride=2, padding=1, algo="fwd=IMPLICIT_GEMM;bwd_data=ALGO_1")
-    forward = conv._spec_tuple(spec, "forward")
-    assert conv._spec_tuple(spec, "forward") is forward  # kept on the spec
-    assert forward[7:9] == ("fixed", 0) and conv._spec_tuple(spec, "backward_data")[7:9] == ("fixed", 1)
-    assert conv._spec_tuple(spec, "backward_filter")[7:9] == ("heuristic", 0)
-    twin = ConvSpec(stride=2, padding=1, algo="fwd=IMPLICIT_GEMM;bwd_data=ALGO_1")
-    # What is kept is not a field: equality, hashing and repr are those of the fields alone.
-    assert twin == spec and hash(twin) == hash(spec) and repr(twin) == repr(spec)
-    assert conv._spec_tuple(twin, "forward") == forward
-    assert conv._spec_tuple(dataclasses.replace(spec, algo="heuristic"), "forward")[7:9] == ("heuristic", 0)
-    restored = pickle.loads(pickle.dumps(spec))
-    assert restored == spec and "_native_tuples" not in vars(restored)  # resolved again where it is used
-    assert conv._spec_tuple(restored, "backward_data") == conv._spec_tuple(spec, "backward_data")
-    assert "_native_tuples" not in vars(copy.copy(spec))
-    unresolvable = ConvSpec(algo="ALGO_1")  # a backward algorithm name: no forward algorithm of that name
-    for _ in range(2):  # an error is not cached away
-        with pytest.raises(ValueError, match="forward"):
-            conv._spec_tuple(unresolvable, "forward")
 
 
 def test_stream_is_zero_without_a_gpu():

@@ -1,8 +1,8 @@
-"""Convolution engine on the GPU, against a float64 NumPy reference.
+"""The legacy convolution engine (engine='legacy') on the GPU, against the float64 NumPy reference of
+conv_reference.py.
 
 Every op output is poisoned with NaN before the call and checked to be fully written, and compared norm-wise
-(||got - ref|| / ||ref||) with tolerances fp32 1e-5, tf32 1e-3, fp16/bf16 1e-2. The reference functions at the
-top (NCHW, any stride/padding/dilation/groups; NHWC by transposing) are importable by other test files.
+(||got - ref|| / ||ref||) with tolerances fp32 1e-5, tf32 1e-3, fp16/bf16 1e-2.
 
 Some combinations (odd channel counts, dilation, groups, depthwise, some fixed algorithms or elementwise ops in
 bf16) may not exist in the legacy API of a given cuDNN; those cases are marked "xfail" with cuDNN's status when
@@ -12,8 +12,10 @@ multiple of 8, 3x3 or 1x1, stride 1 or 2) in the common precision/layout pairs a
 
 import contextlib
 
+import conv_reference as ref
 import numpy as np
 import pytest
+from conv_reference import from_layout, to_layout
 
 import resnet_native as rn
 from resnet_native import conv
@@ -27,88 +29,7 @@ LAYOUTS = ("NCHW", "NHWC")
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# float64 reference (NCHW activations, KCRS filters)
-
-
-def out_size(size, kernel, stride, pad, dil):
-    return (size + 2 * pad - dil * (kernel - 1) - 1) // stride + 1
-
-
-def _window(i, j, p, q, stride, dil):
-    """Index of the padded-input window that tap (i, j) of the filter reads for all p x q outputs."""
-    return (
-        slice(i * dil[0], i * dil[0] + stride[0] * (p - 1) + 1, stride[0]),
-        slice(j * dil[1], j * dil[1] + stride[1] * (q - 1) + 1, stride[1]),
-    )
-
-
-def conv_forward_ref(x, w, stride, pad, dil, groups):
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
-    p, q = out_size(h, r, stride[0], pad[0], dil[0]), out_size(wd, s, stride[1], pad[1], dil[1])
-    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    y = np.zeros((n, k, p, q))
-    kg = k // groups
-    for g in range(groups):
-        xg, wg = xp[:, g * cg : (g + 1) * cg], w[g * kg : (g + 1) * kg]
-        for i in range(r):
-            for j in range(s):
-                rows, cols = _window(i, j, p, q, stride, dil)
-                y[:, g * kg : (g + 1) * kg] += np.einsum("ncpq,kc->nkpq", xg[:, :, rows, cols], wg[:, :, i, j])
-    return y
-
-
-def conv_backward_data_ref(dy, w, x_shape, stride, pad, dil, groups):
-    n, c, h, wd = x_shape
-    k, cg, r, s = w.shape
-    p, q = dy.shape[2:]
-    dxp = np.zeros((n, c, h + 2 * pad[0], wd + 2 * pad[1]))
-    kg = k // groups
-    for g in range(groups):
-        dyg, wg = dy[:, g * kg : (g + 1) * kg], w[g * kg : (g + 1) * kg]
-        for i in range(r):
-            for j in range(s):
-                rows, cols = _window(i, j, p, q, stride, dil)
-                dxp[:, g * cg : (g + 1) * cg, rows, cols] += np.einsum("nkpq,kc->ncpq", dyg, wg[:, :, i, j])
-    return dxp[:, :, pad[0] : pad[0] + h, pad[1] : pad[1] + wd]
-
-
-def conv_backward_filter_ref(x, dy, w_shape, stride, pad, dil, groups):
-    k, cg, r, s = w_shape
-    p, q = dy.shape[2:]
-    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    dw = np.zeros(w_shape)
-    kg = k // groups
-    for g in range(groups):
-        xg, dyg = xp[:, g * cg : (g + 1) * cg], dy[:, g * kg : (g + 1) * kg]
-        for i in range(r):
-            for j in range(s):
-                rows, cols = _window(i, j, p, q, stride, dil)
-                dw[g * kg : (g + 1) * kg, :, i, j] = np.einsum("ncpq,nkpq->kc", xg[:, :, rows, cols], dyg)
-    return dw
-
-
-def to_layout(a, layout):
-    """NCHW activation / KCRS filter -> the layout's order (NHWC: N,H,W,C and K,R,S,C)."""
-    return a if layout == "NCHW" else np.ascontiguousarray(a.transpose(0, 2, 3, 1))
-
-
-def from_layout(a, layout):
-    return a if layout == "NCHW" else np.ascontiguousarray(a.transpose(0, 3, 1, 2))
-
-
-# ------------------------------------------------------------------------------------------------------------------
 # Storage types on the host and the device
-
-
-def to_bf16_bits(a):
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16_bits(u):
-    return (np.asarray(u, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def representable(rng, shape, precision, scale=1.0):
@@ -118,29 +39,19 @@ def representable(rng, shape, precision, scale=1.0):
 
 def quantize(values, precision):
     """The nearest values the precision's storage type holds, as float64."""
-    a = np.asarray(values).astype(np.float32)
-    if precision == "fp16":
-        return a.astype(np.float16).astype(np.float64)
-    if precision == "bf16":
-        return from_bf16_bits(to_bf16_bits(a)).astype(np.float64)
-    return a.astype(np.float64)
+    return ref.from_storage(ref.to_storage(np.asarray(values).astype(np.float32), precision), precision)
 
 
 def to_device(values, precision):
     import cupy as cp
 
-    if precision == "fp16":
-        return cp.asarray(values.astype(np.float16))
-    if precision == "bf16":
-        return cp.asarray(to_bf16_bits(values.astype(np.float32)))
-    return cp.asarray(values.astype(np.float32))
+    return cp.asarray(ref.to_storage(np.asarray(values).astype(np.float32), precision))
 
 
 def to_host(array, precision):
     import cupy as cp
 
-    h = cp.asnumpy(array)
-    return from_bf16_bits(h).astype(np.float64) if precision == "bf16" else h.astype(np.float64)
+    return ref.from_storage(cp.asnumpy(array), precision)
 
 
 def poisoned(shape, precision):
@@ -151,15 +62,15 @@ def poisoned(shape, precision):
     return cp.full(shape, np.nan, dtype=cp.float16 if precision == "fp16" else cp.float32)
 
 
-def rel_err(got, ref):
-    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+def rel_err(got, expected):
+    return float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
-def check(got_device, ref, precision, what):
+def check(got_device, expected, precision, what):
     got = to_host(got_device, precision)
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
     assert np.isfinite(got).all(), f"{what}: {int((~np.isfinite(got)).sum())} of {got.size} elements not written"
-    err = rel_err(got, ref)
+    err = rel_err(got, expected)
     assert err <= TOL[precision], f"{what}: relative error {err:.3g} > {TOL[precision]:g} ({precision})"
     return err
 
@@ -194,11 +105,11 @@ class Problem:
         self.precision, self.layout = precision, layout
         self.stride, self.pad, self.dil, self.groups = pair(stride), pair(pad), pair(dil), groups
         self.spec = ConvSpec(stride=self.stride, padding=self.pad, dilation=self.dil, groups=groups, layout=layout,
-                             precision=precision, algo=algo, deterministic=deterministic)
+                             precision=precision, algo=algo, engine="legacy", deterministic=deterministic)
         self.x = representable(rng, (n, c, h, w), precision)
         self.w = representable(rng, (k, c // groups, r, s), precision)
-        p = out_size(h, r, self.stride[0], self.pad[0], self.dil[0])
-        q = out_size(w, s, self.stride[1], self.pad[1], self.dil[1])
+        p = ref.output_size(h, self.pad[0], r, self.stride[0], self.dil[0])
+        q = ref.output_size(w, self.pad[1], s, self.stride[1], self.dil[1])
         self.dy = representable(rng, (n, k, p, q), precision)
         self.x_shape = to_layout(self.x, layout).shape
         self.w_shape = to_layout(self.w, layout).shape
@@ -211,13 +122,13 @@ class Problem:
         return self.stride, self.pad, self.dil, self.groups
 
     def forward_ref(self):
-        return conv_forward_ref(self.x, self.w, *self.geometry())
+        return ref.conv2d(self.x, self.w, *self.geometry())
 
     def backward_data_ref(self):
-        return conv_backward_data_ref(self.dy, self.w, self.x.shape, *self.geometry())
+        return ref.conv2d_backward_data(self.dy, self.w, self.x.shape, *self.geometry())
 
     def backward_filter_ref(self):
-        return conv_backward_filter_ref(self.x, self.dy, self.w.shape, *self.geometry())
+        return ref.conv2d_backward_filter(self.x, self.dy, self.w.shape, *self.geometry())
 
     def run_forward(self, **kwargs):
         out = poisoned(self.y_shape, self.precision)
@@ -282,7 +193,7 @@ def _no_workspace_cap():
 def test_reference_matches_a_direct_loop(rng):
     x, w = rng.standard_normal((2, 4, 7, 6)), rng.standard_normal((6, 2, 3, 2))
     stride, pad, dil, groups = (2, 1), (1, 2), (2, 1), 2
-    y = conv_forward_ref(x, w, stride, pad, dil, groups)
+    y = ref.conv2d(x, w, stride, pad, dil, groups)
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)))
     for n_, k_, p_, q_ in np.ndindex(*y.shape):
         g = k_ // 3
@@ -295,16 +206,16 @@ def test_reference_matches_a_direct_loop(rng):
         assert abs(acc - y[n_, k_, p_, q_]) < 1e-12
     # The backward references are the adjoints of the forward one.
     dy = rng.standard_normal(y.shape)
-    dx = conv_backward_data_ref(dy, w, x.shape, stride, pad, dil, groups)
-    dw = conv_backward_filter_ref(x, dy, w.shape, stride, pad, dil, groups)
+    dx = ref.conv2d_backward_data(dy, w, x.shape, stride, pad, dil, groups)
+    dw = ref.conv2d_backward_filter(x, dy, w.shape, stride, pad, dil, groups)
     assert np.vdot(y, dy) == pytest.approx(np.vdot(x, dx), rel=1e-12)
     assert np.vdot(y, dy) == pytest.approx(np.vdot(w, dw), rel=1e-12)
 
 
 def test_bf16_conversion_rounds_to_nearest_even():
     a = np.array([1.0, 1.0 + 2**-8, 1.0 + 2**-7 + 2**-8, 1.0 + 2**-7 + 2**-9, -2.5], dtype=np.float32)
-    assert to_bf16_bits(a).tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020]  # ties go to the even neighbour
-    assert from_bf16_bits(to_bf16_bits(a)).tolist() == [1.0, 1.0, 1.0 + 2**-6, 1.0 + 2**-7, -2.5]
+    assert ref.to_bf16_bits(a).tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020]  # ties go to the even neighbour
+    assert ref.from_bf16_bits(ref.to_bf16_bits(a)).tolist() == [1.0, 1.0, 1.0 + 2**-6, 1.0 + 2**-7, -2.5]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -624,7 +535,7 @@ def test_deterministic_mode(rng, algo, precision, layout):
     for direction in ("backward_data", "backward_filter"):
         chosen = conv.last_algorithm(p.x_shape, p.w_shape, p.spec, direction)
         assert " det=1 " in chosen["key"]
-        assert rn._C.conv_algo_is_deterministic(direction, chosen["algo"]), chosen
+        assert rn._C.conv_algo_is_deterministic(getattr(rn._C.Direction, direction), chosen["algo"]), chosen
 
 
 def test_deterministic_mode_refuses_a_non_deterministic_fixed_algorithm(rng):

@@ -12,6 +12,7 @@ import functools
 import pytest
 
 import resnet_native as rn
+from resnet_native import conv
 
 C = rn._C
 
@@ -29,6 +30,31 @@ UID_X, UID_W, UID_Y, UID_Z, UID_BIAS = 1, 2, 3, 4, 5
 TENSOR_CORE, DOWN_CONVERT, REDUCED_PRECISION, FFT, NONDETERMINISTIC, WINOGRAD = 0, 1, 2, 3, 4, 5
 
 
+def in_layout(shape_nchw, layout):
+    """A logical NCHW activation / KCRS filter shape in the layout's order."""
+    n, c, h, w = shape_nchw
+    return shape_nchw if layout == "NCHW" else (n, h, w, c)
+
+
+def key(direction, precision, layout, x, w, *, pad=(0, 0), stride=(1, 1), dilation=(1, 1), groups=1,
+        epilogue="none", deterministic=False):
+    """The graph-engine key of a problem (logical x, w shapes), built by the ops' own validation."""
+    spec = conv.ConvSpec(stride=stride, padding=pad, dilation=dilation, groups=groups, layout=layout,
+                         precision=precision, algo="heuristic", engine="graph", deterministic=deterministic)
+    return C.conv_key(getattr(C.Direction, direction), in_layout(x, layout), in_layout(w, layout),
+                      conv._native_spec(spec, direction), epilogue)
+
+
+def with_fields(text, **fields):
+    """A key with some fields replaced (shapes as tuples): a problem no op would build."""
+    tokens = text.split()
+    for name, value in fields.items():
+        value = ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+        index = next(i for i, t in enumerate(tokens) if t.startswith(name + "="))
+        tokens[index] = f"{name}={value}"
+    return " ".join(tokens)
+
+
 def backend_live():
     return {k: v for k, v in rn.live_descriptors().items() if k.startswith("backend.")}
 
@@ -43,7 +69,7 @@ def assert_flat(before, context=""):
 def backend_finalize_error():
     """None when backend descriptors finalize here, else the CudnnError status explaining why not."""
     try:
-        C._graph_build_operations("forward", "fp32", "NCHW", X, W, pad=(1, 1))
+        C._graph_build_operations(key("forward", "fp32", "NCHW", X, W, pad=(1, 1)))
     except rn.CudnnError as e:
         return e.status
     return None
@@ -58,9 +84,10 @@ def needs_backend_finalize():
         )
 
 
-def test_graph_engine_is_compiled_in():
-    assert C.HAVE_GRAPH_ENGINE is True
-    C.graph_clear_plans()  # works (and is a no-op) without a GPU
+def test_plan_cache_clears_without_a_gpu():
+    C.graph_clear_plans()
+    assert C.graph_num_plans() == 0
+    rn._drop_cached_descriptors()  # both engines' caches, the graph engine's plans among them
     assert C.graph_num_plans() == 0
 
 
@@ -68,13 +95,13 @@ def test_backend_finalize_works_or_fails_cleanly():
     before = backend_live()
     status = backend_finalize_error()
     if status is None:
-        built = C._graph_build_operations("forward", "fp16", "NHWC", X, W, pad=(1, 1))
+        built = C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
         assert built["num_operations"] == 1
     else:
         # Only a missing driver library is an acceptable reason on a CPU-only machine.
         assert status == "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED"
         with pytest.raises(rn.CudnnError, match="graph conv forward fp16 NHWC x=\\(2, 8, 9, 9\\)"):
-            C._graph_build_operations("forward", "fp16", "NHWC", X, W, pad=(1, 1))
+            C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
     assert_flat(before)
 
 
@@ -84,7 +111,7 @@ def test_backend_finalize_works_or_fails_cleanly():
 def test_build_single_convolution(direction, layout, precision):
     needs_backend_finalize()
     before = backend_live()
-    built = C._graph_build_operations(direction, precision, layout, X, W, pad=(1, 1), stride=(2, 2))
+    built = C._graph_build_operations(key(direction, precision, layout, X, W, pad=(1, 1), stride=(2, 2)))
     assert built["parts"] == {"tensor": 3, "convolution": 1, OP_KIND[direction]: 1}
     assert built["num_operations"] == 1
     assert built["io_uids"] == [UID_X, UID_W, UID_Y]
@@ -108,7 +135,7 @@ def test_build_fused_epilogues(epilogue, tensors, pointwise_descs, pointwise_ops
     # Tensors: x, w, y (+ z, bias) + one virtual fp32 intermediate per operation before the last.
     needs_backend_finalize()
     built = C._graph_build_operations(
-        "forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue=epilogue, alpha1=0.5, alpha2=2.0
+        key("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue=epilogue), alpha1=0.5, alpha2=2.0
     )
     assert built["parts"] == {
         "tensor": tensors,
@@ -133,7 +160,7 @@ def test_build_fused_epilogues(epilogue, tensors, pointwise_descs, pointwise_ops
 def test_build_groups_dilation_strides(x, w, kwargs, y):
     needs_backend_finalize()
     for direction in DIRECTIONS:
-        built = C._graph_build_operations(direction, "fp32", "NHWC", x, w, **kwargs)
+        built = C._graph_build_operations(key(direction, "fp32", "NHWC", x, w, **kwargs))
         assert f"y={y}" in built["problem"]
         assert built["parts"]["tensor"] == 3
 
@@ -141,15 +168,12 @@ def test_build_groups_dilation_strides(x, w, kwargs, y):
 def test_half_built_graph_is_released_at_every_point():
     needs_backend_finalize()
     before = backend_live()
-    total = C._graph_build_operations("forward", "bf16", "NHWC", X, W, pad=(1, 1), epilogue="bias+residual+relu")[
-        "num_parts"
-    ]
+    problem = key("forward", "bf16", "NHWC", X, W, pad=(1, 1), epilogue="bias+residual+relu")
+    total = C._graph_build_operations(problem)["num_parts"]
     assert total == 15
     for n in range(total + 1):
         with pytest.raises(rn.CudnnError, match=f"injected failure after {n} parts"):
-            C._graph_build_operations(
-                "forward", "bf16", "NHWC", X, W, pad=(1, 1), epilogue="bias+residual+relu", fail_after_parts=n
-            )
+            C._graph_build_operations(problem, fail_after_parts=n)
         assert_flat(before, f"after failing at part {n} ")
 
 
@@ -159,7 +183,8 @@ def test_cudnn_rejection_mid_build_names_the_shape_and_leaks_nothing():
     needs_backend_finalize()
     before = backend_live()
     with pytest.raises(rn.CudnnError) as info:
-        C._graph_build_operations("forward", "fp16", "NHWC", X, W, y=(2, 16, 4, 4), pad=(1, 1), validate=False)
+        C._graph_build_operations(with_fields(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)), y=(2, 16, 4, 4)),
+                                  validate=False)
     assert info.value.status in ("CUDNN_STATUS_BAD_PARAM", "CUDNN_STATUS_NOT_SUPPORTED")
     assert "y=(2, 16, 4, 4)" in str(info.value) and "cudnnBackendFinalize" in str(info.value)
     assert_flat(before)
@@ -169,64 +194,71 @@ def test_repeated_builds_keep_counts_flat():
     needs_backend_finalize()
     before = backend_live()
     for _ in range(50):
-        C._graph_build_operations("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue="bias+relu")
-        C._graph_build_operations("backward_filter", "fp32", "NCHW", X, W, pad=(1, 1), beta=1.0)
+        C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue="bias+relu"))
+        C._graph_build_operations(key("backward_filter", "fp32", "NCHW", X, W, pad=(1, 1)), beta=1.0)
     assert_flat(before)
 
 
-@pytest.mark.parametrize(
-    "direction, x, w, kwargs, message",
-    [
-        ("forward", X, (16, 8, 3, 3), dict(groups=3), "input channels must equal filter channels \\* groups"),
-        ("forward", (2, 8, 9, 9), (15, 4, 3, 3), dict(groups=2), "output channels must be divisible by groups"),
-        ("forward", X, W, dict(y=(2, 16, 4, 4)), "output spatial size 4 does not match"),
-        ("forward", X, W, dict(y=(2, 15, 7, 7)), "output must have shape"),
-        ("forward", X, W, dict(stride=(0, 1)), "stride and dilation >= 1"),
-        ("forward", X, W, dict(pad=(-1, 0), y=(2, 16, 5, 7)), "pad must be >= 0"),
-        ("forward", X, W, dict(groups=0, y=(2, 16, 7, 7)), "groups must be >= 1"),
-        ("forward", (2, 8, 2, 2), W, dict(y=(2, 16, 1, 1)), "does not match"),
-        ("backward_data", X, W, dict(epilogue="relu"), "epilogues exist only for the forward direction"),
-        ("forward", X, W, dict(epilogue="bias", beta=1.0), "beta must be 0 with a fused epilogue"),
-    ],
-)
-def test_invalid_problems_raise_value_error_naming_the_shape(direction, x, w, kwargs, message):
+# (fields of a valid key replaced to make it invalid, extra build arguments, message); the problem is X, W
+# unless the fields say otherwise.
+INVALID = [
+    (dict(groups=3), {}, "input channels must equal filter channels \\* groups"),
+    (dict(w=(15, 4, 3, 3), y=(2, 15, 7, 7), groups=2), {}, "output channels must be divisible by groups"),
+    (dict(y=(2, 16, 4, 4)), {}, "output spatial size 4 does not match"),
+    (dict(y=(2, 15, 7, 7)), {}, "output must have shape"),
+    (dict(stride=(0, 1)), {}, "stride and dilation >= 1"),
+    (dict(pad=(-1, 0), y=(2, 16, 5, 7)), {}, "pad must be >= 0"),
+    (dict(groups=0, y=(2, 16, 7, 7)), {}, "groups must be >= 1"),
+    (dict(x=(2, 8, 2, 2), y=(2, 16, 1, 1)), {}, "does not match"),
+    (dict(dir="bwd_data", epi="relu"), {}, "epilogues exist only for the forward direction"),
+    (dict(epi="bias"), dict(beta=1.0), "beta must be 0 with a fused epilogue"),
+]
+
+
+@pytest.mark.parametrize("fields, kwargs, message", INVALID)
+def test_invalid_problems_raise_value_error_naming_the_shape(fields, kwargs, message):
     # Validation runs before any cuDNN call, so this holds with or without the driver.
+    x, w = fields.get("x", X), fields.get("w", W)
+    problem = with_fields(key("forward", "fp16", "NHWC", X, W), **fields)
     before = backend_live()
     with pytest.raises(ValueError, match=message) as info:
-        C._graph_build_operations(direction, "fp16", "NHWC", x, w, **kwargs)
+        C._graph_build_operations(problem, **kwargs)
     assert f"x={x}" in str(info.value) and f"w={w}" in str(info.value)
     assert_flat(before)
 
 
-def test_bad_strings_raise_value_error():
+def test_bad_fields_raise_value_error():
+    good = key("forward", "fp16", "NHWC", X, W)
     with pytest.raises(ValueError, match="direction"):
-        C._graph_build_operations("sideways", "fp16", "NHWC", X, W)
+        C._graph_build_operations(with_fields(good, dir="sideways"))
     with pytest.raises(ValueError, match="epilogue: unknown part 'gelu'"):
-        C._graph_build_operations("forward", "fp16", "NHWC", X, W, epilogue="bias+gelu")
+        C._graph_build_operations(with_fields(good, epi="bias+gelu"))
     with pytest.raises(ValueError):
-        C._graph_build_operations("forward", "fp64", "NHWC", X, W)
+        C._graph_build_operations(with_fields(good, prec="fp64"))
     with pytest.raises(ValueError):
-        C._graph_build_operations("forward", "fp16", "CHWN", X, W)
+        C._graph_build_operations(with_fields(good, layout="CHWN"))
 
 
 def test_describe_problem():
     text = C._graph_describe_problem(
-        "forward",
-        "bf16",
-        "NHWC",
-        (4, 64, 32, 32),
-        (128, 32, 3, 3),
-        pad=(1, 1),
-        stride=(2, 2),
-        groups=2,
-        epilogue="bias+residual+relu",
-        deterministic=True,
+        key(
+            "forward",
+            "bf16",
+            "NHWC",
+            (4, 64, 32, 32),
+            (128, 32, 3, 3),
+            pad=(1, 1),
+            stride=(2, 2),
+            groups=2,
+            epilogue="bias+residual+relu",
+            deterministic=True,
+        )
     )
     assert text == (
         "graph conv forward bf16 NHWC x=(4, 64, 32, 32) w=(128, 32, 3, 3) y=(4, 128, 16, 16) pad=(1, 1) "
         "stride=(2, 2) dilation=(1, 1) groups=2 epilogue=bias+residual+relu deterministic"
     )
-    text = C._graph_describe_problem("backward_filter", "fp32", "NCHW", X, W)
+    text = C._graph_describe_problem(key("backward_filter", "fp32", "NCHW", X, W))
     assert text.startswith("graph conv backward-filter fp32 NCHW") and "epilogue" not in text
 
 
@@ -246,7 +278,9 @@ def test_malformed_knobs_raise_value_error(text):
 
 
 def test_numerical_note_filter():
-    forbidden = C._graph_forbidden_notes
+    def forbidden(precision, deterministic, notes):
+        return C._graph_forbidden_notes(getattr(C.Precision, precision), deterministic, notes)
+
     # Tensor cores on fp32 data mean TF32: only strict fp32 forbids them.
     assert "TF32" in forbidden("fp32", False, [TENSOR_CORE])
     for precision in ["tf32", "fp16", "bf16"]:

@@ -117,61 +117,55 @@ def fresh_cache():
 # Sweep: every direction against the float64 reference
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_forward_matches_reference(rng, case, layout, precision):
+# (direction, layout, precision): forward in every layout x precision, the backward directions in BACKWARD_COMBOS.
+DIRECTION_COMBOS = [("forward", layout, precision) for layout in LAYOUTS for precision in PRECISIONS] + [
+    (direction, layout, precision)
+    for direction in ("backward_data", "backward_filter")
+    for layout, precision in BACKWARD_COMBOS
+]
+
+
+def run_direction(rng, case, direction, spec, layout, precision):
+    """Runs one direction of a sweep case into a poisoned output: (the output, its float64 NCHW reference)."""
     _, x_shape, w_shape, stride, padding, dilation, groups, _, core = case
-    spec = graph_spec(case, layout, precision)
-    x, x64 = device_operand(rng, x_shape, precision, layout)
-    w, w64 = device_operand(rng, w_shape, precision, layout)
-    out = poisoned(output_shape(case), precision, layout)
-    result = run_or_xfail_unsupported(core, lambda: rconv.conv2d(x, w, spec, out=out), f"x={x_shape}")
+    geometry, hint = (stride, padding, dilation, groups), f"x={x_shape}"
+    if direction == "forward":
+        x, x64 = device_operand(rng, x_shape, precision, layout)
+        w, w64 = device_operand(rng, w_shape, precision, layout)
+        out = poisoned(output_shape(case), precision, layout)
+        result = run_or_xfail_unsupported(core, lambda: rconv.conv2d(x, w, spec, out=out), hint)
+        expected = ref.conv2d(x64, w64, *geometry)
+    elif direction == "backward_data":
+        dy, dy64 = device_operand(rng, output_shape(case), precision, layout)
+        w, w64 = device_operand(rng, w_shape, precision, layout)
+        out = poisoned(x_shape, precision, layout)
+        result = run_or_xfail_unsupported(
+            core, lambda: rconv.conv2d_backward_data(dy, w, spec, in_layout(x_shape, layout), out=out), hint
+        )
+        expected = ref.conv2d_backward_data(dy64, w64, x_shape, *geometry)
+    else:
+        x, x64 = device_operand(rng, x_shape, precision, layout)
+        dy, dy64 = device_operand(rng, output_shape(case), precision, layout)
+        out = poisoned(w_shape, precision, layout)
+        result = run_or_xfail_unsupported(
+            core, lambda: rconv.conv2d_backward_filter(x, dy, spec, in_layout(w_shape, layout), out=out), hint
+        )
+        expected = ref.conv2d_backward_filter(x64, dy64, w_shape, *geometry)
     assert result is out
-    expected = ref.conv2d(x64, w64, stride, padding, dilation, groups)
-    check_close(host_values(out, precision, layout), expected, precision, "forward")
-    chosen = rconv.last_algorithm(in_layout(x_shape, layout), in_layout(w_shape, layout), spec)
+    return out, expected
+
+
+@pytest.mark.parametrize("direction, layout, precision", DIRECTION_COMBOS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_direction_matches_reference(rng, case, direction, layout, precision):
+    _, x_shape, w_shape, *_ = case
+    spec = graph_spec(case, layout, precision)
+    out, expected = run_direction(rng, case, direction, spec, layout, precision)
+    check_close(host_values(out, precision, layout), expected, precision, direction.replace("_", "-"))
+    chosen = rconv.last_algorithm(in_layout(x_shape, layout), in_layout(w_shape, layout), spec, direction)
     assert chosen["engine"] == "graph" and chosen["algo_name"] == f"ENGINE_{chosen['algo']}"
     assert chosen["mode"] == spec.algo
     assert (chosen["time_ms"] is not None) == (spec.algo == "find")
-
-
-@pytest.mark.parametrize("layout, precision", BACKWARD_COMBOS)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_backward_data_matches_reference(rng, case, layout, precision):
-    _, x_shape, w_shape, stride, padding, dilation, groups, _, core = case
-    spec = graph_spec(case, layout, precision)
-    dy, dy64 = device_operand(rng, output_shape(case), precision, layout)
-    w, w64 = device_operand(rng, w_shape, precision, layout)
-    out = poisoned(x_shape, precision, layout)
-    run_or_xfail_unsupported(
-        core,
-        lambda: rconv.conv2d_backward_data(dy, w, spec, in_layout(x_shape, layout), out=out),
-        f"x={x_shape}",
-    )
-    expected = ref.conv2d_backward_data(dy64, w64, x_shape, stride, padding, dilation, groups)
-    check_close(host_values(out, precision, layout), expected, precision, "backward-data")
-    chosen = rconv.last_algorithm(in_layout(x_shape, layout), in_layout(w_shape, layout), spec, "backward_data")
-    assert chosen["engine"] == "graph"
-
-
-@pytest.mark.parametrize("layout, precision", BACKWARD_COMBOS)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_backward_filter_matches_reference(rng, case, layout, precision):
-    _, x_shape, w_shape, stride, padding, dilation, groups, _, core = case
-    spec = graph_spec(case, layout, precision)
-    x, x64 = device_operand(rng, x_shape, precision, layout)
-    dy, dy64 = device_operand(rng, output_shape(case), precision, layout)
-    out = poisoned(w_shape, precision, layout)
-    run_or_xfail_unsupported(
-        core,
-        lambda: rconv.conv2d_backward_filter(x, dy, spec, in_layout(w_shape, layout), out=out),
-        f"x={x_shape}",
-    )
-    expected = ref.conv2d_backward_filter(x64, dy64, w_shape, stride, padding, dilation, groups)
-    check_close(host_values(out, precision, layout), expected, precision, "backward-filter")
-    chosen = rconv.last_algorithm(in_layout(x_shape, layout), in_layout(w_shape, layout), spec, "backward_filter")
-    assert chosen["engine"] == "graph"
 
 
 @pytest.mark.parametrize("algo", ["find", "heuristic"])

@@ -1,8 +1,10 @@
-// The native core's enums as typed Python enums (resnet_native._C.DType, Precision, Layout, ...): ops take them
-// instead of strings, so nothing is parsed per call. Their member names are the package's names
-// (resnet_native/names.py; tests/test_names_cpu.py checks that the two agree).
+// The native core's enums as typed Python enums (resnet_native._C.DType, Precision, Layout, Direction, Engine,
+// AlgoMode): ops take them instead of strings, so nothing is parsed per call. Their member names are the
+// package's names (resnet_native/names.py; tests check that the two agree); the convolution's come from its one
+// name table (conv/conv_names.h).
 #include <pybind11/pybind11.h>
 
+#include "../conv/conv_names.h"
 #include "../core/dtype.h"
 #include "bindings.h"
 
@@ -23,6 +25,14 @@ void bind_enums(py::module_& m) {
   py::enum_<Layout>(m, "Layout", "Activation layout: NCHW (N, C, H, W) or NHWC (N, H, W, C).")
       .value("NCHW", Layout::NCHW)
       .value("NHWC", Layout::NHWC);
+
+  py::enum_<ConvDirection> direction(m, "Direction",
+                                     "A convolution's direction: forward, backward_data, backward_filter.");
+  for (const DirectionNames& d : kDirectionNames) direction.value(d.name, d.value);
+  py::enum_<ConvEngineKind> engine(m, "Engine", "Convolution engine: auto (the faster per problem), legacy, graph.");
+  for (const auto& e : kEngineNames) engine.value(e.name, e.value);
+  py::enum_<AlgoMode> algo_mode(m, "AlgoMode", "How a convolution algorithm is chosen: find, heuristic, fixed.");
+  for (const auto& a : kAlgoModeNames) algo_mode.value(a.name, a.value);
 }
 
 }  // namespace rn

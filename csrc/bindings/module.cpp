@@ -8,6 +8,7 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_enums(m);
   rn::bind_core(m);
   rn::bind_conv(m);
+  rn::bind_algo_cache(m);
   rn::bind_kernels(m);
   rn::bind_norm(m);
   rn::bind_graph_engine(m);

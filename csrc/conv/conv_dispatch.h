@@ -5,18 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <memory>
-
 #include "algo_cache.h"
 #include "conv_params.h"
 
 namespace rn {
-
-// Whether this build has the graph (backend API) engine.
-bool graph_engine_available();
-
-// The engine that serves a request: 'graph' needs the graph engine; 'auto' picks per problem where both exist.
-ConvEngineKind resolve_engine(ConvEngineKind requested);
 
 // Runs one convolution (params.direction, with params.epilogue for Forward) and returns the cached choice it
 // used. `allow_fusion` false runs a forward epilogue as separate calls without recording that in the cache

@@ -65,96 +65,9 @@ void parse_ints(const std::string& text, const std::string& value, int32_t* out,
 
 }  // namespace
 
-const char* direction_name(ConvDirection d) {
-  switch (d) {
-    case ConvDirection::Forward:
-      return "fwd";
-    case ConvDirection::BackwardData:
-      return "bwd_data";
-    case ConvDirection::BackwardFilter:
-      return "bwd_filter";
-  }
-  return "invalid";
-}
-
-const char* engine_name(ConvEngineKind e) {
-  switch (e) {
-    case ConvEngineKind::Auto:
-      return "auto";
-    case ConvEngineKind::Legacy:
-      return "legacy";
-    case ConvEngineKind::Graph:
-      return "graph";
-  }
-  return "invalid";
-}
-
-const char* algo_mode_name(AlgoMode m) {
-  switch (m) {
-    case AlgoMode::Find:
-      return "find";
-    case AlgoMode::Heuristic:
-      return "heuristic";
-    case AlgoMode::Fixed:
-      return "fixed";
-  }
-  return "invalid";
-}
-
-std::string epilogue_name(uint8_t flags) {
-  if (flags == kEpilogueNone) return "none";
-  std::string s;
-  if (flags & kEpilogueBias) s += "bias";
-  if (flags & kEpilogueResidual) s += std::string(s.empty() ? "" : "+") + "residual";
-  if (flags & kEpilogueRelu) s += std::string(s.empty() ? "" : "+") + "relu";
-  if (flags & ~(kEpilogueBias | kEpilogueResidual | kEpilogueRelu)) s += "+invalid";
-  return s;
-}
-
-ConvDirection parse_direction(const std::string& name) {
-  if (name == "fwd" || name == "forward") return ConvDirection::Forward;
-  if (name == "bwd_data" || name == "backward_data") return ConvDirection::BackwardData;
-  if (name == "bwd_filter" || name == "backward_filter") return ConvDirection::BackwardFilter;
-  throw ValueError("direction: expected 'forward', 'backward_data' or 'backward_filter', got '" + name + "'");
-}
-
-ConvEngineKind parse_engine(const std::string& name) {
-  if (name == "auto") return ConvEngineKind::Auto;
-  if (name == "legacy") return ConvEngineKind::Legacy;
-  if (name == "graph") return ConvEngineKind::Graph;
-  throw ValueError("engine: expected 'legacy', 'graph' or 'auto', got '" + name + "'");
-}
-
-AlgoMode parse_algo_mode(const std::string& name) {
-  if (name == "find") return AlgoMode::Find;
-  if (name == "heuristic") return AlgoMode::Heuristic;
-  if (name == "fixed") return AlgoMode::Fixed;
-  throw ValueError("algo mode: expected 'find', 'heuristic' or 'fixed', got '" + name + "'");
-}
-
-uint8_t parse_epilogue(const std::string& name) {
-  if (name == "none" || name.empty()) return kEpilogueNone;
-  uint8_t flags = 0;
-  std::stringstream ss(name);
-  std::string part;
-  while (std::getline(ss, part, '+')) {
-    uint8_t bit = 0;
-    if (part == "bias") bit = kEpilogueBias;
-    if (part == "residual") bit = kEpilogueResidual;
-    if (part == "relu") bit = kEpilogueRelu;
-    if (bit == 0 || (flags & bit)) {
-      throw ValueError("epilogue: expected 'none' or a '+'-joined subset of 'bias', 'residual', 'relu', got '" + name +
-                       "'");
-    }
-    flags |= bit;
-  }
-  if (!name.empty() && name.back() == '+') throw ValueError("epilogue: trailing '+' in '" + name + "'");
-  return flags;
-}
-
 std::string ConvParams::to_string() const {
   std::string s = kKeyVersion;
-  s += std::string(" dir=") + direction_name(static_cast<ConvDirection>(direction));
+  s += std::string(" dir=") + direction_key(static_cast<ConvDirection>(direction));
   s += " dev=" + std::to_string(device);
   s += std::string(" prec=") + precision_key_name(precision);
   s += std::string(" layout=") + layout_key_name(layout);

@@ -11,22 +11,16 @@
 #include <type_traits>
 
 #include "../core/dtype.h"
+#include "conv_names.h"
 
 namespace rn {
-
-enum class ConvDirection : uint8_t { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
-enum class ConvEngineKind : uint8_t { Auto = 0, Legacy = 1, Graph = 2 };
-enum class AlgoMode : uint8_t { Find = 0, Heuristic = 1, Fixed = 2 };
-
-// Forward epilogue flags (ConvParams::epilogue): y = act(alpha1 * conv(x, w) + alpha2 * z + bias).
-enum EpilogueFlags : uint8_t { kEpilogueNone = 0, kEpilogueBias = 1, kEpilogueResidual = 2, kEpilogueRelu = 4 };
 
 struct ConvParams {
   int32_t device;
   uint8_t direction;      // ConvDirection
   uint8_t precision;      // Precision (fixes storage dtype and math)
   uint8_t layout;         // Layout
-  uint8_t engine;         // ConvEngineKind actually keyed (Legacy or Graph; Auto resolves per engine)
+  uint8_t engine;         // ConvEngineKind asked for ('auto' keys the winner of timing both, auto_engine.h)
   uint8_t epilogue;       // EpilogueFlags (Forward only)
   uint8_t deterministic;  // 1: only deterministic algorithms
   uint8_t algo_mode;      // AlgoMode asked for: find, heuristic and fixed choices are cached separately
@@ -64,17 +58,6 @@ struct ConvParamsHash {
     return static_cast<size_t>(h);
   }
 };
-
-// Names used in keys, cache files and Python ("fwd", "bwd_data", "bwd_filter"; "auto", "legacy", "graph";
-// "find", "heuristic", "fixed"; "none" or "+"-joined "bias", "residual", "relu"). The parsers throw rn::ValueError.
-const char* direction_name(ConvDirection d);
-const char* engine_name(ConvEngineKind e);
-const char* algo_mode_name(AlgoMode m);
-std::string epilogue_name(uint8_t flags);
-ConvDirection parse_direction(const std::string& name);
-ConvEngineKind parse_engine(const std::string& name);
-AlgoMode parse_algo_mode(const std::string& name);
-uint8_t parse_epilogue(const std::string& name);
 
 // What algorithm search decided for one ConvParams. Everything needed to run again without re-timing:
 // for the legacy engine the algo enum and math type; for the graph engine the engine id and knob choices

@@ -11,18 +11,14 @@
 
 #include "conv_params.h"
 
-// Tells conv_dispatch.cpp that this engine is compiled in.
-#define RN_HAVE_GRAPH_ENGINE 1
-
 namespace rn::graph {
 
-// Chooses an engine configuration for `params` (mode Find times the candidates on the given operands, whose
-// outputs may be overwritten; Heuristic takes the first candidate that passes the filters; Fixed takes the
-// engine named by `fixed_algo`). Candidates are filtered by the numerical notes the precision forbids (TF32
-// in strict fp32), by determinism when params.deterministic, and by params.workspace_cap. Throws CudnnError
+// Chooses an engine configuration for `params` by params.algo_mode (Find times the candidates on the given
+// operands, whose outputs may be overwritten; Heuristic takes the first candidate that passes the filters; Fixed
+// takes the engine named by params.fixed_algo). Candidates are filtered by the numerical notes the precision forbids
+// (TF32 in strict fp32), by determinism when params.deterministic, and by params.workspace_cap. Throws CudnnError
 // naming the shape when no engine supports the problem.
-AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mode, int fixed_algo,
-                  cudnnHandle_t handle, cudaStream_t stream);
+AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream);
 
 // Runs `choice` (re-building and caching its execution plan if needed, e.g. after a cache-file load).
 // Takes workspace from WorkspacePool; allocates nothing else, so it can be captured in a CUDA graph once the

@@ -132,12 +132,17 @@ size_t descriptor_cache_size() {
   return cache.map.size();
 }
 
-std::array<int, 4> output_dims(const ConvParams& params) {
-  TensorDescriptor x;
-  FilterDescriptor w;
-  ConvolutionDescriptor conv;
-  set_input_filter_conv(params, x.get(), w.get(), conv.get());
-  return query_output_dims(conv.get(), x.get(), w.get());
+const ConvDescriptors& DescriptorGroups::get(cudnnMathType_t math_type) {
+  const int index = static_cast<int>(math_type);
+  if (index >= 0 && index < kMathTypes) {
+    if (!groups_[index]) groups_[index] = descriptors(params_, math_type);
+    return *groups_[index];
+  }
+  for (const auto& group : others_) {
+    if (group->math_type == math_type) return *group;
+  }
+  others_.push_back(descriptors(params_, math_type));  // earlier references stay valid: they point at the groups
+  return *others_.back();
 }
 
 }  // namespace rn::legacy

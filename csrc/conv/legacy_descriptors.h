@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "../core/descriptor.h"
 #include "conv_params.h"
@@ -35,9 +36,19 @@ std::shared_ptr<const ConvDescriptors> descriptors(const ConvParams& params, cud
 void clear_descriptor_cache();
 size_t descriptor_cache_size();
 
-// Logical (N, K, P, Q) of the output as cuDNN computes it (cudnnGetConvolution2dForwardOutputDim); needs no GPU.
-// Uses params' precision, layout, x, w, pad, stride, dilation and groups.
-std::array<int, 4> output_dims(const ConvParams& params);
+// The descriptor groups one call uses, by math type: each is looked up in the cache at most once per call (a
+// lookup hashes the geometry and takes the cache's lock), then handed down to everything the call runs.
+class DescriptorGroups {
+ public:
+  explicit DescriptorGroups(const ConvParams& params) : params_(params) {}
+  const ConvDescriptors& get(cudnnMathType_t math_type);
+
+ private:
+  static constexpr int kMathTypes = 4;  // cudnnMathType_t: DEFAULT, TENSOR_OP, TENSOR_OP_ALLOW_CONVERSION, FMA
+  const ConvParams& params_;
+  std::array<std::shared_ptr<const ConvDescriptors>, kMathTypes> groups_;
+  std::vector<std::shared_ptr<const ConvDescriptors>> others_;  // math types outside those (cuDNN refuses them)
+};
 
 // cudnnTensorFormat_t of a layout.
 inline cudnnTensorFormat_t tensor_format(Layout layout) {

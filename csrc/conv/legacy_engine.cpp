@@ -5,6 +5,7 @@
 
 #include "../core/error.h"
 #include "../core/workspace.h"
+#include "legacy_algo_names.h"
 #include "legacy_descriptors.h"
 
 namespace rn::legacy {
@@ -170,8 +171,9 @@ void execute(ConvDirection dir, cudnnHandle_t h, const ConvDescriptors& d, int a
 
 // The first candidate, in the given order, that succeeded, passes the determinism and math filters, needs at
 // most `max_workspace` bytes (and at most the cap) and whose workspace the pool can give now.
-std::optional<Picked> first_fitting(const ConvParams& params, const std::vector<Candidate>& candidates,
-                                    size_t max_workspace, cudnnHandle_t h, cudaStream_t stream) {
+std::optional<Picked> first_fitting(const ConvParams& params, DescriptorGroups& groups,
+                                    const std::vector<Candidate>& candidates, size_t max_workspace, cudnnHandle_t h,
+                                    cudaStream_t stream) {
   const ConvDirection dir = direction_of(params);
   WorkspacePool& pool = WorkspacePool::current();
   for (const Candidate& c : candidates) {
@@ -181,7 +183,7 @@ std::optional<Picked> first_fitting(const ConvParams& params, const std::vector<
     if (!math) continue;
     // The workspace of the algorithm under the math type it will really run with.
     size_t bytes = 0;
-    if (workspace_size(dir, h, *descriptors(params, *math), c.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    if (workspace_size(dir, h, groups.get(*math), c.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     if (bytes > max_workspace || bytes > params.workspace_cap) continue;
     if (bytes > 0 && pool.try_get(bytes, stream) == nullptr) continue;
     return Picked{c.algo, *math, bytes, c.time_ms};
@@ -195,9 +197,10 @@ size_t round_up(size_t bytes, size_t to) {
 
 // Find mode. Returns nullopt, without searching, when not even the scratch output of an accumulating
 // backward-filter call fits in the workspace pool.
-std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands& ops, const ConvDescriptors& d,
+std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands& ops, DescriptorGroups& groups,
                                    cudnnHandle_t h, cudaStream_t stream, bool* searched) {
   const ConvDirection dir = direction_of(params);
+  const ConvDescriptors& d = groups.get(cudnn_math_type(precision_of(params)));
   WorkspacePool& pool = WorkspacePool::current();
   // Largest first: every algorithm's workspace (within the cap), so that Find can try them all when memory allows.
   std::vector<size_t> sizes{0};
@@ -234,7 +237,98 @@ std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands&
   const std::vector<Candidate> timed = find_candidates(dir, h, d, ops, out, ws, ws_size);
   *searched = true;
   // cuDNN returns the results fastest first.
-  return first_fitting(params, timed, ws_size, h, stream);
+  return first_fitting(params, groups, timed, ws_size, h, stream);
+}
+
+// The first heuristic candidate that fits (any workspace up to `max_workspace`).
+std::optional<Picked> first_heuristic_fitting(const ConvParams& params, DescriptorGroups& groups, size_t max_workspace,
+                                              cudnnHandle_t h, cudaStream_t stream) {
+  const ConvDescriptors& d = groups.get(cudnn_math_type(precision_of(params)));
+  return first_fitting(params, groups, heuristic_candidates(direction_of(params), h, d), max_workspace, h, stream);
+}
+
+// The plain convolution of params.direction with the descriptor groups of the call.
+void run_plain(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, DescriptorGroups& groups,
+               cudnnHandle_t handle, cudaStream_t stream) {
+  const ConvDirection dir = direction_of(params);
+  WorkspacePool& pool = WorkspacePool::current();
+  void* ws = pool.try_get(choice.workspace, stream);
+  if (ws != nullptr || choice.workspace == 0) {
+    execute(dir, handle, groups.get(static_cast<cudnnMathType_t>(choice.math_type)), choice.algo, ops, ws,
+            choice.workspace);
+    return;
+  }
+  // The chosen algorithm's workspace cannot be had now: the best candidate that needs less.
+  const std::optional<Picked> alt = first_heuristic_fitting(params, groups, choice.workspace - 1, handle, stream);
+  if (!alt) {
+    throw CudaError(cudaErrorMemoryAllocation,
+                    "no convolution algorithm fits in the workspace that can be allocated (" +
+                        algo_name(dir, choice.algo) + " needs " + std::to_string(choice.workspace) +
+                        " bytes): " + params.to_string());
+  }
+  execute(dir, handle, groups.get(alt->math_type), alt->algo, ops, pool.try_get(alt->workspace, stream),
+          alt->workspace);
+}
+
+// Forward with the epilogue in one cudnnConvolutionBiasActivationForward call; std::nullopt when it ran, else why
+// not (the caller then recomputes all of y unfused).
+std::optional<FusionRefusal> try_fused(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops,
+                                       const ConvDescriptors& d, cudnnHandle_t handle, cudaStream_t stream) {
+  if (!(params.epilogue & kEpilogueBias)) {
+    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward needs a bias", true};
+  }
+  const bool relu = params.epilogue & kEpilogueRelu;
+  if (!relu && choice.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+    return FusionRefusal{"unfused: identity activation needs IMPLICIT_PRECOMP_GEMM, the algorithm is " +
+                             algo_name(ConvDirection::Forward, choice.algo),
+                         true};
+  }
+  void* ws = WorkspacePool::current().try_get(choice.workspace, stream);
+  if (ws == nullptr && choice.workspace > 0) return FusionRefusal{"unfused: workspace unavailable", false};
+
+  const void* z = ops.z.data;
+  float alpha2 = ops.alpha2;
+  if (!(params.epilogue & kEpilogueResidual)) {
+    // The call always reads z. Without a residual, z is y with alpha2 = 0; y is zeroed first because 0 * NaN
+    // (whatever the output held) would still be NaN.
+    RN_CUDA_CHECK(cudaMemsetAsync(ops.y.data, 0, ops.y.nbytes(), stream));
+    z = ops.y.data;
+    alpha2 = 0.0f;
+  }
+  const float alpha1 = ops.alpha1;
+  const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
+      handle, &alpha1, d.x.get(), ops.x.data, d.w.get(), ops.w.data, d.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), ws, choice.workspace, &alpha2, d.y.get(), z, d.bias.get(),
+      ops.bias.data, relu ? d.relu.get() : d.identity.get(), d.y.get(), ops.y.data);
+  if (status == CUDNN_STATUS_SUCCESS) return std::nullopt;
+  const int category = CUDNN_STATUS_CATEGORY(status);
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM ||
+      category == CUDNN_STATUS_INTERNAL_ERROR) {
+    // cuDNN refused this combination (or could not build its kernel, e.g. a runtime-fusion compile failure).
+    // Falling back is safe whatever ran: the unfused path recomputes all of y from inputs y does not overlap.
+    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward returned " + cudnn_status_name(status), true};
+  }
+  throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
+}
+
+// The epilogue as separate calls: convolution, cudnnAddTensor (bias), cudnnAddTensor (alpha2 * z),
+// cudnnActivationForward (ReLU), the last three in place on y. `d`: the group of the choice's math type.
+void run_unfused(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, DescriptorGroups& groups,
+                 const ConvDescriptors& d, cudnnHandle_t handle, cudaStream_t stream) {
+  ConvOperands conv_ops = ops;
+  conv_ops.beta = 0.0f;
+  run_plain(params, choice, conv_ops, groups, handle, stream);
+  const float one = 1.0f, zero = 0.0f, alpha2 = ops.alpha2;
+  if (params.epilogue & kEpilogueBias) {
+    RN_CUDNN_CHECK(cudnnAddTensor(handle, &one, d.bias.get(), ops.bias.data, &one, d.y.get(), ops.y.data));
+  }
+  if (params.epilogue & kEpilogueResidual) {
+    RN_CUDNN_CHECK(cudnnAddTensor(handle, &alpha2, d.y.get(), ops.z.data, &one, d.y.get(), ops.y.data));
+  }
+  if (params.epilogue & kEpilogueRelu) {
+    RN_CUDNN_CHECK(
+        cudnnActivationForward(handle, d.relu.get(), &one, d.y.get(), ops.y.data, &zero, d.y.get(), ops.y.data));
+  }
 }
 
 [[noreturn]] void throw_no_algorithm(const ConvParams& params) {
@@ -248,64 +342,12 @@ std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands&
 
 }  // namespace
 
-const std::vector<std::string>& algo_names(ConvDirection direction) {
-  static const std::vector<std::string> forward = {
-      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
-  static const std::vector<std::string> backward_data = {"ALGO_0",     "ALGO_1",   "FFT",
-                                                         "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
-  static const std::vector<std::string> backward_filter = {
-      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
-  static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT == 8 && CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT == 6 &&
-                    CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT == 7,
-                "cuDNN's algorithm lists changed: update the name tables");
-  switch (direction) {
-    case ConvDirection::Forward:
-      return forward;
-    case ConvDirection::BackwardData:
-      return backward_data;
-    case ConvDirection::BackwardFilter:
-      return backward_filter;
-  }
-  return forward;
-}
-
-std::string algo_name(ConvDirection direction, int algo) {
-  const auto& names = algo_names(direction);
-  return algo >= 0 && algo < static_cast<int>(names.size()) ? names[algo] : "algo" + std::to_string(algo);
-}
-
-bool algo_is_deterministic(ConvDirection direction, int algo) {
-  switch (direction) {
-    case ConvDirection::Forward:
-      return true;
-    case ConvDirection::BackwardData:
-      return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
-    case ConvDirection::BackwardFilter:
-      return algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
-  }
-  return false;
-}
-
-std::string math_type_name(int math_type) {
-  switch (math_type) {
-    case CUDNN_DEFAULT_MATH:
-      return "DEFAULT_MATH";
-    case CUDNN_TENSOR_OP_MATH:
-      return "TENSOR_OP_MATH";
-    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
-      return "TENSOR_OP_MATH_ALLOW_CONVERSION";
-    case CUDNN_FMA_MATH:
-      return "FMA_MATH";
-  }
-  return "math" + std::to_string(math_type);
-}
-
-AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mode, int fixed_algo,
-                  cudnnHandle_t handle, cudaStream_t stream) {
+AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
   const ConvDirection dir = direction_of(params);
-  const Precision precision = precision_of(params);
-  const cudnnMathType_t search_math = cudnn_math_type(precision);
-  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, search_math);
+  const AlgoMode mode = static_cast<AlgoMode>(params.algo_mode);
+  const int fixed_algo = params.fixed_algo;
+  const cudnnMathType_t search_math = cudnn_math_type(precision_of(params));
+  DescriptorGroups groups(params);
 
   AlgoChoice choice;
   choice.engine = static_cast<uint8_t>(ConvEngineKind::Legacy);
@@ -313,15 +355,15 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mo
   std::optional<Picked> picked;
   if (mode == AlgoMode::Fixed) {
     if (fixed_algo < 0 || fixed_algo >= algo_count(dir)) {
-      throw ValueError("algo: " + std::to_string(fixed_algo) + " is not a " + direction_name(dir) +
+      throw ValueError("algo: " + std::to_string(fixed_algo) + " is not a " + direction_key(dir) +
                        " algorithm of the legacy engine");
     }
     if (params.deterministic && !algo_is_deterministic(dir, fixed_algo)) {
       throw ValueError("algo: " + algo_name(dir, fixed_algo) + " is non-deterministic, but deterministic=True");
     }
-    const cudnnMathType_t math = *run_math_type(precision, search_math);
+    const cudnnMathType_t math = *run_math_type(precision_of(params), search_math);
     size_t bytes = 0;
-    const cudnnStatus_t status = workspace_size(dir, handle, *descriptors(params, math), fixed_algo, &bytes);
+    const cudnnStatus_t status = workspace_size(dir, handle, groups.get(math), fixed_algo, &bytes);
     if (status != CUDNN_STATUS_SUCCESS) {
       throw ValueError("algo: " + algo_name(dir, fixed_algo) + " does not support this convolution (" +
                        cudnn_status_name(status) + "): " + params.to_string());
@@ -330,18 +372,18 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mo
       picked = Picked{fixed_algo, math, bytes, -1.0f};
     } else {
       // Its workspace cannot be had (cap or out of memory): the best candidate that fits instead.
-      picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+      picked = first_heuristic_fitting(params, groups, SIZE_MAX, handle, stream);
       choice.mode = static_cast<uint8_t>(AlgoMode::Heuristic);
     }
   } else if (mode == AlgoMode::Find) {
     bool searched = false;
-    picked = find_fastest(params, ops, *d, handle, stream, &searched);
+    picked = find_fastest(params, ops, groups, handle, stream, &searched);
     if (!searched) {
-      picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+      picked = first_heuristic_fitting(params, groups, SIZE_MAX, handle, stream);
       choice.mode = static_cast<uint8_t>(AlgoMode::Heuristic);
     }
   } else {
-    picked = first_fitting(params, heuristic_candidates(dir, handle, *d), SIZE_MAX, handle, stream);
+    picked = first_heuristic_fitting(params, groups, SIZE_MAX, handle, stream);
   }
   if (!picked) throw_no_algorithm(params);
   choice.algo = picked->algo;
@@ -353,86 +395,22 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mo
 
 void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, cudnnHandle_t handle,
          cudaStream_t stream) {
-  const ConvDirection dir = direction_of(params);
-  WorkspacePool& pool = WorkspacePool::current();
-  void* ws = pool.try_get(choice.workspace, stream);
-  if (ws != nullptr || choice.workspace == 0) {
-    execute(dir, handle, *descriptors(params, static_cast<cudnnMathType_t>(choice.math_type)), choice.algo, ops, ws,
-            choice.workspace);
-    return;
-  }
-  // The chosen algorithm's workspace cannot be had now: the best candidate that needs less.
-  const cudnnMathType_t search_math = cudnn_math_type(precision_of(params));
-  const std::optional<Picked> alt =
-      first_fitting(params, heuristic_candidates(dir, handle, *descriptors(params, search_math)), choice.workspace - 1,
-                    handle, stream);
-  if (!alt) {
-    throw CudaError(cudaErrorMemoryAllocation,
-                    "no convolution algorithm fits in the workspace that can be allocated (" +
-                        algo_name(dir, choice.algo) + " needs " + std::to_string(choice.workspace) +
-                        " bytes): " + params.to_string());
-  }
-  execute(dir, handle, *descriptors(params, alt->math_type), alt->algo, ops, pool.try_get(alt->workspace, stream),
-          alt->workspace);
+  DescriptorGroups groups(params);
+  run_plain(params, choice, ops, groups, handle, stream);
 }
 
-std::optional<FusionRefusal> try_forward_fused(const ConvParams& params, const AlgoChoice& choice,
-                                               const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
-  if (!(params.epilogue & kEpilogueBias)) {
-    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward needs a bias", true};
+std::optional<FusionRefusal> run_forward_epilogue(const ConvParams& params, const AlgoChoice& choice,
+                                                  const ConvOperands& ops, bool try_fusion, cudnnHandle_t handle,
+                                                  cudaStream_t stream) {
+  DescriptorGroups groups(params);
+  const ConvDescriptors& d = groups.get(static_cast<cudnnMathType_t>(choice.math_type));
+  std::optional<FusionRefusal> refusal;
+  if (try_fusion) {
+    refusal = try_fused(params, choice, ops, d, handle, stream);
+    if (!refusal) return std::nullopt;
   }
-  const bool relu = params.epilogue & kEpilogueRelu;
-  if (!relu && choice.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
-    return FusionRefusal{"unfused: identity activation needs IMPLICIT_PRECOMP_GEMM, the algorithm is " +
-                             algo_name(ConvDirection::Forward, choice.algo),
-                         true};
-  }
-  void* ws = WorkspacePool::current().try_get(choice.workspace, stream);
-  if (ws == nullptr && choice.workspace > 0) return FusionRefusal{"unfused: workspace unavailable", false};
-  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, static_cast<cudnnMathType_t>(choice.math_type));
-
-  const void* z = ops.z.data;
-  float alpha2 = ops.alpha2;
-  if (!(params.epilogue & kEpilogueResidual)) {
-    // The call always reads z. Without a residual, z is y with alpha2 = 0; y is zeroed first because 0 * NaN
-    // (whatever the output held) would still be NaN.
-    RN_CUDA_CHECK(cudaMemsetAsync(ops.y.data, 0, ops.y.nbytes(), stream));
-    z = ops.y.data;
-    alpha2 = 0.0f;
-  }
-  const float alpha1 = ops.alpha1;
-  const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
-      handle, &alpha1, d->x.get(), ops.x.data, d->w.get(), ops.w.data, d->conv.get(),
-      static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), ws, choice.workspace, &alpha2, d->y.get(), z, d->bias.get(),
-      ops.bias.data, relu ? d->relu.get() : d->identity.get(), d->y.get(), ops.y.data);
-  if (status == CUDNN_STATUS_SUCCESS) return std::nullopt;
-  const int category = CUDNN_STATUS_CATEGORY(status);
-  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM ||
-      category == CUDNN_STATUS_INTERNAL_ERROR) {
-    // cuDNN refused this combination (or could not build its kernel, e.g. a runtime-fusion compile failure).
-    // Falling back is safe whatever ran: the unfused path recomputes all of y from inputs y does not overlap.
-    return FusionRefusal{"unfused: cudnnConvolutionBiasActivationForward returned " + cudnn_status_name(status), true};
-  }
-  throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
-}
-
-void run_forward_unfused(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops,
-                         cudnnHandle_t handle, cudaStream_t stream) {
-  ConvOperands conv_ops = ops;
-  conv_ops.beta = 0.0f;
-  run(params, choice, conv_ops, handle, stream);
-  const std::shared_ptr<const ConvDescriptors> d = descriptors(params, static_cast<cudnnMathType_t>(choice.math_type));
-  const float one = 1.0f, zero = 0.0f, alpha2 = ops.alpha2;
-  if (params.epilogue & kEpilogueBias) {
-    RN_CUDNN_CHECK(cudnnAddTensor(handle, &one, d->bias.get(), ops.bias.data, &one, d->y.get(), ops.y.data));
-  }
-  if (params.epilogue & kEpilogueResidual) {
-    RN_CUDNN_CHECK(cudnnAddTensor(handle, &alpha2, d->y.get(), ops.z.data, &one, d->y.get(), ops.y.data));
-  }
-  if (params.epilogue & kEpilogueRelu) {
-    RN_CUDNN_CHECK(
-        cudnnActivationForward(handle, d->relu.get(), &one, d->y.get(), ops.y.data, &zero, d->y.get(), ops.y.data));
-  }
+  run_unfused(params, choice, ops, groups, d, handle, stream);
+  return refusal;
 }
 
 void backward_bias(const TensorView& dy, const TensorView& db, Layout layout, cudnnHandle_t handle) {

@@ -4,32 +4,12 @@
 #include <utility>
 
 #include "../../core/error.h"
+#include "../conv_geometry.h"
 #include "backend_attr.h"
 #include "backend_tensor.h"
 
 namespace rn::graph {
 namespace {
-
-const char* direction_label(uint8_t direction) {
-  switch (static_cast<ConvDirection>(direction)) {
-    case ConvDirection::Forward:
-      return "forward";
-    case ConvDirection::BackwardData:
-      return "backward-data";
-    case ConvDirection::BackwardFilter:
-      return "backward-filter";
-  }
-  return "?";
-}
-
-std::string epilogue_label(uint8_t epilogue) {
-  if (epilogue == kEpilogueNone) return "none";
-  std::string s;
-  if (epilogue & kEpilogueBias) s += "bias";
-  if (epilogue & kEpilogueResidual) s += std::string(s.empty() ? "" : "+") + "residual";
-  if (epilogue & kEpilogueRelu) s += std::string(s.empty() ? "" : "+") + "relu";
-  return s;
-}
 
 std::string tuple4(const int32_t* v) {
   return "(" + std::to_string(v[0]) + ", " + std::to_string(v[1]) + ", " + std::to_string(v[2]) + ", " +
@@ -170,21 +150,15 @@ BackendDescriptor make_conv_op(const ConvOpAttrs& a, cudnnBackendDescriptor_t x,
 
 }  // namespace
 
-int ConvOpGraph::count_parts(cudnnBackendDescriptorType_t type) const {
-  int n = 0;
-  for (auto t : part_types) n += t == type;
-  return n;
-}
-
 std::string describe_problem(const ConvParams& p) {
   const auto precision = static_cast<Precision>(p.precision);
   const auto layout = static_cast<Layout>(p.layout);
-  std::string s = std::string("graph conv ") + direction_label(p.direction) + " " +
+  std::string s = std::string("graph conv ") + direction_label(static_cast<ConvDirection>(p.direction)) + " " +
                   (p.precision <= 3 ? precision_name(precision) : "?") + " " +
                   (p.layout <= 1 ? layout_name(layout) : "?") + " x=" + tuple4(p.x) + " w=" + tuple4(p.w) +
                   " y=" + tuple4(p.y) + " pad=" + pair(p.pad) + " stride=" + pair(p.stride) +
                   " dilation=" + pair(p.dilation) + " groups=" + std::to_string(p.groups);
-  if (p.direction == static_cast<uint8_t>(ConvDirection::Forward)) s += " epilogue=" + epilogue_label(p.epilogue);
+  if (p.direction == static_cast<uint8_t>(ConvDirection::Forward)) s += " epilogue=" + epilogue_name(p.epilogue);
   if (p.deterministic) s += " deterministic";
   return s;
 }
@@ -206,16 +180,15 @@ void validate_problem(const ConvParams& p, const GraphConstants& c) {
   if (p.w[0] % p.groups != 0) fail("output channels must be divisible by groups");
   if (p.y[0] != p.x[0] || p.y[1] != p.w[0]) fail("output must have shape (N, K, P, Q)");
   for (int i = 0; i < 2; ++i) {
-    const int64_t extent = int64_t(p.dilation[i]) * (p.w[2 + i] - 1) + 1;
-    const int64_t out = (int64_t(p.x[2 + i]) + 2 * p.pad[i] - extent) / p.stride[i] + 1;
-    if (int64_t(p.x[2 + i]) + 2 * p.pad[i] < extent || out != p.y[2 + i]) {
+    const int64_t out = conv_output_extent(p.x[2 + i], p.w[2 + i], p.pad[i], p.stride[i], p.dilation[i]);
+    if (out != p.y[2 + i]) {
       fail("output spatial size " + std::to_string(p.y[2 + i]) + " does not match the convolution (expected " +
            std::to_string(out) + ")");
     }
   }
   const bool forward = p.direction == static_cast<uint8_t>(ConvDirection::Forward);
   if (!forward && p.epilogue != kEpilogueNone) fail("epilogues exist only for the forward direction");
-  if (p.epilogue & ~(kEpilogueBias | kEpilogueResidual | kEpilogueRelu)) fail("unknown epilogue flags");
+  if (p.epilogue & ~kEpilogueAll) fail("unknown epilogue flags");
   if (p.epilogue != kEpilogueNone && c.beta != 0.0f) fail("beta must be 0 with a fused epilogue");
 }
 

@@ -47,8 +47,6 @@ struct ConvOpGraph {
   std::vector<cudnnBackendDescriptor_t> operations;  // in execution order
   std::vector<int64_t> io_uids;                      // non-virtual tensors, in variant-pack order
   std::optional<BackendDescriptor> graph;            // set by finalize_op_graph()
-
-  int count_parts(cudnnBackendDescriptorType_t type) const;
 };
 
 // Checks that `params` describes a well-formed problem the graph engine can express; throws rn::ValueError

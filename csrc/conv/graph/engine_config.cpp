@@ -168,20 +168,4 @@ int64_t plan_workspace(cudnnBackendDescriptor_t plan) {
   return get_int64(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE);
 }
 
-std::string notes_name(uint32_t notes) {
-  static const std::pair<cudnnBackendNumericalNote_t, const char*> kNames[] = {
-      {CUDNN_NUMERICAL_NOTE_TENSOR_CORE, "tensor_core"},
-      {CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS, "down_convert_inputs"},
-      {CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, "reduced_precision_reduction"},
-      {CUDNN_NUMERICAL_NOTE_FFT, "fft"},
-      {CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC, "nondeterministic"},
-      {CUDNN_NUMERICAL_NOTE_WINOGRAD, "winograd"},
-  };
-  std::string s;
-  for (const auto& [note, name] : kNames) {
-    if (notes & (1u << note)) s += std::string(s.empty() ? "" : "+") + name;
-  }
-  return s.empty() ? "none" : s;
-}
-
 }  // namespace rn::graph

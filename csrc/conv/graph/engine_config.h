@@ -27,7 +27,6 @@ struct EngineInfo {
   int64_t engine_id = -1;  // CUDNN_ATTR_ENGINE_GLOBAL_INDEX
   uint32_t notes = 0;      // bit (1 << cudnnBackendNumericalNote_t) per numerical note
   KnobChoices knobs;       // as chosen by the config
-  bool has_note(cudnnBackendNumericalNote_t note) const { return notes & (1u << note); }
 };
 
 // Engine configs proposed by heuristics `mode` for the finalized graph, best first (possibly none).
@@ -50,8 +49,5 @@ BuiltConfig build_config(cudnnBackendDescriptor_t graph, int64_t engine_id, cons
 // A finalized execution plan for `config` (throws CudnnError when the engine cannot run the graph).
 BackendDescriptor make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t config);
 int64_t plan_workspace(cudnnBackendDescriptor_t plan);
-
-// "tensor_core+nondeterministic" (for messages).
-std::string notes_name(uint32_t notes);
 
 }  // namespace rn::graph

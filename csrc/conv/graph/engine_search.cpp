@@ -58,6 +58,10 @@ std::vector<BackendDescriptor> try_heuristics(cudnnBackendDescriptor_t graph, cu
   }
 }
 
+Precision precision_of(const ConvParams& params) {
+  return static_cast<Precision>(params.precision);
+}
+
 [[noreturn]] void throw_unsupported(const ConvParams& params, const Rejections& why) {
   throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED, "graph engine: no cuDNN engine supports " + describe_problem(params) +
                                                    " (" + why.summary() + "); engine='legacy' may support it");
@@ -65,16 +69,16 @@ std::vector<BackendDescriptor> try_heuristics(cudnnBackendDescriptor_t graph, cu
 
 }  // namespace
 
-std::string forbidden_notes(const ConvParams& params, uint32_t notes) {
+std::string forbidden_notes(Precision precision, bool deterministic, uint32_t notes) {
   auto has = [notes](cudnnBackendNumericalNote_t n) { return (notes & (1u << n)) != 0; };
-  if (static_cast<Precision>(params.precision) == Precision::FP32 && has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) {
+  if (precision == Precision::FP32 && has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) {
     return "tensor cores on fp32 data mean TF32, which strict fp32 forbids";
   }
   if (has(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return "the engine down-converts its inputs";
   if (has(CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)) {
     return "the engine accumulates in reduced precision (every precision mode promises fp32 accumulation)";
   }
-  if (params.deterministic && has(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) {
+  if (deterministic && has(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) {
     return "the engine is non-deterministic and deterministic mode is on";
   }
   return "";
@@ -105,7 +109,7 @@ SearchResult search_plan(const ConvParams& params, const std::shared_ptr<ConvOpG
         why.last_reason = e.what();
         continue;
       }
-      const std::string forbidden = forbidden_notes(params, info.notes);
+      const std::string forbidden = forbidden_notes(precision_of(params), params.deterministic, info.notes);
       if (!forbidden.empty()) {
         ++why.by_notes;
         why.last_reason = "engine " + std::to_string(info.engine_id) + ": " + forbidden;
@@ -178,7 +182,7 @@ SearchResult fixed_plan(const ConvParams& params, const std::shared_ptr<ConvOpGr
     throw CudnnError(e.status, "graph engine: engine " + std::to_string(engine_id) + " does not support " + problem +
                                    " (" + e.what() + ")");
   }
-  const std::string forbidden = forbidden_notes(params, notes);
+  const std::string forbidden = forbidden_notes(precision_of(params), params.deterministic, notes);
   if (!forbidden.empty()) {
     throw ValueError("graph engine: engine " + std::to_string(engine_id) + " cannot run " + problem + ": " + forbidden);
   }

@@ -21,10 +21,10 @@ namespace rn::graph {
 constexpr int kFindCandidates = 8;  // valid candidates timed by Find
 constexpr int kFindRuns = 3;        // timed runs per candidate (after one warm-up); the median counts
 
-// "" when an engine with these numerical notes may run `params`, else why not: TF32 (tensor cores on fp32
-// data) in strict fp32, inputs down-converted, reduced-precision accumulation (every mode promises fp32
-// accumulation), non-deterministic results in deterministic mode.
-std::string forbidden_notes(const ConvParams& params, uint32_t notes);
+// "" when an engine with these numerical notes may run a problem of this precision and determinism setting, else
+// why not: TF32 (tensor cores on fp32 data) in strict fp32, inputs down-converted, reduced-precision accumulation
+// (every mode promises fp32 accumulation), non-deterministic results in deterministic mode.
+std::string forbidden_notes(Precision precision, bool deterministic, uint32_t notes);
 
 // The workspace bound for candidates: params.workspace_cap and the workspace pool's limit, whichever is lower.
 uint64_t workspace_bound(const ConvParams& params);

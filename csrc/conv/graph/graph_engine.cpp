@@ -102,9 +102,9 @@ ConvParams plan_params(const ConvParams& p) {
 
 }  // namespace
 
-AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mode, int fixed_algo,
-                  cudnnHandle_t handle, cudaStream_t stream) {
+AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream) {
   OpContext context(&describe_for_error, &params);
+  const auto mode = static_cast<AlgoMode>(params.algo_mode);
   check_operands(params, ops);
   if (mode == AlgoMode::Find && stream_is_capturing(stream)) {
     throw ValueError(
@@ -115,7 +115,7 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, AlgoMode mo
   const GraphConstants constants = constants_for(params, ops);
   const std::shared_ptr<ConvOpGraph> graph = finalized_graph(params, constants, handle);
 
-  const SearchResult found = mode == AlgoMode::Fixed ? fixed_plan(params, graph, fixed_algo, handle)
+  const SearchResult found = mode == AlgoMode::Fixed ? fixed_plan(params, graph, params.fixed_algo, handle)
                                                      : search_plan(params, graph, ops, mode, handle, stream);
   const ConvParams keyed = plan_params(params);
   PlanCache::instance().insert(PlanKeyRef{keyed, constants, found.plan->engine_id, found.plan->knobs}, found.plan);

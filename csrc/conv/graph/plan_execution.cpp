@@ -1,9 +1,10 @@
 #include "plan_execution.h"
 
-#include <algorithm>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "../../core/cuda_event.h"
 #include "../../core/error.h"
 #include "../../core/workspace.h"
 #include "backend_attr.h"
@@ -34,18 +35,6 @@ bool binds(const ReusableVariantPack& last, const ExecutionPlan& plan, const Con
   }
   return true;
 }
-
-class CudaEvent {
- public:
-  CudaEvent() { RN_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~CudaEvent() { cudaEventDestroy(event_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 }  // namespace
 
@@ -104,20 +93,9 @@ float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_
   // Warm-up: also the check that the engine accepts these operands at all.
   if (cudnnBackendExecute(handle, plan.plan->get(), pack.get()) != CUDNN_STATUS_SUCCESS) return -2.0f;
 
-  CudaEvent start, stop;
-  std::vector<float> times;
-  for (int i = 0; i < std::max(runs, 1); ++i) {
-    RN_CUDA_CHECK(cudaEventRecord(start.get(), stream));
-    const cudnnStatus_t status = cudnnBackendExecute(handle, plan.plan->get(), pack.get());
-    RN_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-    RN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    if (status != CUDNN_STATUS_SUCCESS) return -2.0f;
-    float ms = 0.0f;
-    RN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  const std::optional<float> ms = median_time_ms(
+      stream, runs, [&] { return cudnnBackendExecute(handle, plan.plan->get(), pack.get()) == CUDNN_STATUS_SUCCESS; });
+  return ms ? *ms : -2.0f;
 }
 
 }  // namespace rn::graph

@@ -1,27 +1,13 @@
 #include "auto_engine.h"
 
-#include <algorithm>
 #include <string>
-#include <vector>
 
-#include "../../core/device.h"
-#include "../../core/error.h"
-#include "../conv_dispatch.h"
+#include "../core/cuda_event.h"
+#include "../core/device.h"
+#include "../core/error.h"
 
-namespace rn::graph {
+namespace rn {
 namespace {
-
-class CudaEvent {
- public:
-  CudaEvent() { RN_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~CudaEvent() { cudaEventDestroy(event_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 struct Contender {
   ConvEngineKind engine;
@@ -31,35 +17,26 @@ struct Contender {
 };
 
 // One warm-up call (which chooses and caches on a miss), then kAutoRuns timed calls; the median in ms.
-float time_calls(const ConvParams& params, const ConvOperands& ops, bool allow_fusion, cudaStream_t stream,
+float time_calls(const ConvParams& params, const AutoEngineCalls& calls, cudaStream_t stream,
                  AlgoCache::Entry* choice) {
-  *choice = convolution(params, ops, allow_fusion, stream);
-  CudaEvent start, stop;
-  std::vector<float> times;
-  for (int i = 0; i < kAutoRuns; ++i) {
-    RN_CUDA_CHECK(cudaEventRecord(start.get(), stream));
-    convolution(params, ops, allow_fusion, stream);
-    RN_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-    RN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    RN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  *choice = calls.run(params);
+  return *median_time_ms(stream, kAutoRuns, [&] {
+    calls.run(params);
+    return true;
+  });
 }
 
-void evaluate(Contender& c, const ConvParams& auto_params, const ConvOperands& ops, bool allow_fusion,
+void evaluate(Contender& c, const ConvParams& auto_params, const ConvOperands& ops, const AutoEngineCalls& calls,
               cudaStream_t stream) {
   ConvParams params = auto_params;
   params.engine = static_cast<uint8_t>(c.engine);
   try {
     if (ops.beta != 0.0f) {
       // Repeated runs would add into the output each time: use the search's own time (if it timed).
-      c.choice = cached_choice(params, ops, stream);
+      c.choice = calls.choose(params);
       c.ms = c.choice->time_ms;
     } else {
-      c.ms = time_calls(params, ops, allow_fusion, stream, &c.choice);
+      c.ms = time_calls(params, calls, stream, &c.choice);
     }
   } catch (const CudnnError& e) {
     c.error = e.what();
@@ -70,7 +47,8 @@ void evaluate(Contender& c, const ConvParams& auto_params, const ConvOperands& o
 
 }  // namespace
 
-AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, bool allow_fusion, cudaStream_t stream) {
+AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, const AutoEngineCalls& calls,
+                       cudaStream_t stream) {
   if (stream_is_capturing(stream)) {
     throw ValueError(
         "engine='auto' would time both engines during CUDA-graph capture (it synchronises); run this "
@@ -79,8 +57,8 @@ AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, bool a
   }
   Contender legacy{ConvEngineKind::Legacy, nullptr};
   Contender graph{ConvEngineKind::Graph, nullptr};
-  evaluate(legacy, params, ops, allow_fusion, stream);
-  evaluate(graph, params, ops, allow_fusion, stream);
+  evaluate(legacy, params, ops, calls, stream);
+  evaluate(graph, params, ops, calls, stream);
   if (!legacy.choice && !graph.choice) {
     throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED, "engine='auto': neither engine can run " + params.to_string() +
                                                      ": legacy: " + legacy.error + "; graph: " + graph.error);
@@ -91,8 +69,8 @@ AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, bool a
   } else if (legacy.ms >= 0.0f && graph.ms >= 0.0f) {
     winner = graph.ms < legacy.ms ? &graph : &legacy;
   } else {
-    // Untimed (an accumulating call outside algo='find'): on the GPUs this targets the graph API reaches
-    // the faster kernels (issue 4's measurements).
+    // Untimed (an accumulating call outside algo='find'): the graph API reaches cuDNN's newer engines, which
+    // the legacy API's fixed algorithm list does not include, so it is the better default.
     winner = &graph;
   }
   AlgoChoice choice = *winner->choice;
@@ -100,4 +78,4 @@ AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, bool a
   return choice;
 }
 
-}  // namespace rn::graph
+}  // namespace rn

@@ -1,0 +1,103 @@
+// Python bindings of the graph engine's own pieces: the plan cache (count / clear) and test hooks that build
+// operation graphs without a GPU. Convolutions themselves are called through the shared conv bindings
+// (bind_conv.cpp), which dispatch to rn::graph::choose / run for engine='graph'.
+//
+// The hooks take a problem as its algorithm-cache key (resnet_native._C.conv_key builds one through the ops' own
+// validation; an edited key reaches the graph's own checks with shapes no op would accept).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "../conv/conv_params.h"
+#include "../conv/graph/conv_op_graph.h"
+#include "../conv/graph/engine_config.h"
+#include "../conv/graph/engine_search.h"
+#include "../conv/graph_engine.h"
+#include "../core/error.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace rn {
+namespace {
+
+const char* type_name(cudnnBackendDescriptorType_t type) {
+  switch (type) {
+    case CUDNN_BACKEND_TENSOR_DESCRIPTOR:
+      return "tensor";
+    case CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR:
+      return "convolution";
+    case CUDNN_BACKEND_POINTWISE_DESCRIPTOR:
+      return "pointwise";
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR:
+      return "op_conv_forward";
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR:
+      return "op_conv_backward_data";
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR:
+      return "op_conv_backward_filter";
+    case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR:
+      return "op_pointwise";
+    default:
+      return "other";
+  }
+}
+
+// Builds every tensor, descriptor and operation of a problem (no operation graph: that needs a handle), reports
+// what was built, and destroys it all on return.
+py::dict build_operations(const std::string& key, float alpha1, float alpha2, float beta, bool validate,
+                          int fail_after_parts) {
+  const ConvParams p = ConvParams::from_string(key);
+  // Errors name the problem, as they do in choose() / run().
+  OpContext context([](const void* params) { return graph::describe_problem(*static_cast<const ConvParams*>(params)); },
+                    &p);
+  graph::GraphConstants constants;
+  constants.alpha1 = alpha1;
+  constants.alpha2 = alpha2;
+  constants.beta = beta;
+  const graph::ConvOpGraph g = graph::build_conv_operations(p, constants, validate, fail_after_parts);
+  py::dict parts;
+  for (auto type : g.part_types) {
+    const char* name = type_name(type);
+    parts[name] = (parts.contains(name) ? parts[name].cast<int>() : 0) + 1;
+  }
+  py::dict out;
+  out["parts"] = parts;
+  out["num_parts"] = g.parts.size();
+  out["num_operations"] = g.operations.size();
+  out["io_uids"] = g.io_uids;
+  out["problem"] = graph::describe_problem(p);
+  return out;
+}
+
+std::string forbidden_notes(Precision precision, bool deterministic, const std::vector<int>& notes) {
+  uint32_t bits = 0;
+  for (int n : notes) {
+    if (n < 0 || n >= 32) throw ValueError("notes: numerical note out of range: " + std::to_string(n));
+    bits |= 1u << n;
+  }
+  return graph::forbidden_notes(precision, deterministic, bits);
+}
+
+}  // namespace
+
+void bind_graph_engine(py::module_& m) {
+  m.def("graph_num_plans", &graph::num_plans, "Number of execution plans the graph engine holds.");
+  m.def("graph_clear_plans", &graph::clear_plans,
+        "Destroy every cached graph-engine execution plan (and the descriptors it holds).");
+  m.def("_graph_build_operations", &build_operations, py::arg("key"), py::arg("alpha1") = 1.0f,
+        py::arg("alpha2") = 1.0f, py::arg("beta") = 0.0f, py::arg("validate") = true, py::arg("fail_after_parts") = -1,
+        "Build (then destroy) the tensors, convolution descriptor and operations of the graph-engine problem of an "
+        "algorithm-cache key. Returns what was built. Works without a GPU.");
+  m.def(
+      "_graph_describe_problem",
+      [](const std::string& key) { return graph::describe_problem(ConvParams::from_string(key)); }, py::arg("key"),
+      "How graph-engine errors name the problem of an algorithm-cache key.");
+  m.def("_graph_parse_knobs", &graph::parse_knobs, py::arg("text"));
+  m.def("_graph_format_knobs", &graph::format_knobs, py::arg("knobs"));
+  m.def("_graph_forbidden_notes", &forbidden_notes, py::arg("precision"), py::arg("deterministic"), py::arg("notes"),
+        "Why an engine with these numerical notes (cudnnBackendNumericalNote_t values) is excluded; '' if not.");
+}
+
+}  // namespace rn
