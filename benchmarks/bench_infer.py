@@ -217,7 +217,7 @@ def time_torch(torch, model, batch, dtype, iters, warmup) -> list:
 
 def time_torch_compile(torch, model, batch, dtype, iters, warmup) -> dict:
     xs = _torch_inputs(torch, batch, dtype)
-    compiled = torch.compile(model, mode="max-autotune")
+    compiled = torch.compile(model, mode="max-autotune", dynamic=False)  # one static graph per batch size
 
     def call(i):
         torch.compiler.cudagraph_mark_step_begin()

@@ -36,17 +36,23 @@ def as_device_array(x, name: str = "x"):
     array uploaded (one host-to-device copy)."""
     import cupy
 
-    if isinstance(x, cupy.ndarray):
-        return x
-    if hasattr(x, "__cuda_array_interface__"):
+    if isinstance(x, (cupy.ndarray, np.ndarray)):
         return cupy.asarray(x)
-    if isinstance(x, np.ndarray):
+    try:
+        interface = getattr(x, "__cuda_array_interface__", None)
+    except TypeError:  # e.g. a torch bfloat16 tensor, which has no interface typestr: try DLPack
+        interface = None
+    if interface is not None:
         return cupy.asarray(x)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         if x.__dlpack_device__()[0] not in _DLPACK_CUDA_DEVICES:
             raise TypeError(f"{name}: expected a CUDA array, got a {type(x).__module__}.{type(x).__qualname__} in "
                             "host memory (pass a NumPy array, or copy it to the GPU)")
-        return cupy.from_dlpack(x)
+        try:
+            return cupy.from_dlpack(x)
+        except (TypeError, ValueError, RuntimeError) as e:  # cupy has no bfloat16, for one
+            raise TypeError(f"{name}: cupy cannot take this DLPack array ({e}); pass bf16 data as uint16 bit "
+                            "patterns") from e
     raise TypeError(f"{name}: expected a cupy array, any __cuda_array_interface__ or DLPack CUDA array, or a NumPy "
                     f"array, got {type(x).__module__}.{type(x).__qualname__}")
 
