@@ -95,7 +95,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         activation. image_size: (H, W) of the inputs (an int: square). split: a batch over the largest captured
         size runs in chunks (False: ValueError). cuda_graph=False runs the same steps eagerly (debugging).
         conv_engine / deterministic: the ConvSpec fields of every convolution. tune_fusion=False skips the
-        fused-or-unfused timing (fused wherever cuDNN accepts it). algorithm_cache: a cache file path."""
+        fused-or-unfused timing (undecided keys stay fused where cuDNN accepts it; decided ones keep their
+        choice). algorithm_cache: a cache file path."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = _batch_sizes(batch_sizes)
         self.precision = choice("dtype", dtype, PRECISIONS)
