@@ -12,5 +12,6 @@ void bind_algo_cache(pybind11::module_& m);    // algorithm cache, cached descri
 void bind_kernels(pybind11::module_& m);       // elementwise kernels, cast, multi-tensor optimizer kernels
 void bind_norm(pybind11::module_& m);          // batch norm, max / global-average pooling
 void bind_graph_engine(pybind11::module_& m);  // graph-engine plan cache and graph-building test hooks
+void bind_inference(pybind11::module_& m);     // the inference engine's uint8 input stage
 
 }  // namespace rn

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_kernels(m);
   rn::bind_norm(m);
   rn::bind_graph_engine(m);
+  rn::bind_inference(m);
 }

@@ -1,0 +1,304 @@
+"""InferenceEngine: a trained ResNet served from one CUDA graph per batch size.
+
+    engine = InferenceEngine(model, batch_sizes=(1, 8, 32, 256, 1024), dtype="fp16", layout="NHWC")
+    logits = engine(images)        # uint8 (N, 32, 32, 3) pixels, or a normalised batch -> (N, classes) float32
+
+What building an engine does, once:
+  - every BatchNorm is folded into its convolution (fold.py, float64 on the host, rounded once to the storage
+    dtype on the device), so each convolution is one conv + bias (+ residual) (+ ReLU) call (plan.py);
+  - activations get buffers shared by liveness (buffers.py), allocated for the largest batch size from the
+    engine's own cupy memory pool; smaller batch sizes use their leading bytes;
+  - per batch size, the forward runs eagerly: algorithm search on cache misses, and per convolution fused and
+    unfused are timed once and the faster kept in the algorithm cache (tuning.py); then the workspace pool is
+    reserved for the largest need and each forward is captured in a CUDA graph (capture.py).
+With algorithm_cache=path the cache file is loaded first (when it exists) and saved after building, so a restart
+on the same GPU and cuDNN neither searches nor times again.
+
+What a call does: check the batch (input_stage.py), copy / cast / normalise it into the static input buffer,
+replay the graph of the smallest captured batch size that holds it (larger batches are split into chunks of the
+largest size when split=True), and copy the logits out: a handful of launches, no allocation inside the graph, no
+host synchronisation. Work is queued on cupy's current stream; a call on another stream than the previous call's
+first waits for that call, since both use the same buffers. An engine is not thread-safe.
+
+While an engine lives, do not drop the cached cuDNN plans (resnet_native.release_handles, _drop_cached_descriptors):
+its graphs launch kernels those plans own. close() (or dropping the engine) releases everything it holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import numbers
+import os
+import warnings
+
+import numpy as np
+
+from .. import conv, kernels
+from .._runtime import require_gpu
+from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice
+from .buffers import plan_buffers
+from .capture import WorkspaceHold, capture_graph
+from .fold import conv_step_params
+from .input_stage import InputStage, as_device_array
+from .plan import build_plan
+from .runner import bind_forward, native_ops
+from .source import model_source
+from .tuning import decide_fusion
+
+DEFAULT_BATCH_SIZES = (1, 8, 32, 256, 1024)
+
+
+def _batch_sizes(value) -> tuple:
+    if isinstance(value, numbers.Integral):
+        value = (value,)
+    try:
+        sizes = tuple(value)
+    except TypeError:
+        raise TypeError(f"batch_sizes: expected a sequence of positive ints, got {value!r}") from None
+    if not sizes or not all(isinstance(b, numbers.Integral) and not isinstance(b, bool) and b >= 1 for b in sizes):
+        raise ValueError(f"batch_sizes: expected a non-empty sequence of positive ints, got {value!r}")
+    return tuple(sorted({int(b) for b in sizes}))
+
+
+def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
+    """[(start, count, captured batch size)] covering a batch of n: one chunk padded to the smallest captured size
+    that holds it, or (split) chunks of the largest size and the rest padded likewise."""
+    if n == 0:
+        return []
+    largest = batch_sizes[-1]
+    if n > largest and not split:
+        raise ValueError(f"x: a batch of {n} is over the largest captured batch size {largest} and split=False "
+                         f"(pass split=True, or build the engine with a batch size of at least {n})")
+    chunks, start = [], 0
+    while n - start > largest:
+        chunks.append((start, largest, largest))
+        start += largest
+    rest = n - start
+    chunks.append((start, rest, batch_sizes[bisect.bisect_left(batch_sizes, rest)]))
+    return chunks
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+class InferenceEngine(contextlib.AbstractContextManager):
+    def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, dtype="fp16", layout="NHWC", *,
+                 image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
+                 tune_fusion=True, algorithm_cache=None, models_dir=None):
+        """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
+        models_dir like CIFAR10Classifier). dtype: the precision the engine computes in ('fp16', 'bf16', 'fp32'
+        strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
+        activation. image_size: (H, W) of the inputs (an int: square). split: a batch over the largest captured
+        size runs in chunks (False: ValueError). cuda_graph=False runs the same steps eagerly (debugging).
+        conv_engine / deterministic: the ConvSpec fields of every convolution. tune_fusion=False skips the
+        fused-or-unfused timing (undecided keys stay fused where cuDNN accepts it; decided ones keep their
+        choice). algorithm_cache: a cache file path."""
+        self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
+        self.batch_sizes = _batch_sizes(batch_sizes)
+        self.precision = choice("dtype", dtype, PRECISIONS)
+        self.dtype = DTYPE_ALIASES[self.precision]
+        self.layout = choice("layout", layout, LAYOUTS)
+        self.split = _flag("split", split)
+        self.cuda_graph = _flag("cuda_graph", cuda_graph)
+        self.deterministic = _flag("deterministic", deterministic)
+        self.tune_fusion = _flag("tune_fusion", tune_fusion)
+        self.conv_engine = choice("conv_engine", conv_engine, ENGINES)
+        if algorithm_cache is not None and not isinstance(algorithm_cache, (str, os.PathLike)):
+            raise TypeError(f"algorithm_cache: expected a file path or None, got {type(algorithm_cache).__name__}")
+        self.algorithm_cache = algorithm_cache
+        source = model_source(model_or_release, models_dir)
+        self.source = source.description
+        self.plan = build_plan(source.state, source.stem, self.precision, image_size)
+        self.buffers = plan_buffers(self.plan)
+        self.num_classes = self.plan.num_classes
+        self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
+        self.capture_error = None  # why capture was abandoned, if it was
+        self.capture_allocated_bytes = 0  # what the captures allocated (nothing, unless an op misbehaves)
+        require_gpu()
+        self._build(source.state)
+
+    # -- public ----------------------------------------------------------------------------------------------
+    def __call__(self, x, *, out=None):
+        """Logits (N, num_classes) float32 of a batch: uint8 (N, H, W, 3) images, or a float32 / float16 / bf16
+        (uint16 bits) batch in the engine's layout. out: a C-contiguous float32 (N, num_classes) cupy array to
+        write into (no allocation); else a new array."""
+        import cupy
+
+        if self._closed:
+            raise RuntimeError("InferenceEngine: closed")
+        if cupy.cuda.runtime.getDevice() != self._device:
+            raise ValueError(f"InferenceEngine: built on CUDA device {self._device}, called with device "
+                             f"{cupy.cuda.runtime.getDevice()} current")
+        x = as_device_array(x, "x")
+        if x.device.id != self._device:
+            raise ValueError(f"x: array is on CUDA device {x.device.id}, the engine on device {self._device}")
+        kind = self._input.kind_of(x)
+        n = int(x.shape[0])
+        chunks = batch_chunks(n, self.batch_sizes, self.split)
+        out = self._output(out, n)
+        if not chunks:
+            return out
+        stream = cupy.cuda.get_current_stream()
+        if self._last_stream is not None and self._last_stream != stream.ptr:
+            stream.wait_event(self._done)
+        for start, count, batch in chunks:
+            forward = self._forwards[batch]
+            self._input.write(x[start:start + count], kind, forward.input[:count])
+            if count < batch:  # padding rows: zeros, not whatever bits (NaN included) the buffer last held
+                forward.input[count:].fill(0)
+            if self.cuda_graph:
+                self._graphs[batch].launch(stream)
+            else:
+                forward.run()
+            cupy.copyto(out[start:start + count], forward.logits[:count])
+        self._done.record(stream)
+        self._last_stream = stream.ptr
+        return out
+
+    @property
+    def input_shape(self) -> tuple:
+        """The per-sample shape of a normalised input, in the engine's layout (uint8 images are (H, W, 3))."""
+        return self._input.sample_shape
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory the engine holds: activation buffers, folded weights and biases, the lookup table."""
+        return 0 if self._pool is None else int(self._pool.total_bytes())
+
+    def close(self) -> None:
+        """Drop the graphs, the buffers and the workspace hold, and return the memory to the device."""
+        self._closed = True
+        self._graphs = {}
+        self._forwards, self._weights, self._arena, self._input = {}, {}, [], None
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
+        if self._pool is not None:
+            self._pool.free_all_blocks()
+
+    def __exit__(self, *exc):  # __enter__ (returns the engine) from AbstractContextManager
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter teardown
+            pass
+
+    def __repr__(self):
+        return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, dtype={self.precision!r}, "
+                f"layout={self.layout!r}, graphs={self.num_graphs})")
+
+    # -- calls -----------------------------------------------------------------------------------------------
+    def _output(self, out, n: int):
+        import cupy
+
+        shape = (n, self.num_classes)
+        if out is None:
+            return cupy.empty(shape, dtype=np.float32)
+        if not isinstance(out, cupy.ndarray):
+            raise TypeError(f"out: expected a cupy array, got {type(out).__name__}")
+        if out.dtype != np.float32 or tuple(out.shape) != shape or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous float32 array of shape {shape}, got {out.dtype} "
+                             f"{tuple(out.shape)}")
+        return out
+
+    # -- building --------------------------------------------------------------------------------------------
+    def _build(self, state: dict) -> None:
+        import cupy
+
+        from ..data.augment import normalization_lut
+
+        self._device = cupy.cuda.runtime.getDevice()
+        self._pool = cupy.cuda.MemoryPool()
+        largest = self.batch_sizes[-1]
+        with cupy.cuda.using_allocator(self._pool.malloc):
+            self._weights = {s.name: tuple(_to_device(a, DTYPE_ALIASES[s.precision])
+                                           for a in conv_step_params(s, state, self.layout))
+                             for s in self.plan.conv_steps()}
+            self._arena = [cupy.zeros(size * largest, dtype=np.uint8) for size in self.buffers.sizes]
+            _, height, width = self.plan.values[self.plan.input].shape
+            self._input = InputStage(self.dtype, self.layout, (height, width), cupy.asarray(normalization_lut(
+                self.dtype)))
+            self._specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout=self.layout,
+                                                 precision=s.precision, algo="find", engine=self.conv_engine,
+                                                 deterministic=self.deterministic)
+                           for s in self.plan.conv_steps()}
+            ops = native_ops()
+            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout, ops)
+                              for b in self.batch_sizes}
+            # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
+            # and with it lasting memory, in this pool).
+            first = self._forwards[largest].input
+            noise = np.random.default_rng(0).standard_normal(first.shape, dtype=np.float32)
+            kernels.cast(cupy.asarray(noise), first)
+            if self.algorithm_cache is not None and os.path.exists(self.algorithm_cache):
+                conv.load_algorithm_cache(self.algorithm_cache)
+            workspace = max(self._warm_up(b) for b in self.batch_sizes)
+            from .. import reserve_workspace  # here: the package imports this module while it initialises
+
+            reserve_workspace(workspace)
+            if self.cuda_graph:
+                self._capture_all()
+        cupy.cuda.get_current_stream().synchronize()
+        if self.algorithm_cache is not None:
+            conv.save_algorithm_cache(self.algorithm_cache)
+        self._done = cupy.cuda.Event(disable_timing=True)
+        self._last_stream = None
+
+    def _view(self, value: int, batch: int):
+        """Value `value` for a batch of `batch`: the leading bytes of its buffer, in its dtype and the layout."""
+        v = self.plan.values[value]
+        c, h, w = v.shape
+        shape = (batch, h, w, c) if self.layout == "NHWC" else (batch, c, h, w)
+        flat = self._arena[self.buffers.buffer_of[value]][: batch * v.bytes_per_sample]
+        return flat.view(ARRAY_DTYPES[v.dtype]).reshape(shape)
+
+    def _warm_up(self, batch: int) -> int:
+        """Run the forward of `batch` once eagerly, deciding fused or unfused per convolution; returns the largest
+        workspace its convolutions need."""
+        forward = self._forwards[batch]
+        workspace = 0
+        for step, call in zip(self.plan.steps, forward.calls, strict=True):
+            if step.kind != "conv":
+                call()
+                continue
+            entry = decide_fusion(forward.conv_calls[step.name], self._specs[step.name], tune=self.tune_fusion)
+            self.fused_paths[(step.name, batch)] = entry["fused_path"] if entry else ""
+            workspace = max(workspace, int(entry["workspace"]) if entry else 0)
+        return workspace
+
+    def _capture_all(self) -> None:
+        self._hold = WorkspaceHold()
+        try:
+            for batch in self.batch_sizes:
+                graph, allocated = capture_graph(self._forwards[batch].run, self._pool)
+                self._graphs[batch] = graph
+                self.capture_allocated_bytes += allocated
+        except Exception as e:  # an op that cannot be captured: say so, and run eagerly
+            self.capture_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"InferenceEngine: CUDA-graph capture failed, the forward runs eagerly "
+                          f"({self.capture_error})", RuntimeWarning, stacklevel=3)
+            self._graphs = {}
+            self._hold.release()
+            self._hold = None
+            self.cuda_graph = False
+
+
+def _to_device(array: np.ndarray, dtype: str):
+    """A float64 host array on the device in storage dtype `dtype`: rounded to float32 on the host, then (fp16,
+    bf16) to the dtype by kernels.cast, the rounding every low-precision copy in the package gets."""
+    import cupy
+
+    a32 = cupy.asarray(np.ascontiguousarray(array, dtype=np.float32))
+    if dtype == "fp32":
+        return a32
+    return kernels.cast(a32, cupy.empty(a32.shape, dtype=ARRAY_DTYPES[dtype]))

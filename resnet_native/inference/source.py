@@ -1,0 +1,45 @@
+"""What an inference engine is built from: a ResNet's weights and architecture fields, from a model or a release.
+
+A model contributes its state_dict (torchvision names and shapes) and its `stem` and `num_classes`; a release
+folder (or a version name looked up like CIFAR10Classifier does) its config.yaml and weights file. Nothing else of
+the model is used, so any network with those names and shapes serves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    state: dict  # {torchvision name: host array}
+    stem: str
+    num_classes: int
+    description: str
+
+
+def model_source(model_or_release, models_dir=None) -> ModelSource:
+    """A ModelSource from a resnet_native ResNet, a release folder, or a release version name ('A', ...)."""
+    from ..models import ResNet
+
+    if isinstance(model_or_release, ResNet):
+        m = model_or_release
+        state = {k: np.asarray(v) for k, v in m.state_dict().items()}
+        return ModelSource(state, m.stem, int(m.num_classes), f"ResNet-{m.depth}")
+    if isinstance(model_or_release, (str, os.PathLike)):
+        from ..classifier import load_release_config, load_weights, resolve_version_dir
+
+        # version_X is a link a new release re-points: read config and weights from one release folder.
+        folder = resolve_version_dir(model_or_release, models_dir).resolve()
+        config = load_release_config(folder)
+        model = config.get("model") if isinstance(config, dict) else None
+        if not isinstance(model, dict) or "stem" not in model or "num_classes" not in model:
+            raise ValueError(f"{folder}/config.yaml: expected a 'model' section with 'stem' and 'num_classes'")
+        state = {k: np.asarray(v) for k, v in load_weights(folder).items()}
+        return ModelSource(state, str(model["stem"]), int(model["num_classes"]),
+                           f"release {folder.name} ({model.get('name', 'resnet')})")
+    raise TypeError(f"model_or_release: expected a resnet_native ResNet, a release folder or a version name, got "
+                    f"{type(model_or_release).__name__}")
