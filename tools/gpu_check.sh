@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
-# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models train-A train-B (default: info build test bench)
-#   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x"); PYTEST_TARGETS: files/dirs (default tests)
+# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer train-A train-B
+#   (default: info build test bench)
+#   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
+#   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
 #   TRAIN_ARGS    extra trainer arguments
 set -uo pipefail
@@ -28,7 +30,7 @@ for stage in "${stages[@]}"; do
       python3 -c "import resnet_native as rn; print('cudnn', rn.cudnn_version(), rn.CUDNN_LIBRARY, 'gpu', rn.cuda_available())" | tee -a "$OUT/info.txt" ;;
     test)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${PYTEST_TARGETS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -60
+      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${PYTEST_TARGETS:-tests} 2>&1 | tee "$OUT/${PYTEST_LOG:-pytest.log}" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       # shellcheck disable=SC2086
@@ -37,6 +39,11 @@ for stage in "${stages[@]}"; do
     models)
       # shellcheck disable=SC2086
       python3 benchmarks/bench_model.py --json "$OUT/bench_model.json" ${MODEL_ARGS:-} 2>&1 | tee "$OUT/bench_model.txt" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    infer)
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench_infer.py --json "$OUT/bench_infer.json" --markdown "$OUT/bench_infer.md" ${INFER_ARGS:-} \
+        2>&1 | tee "$OUT/bench_infer.txt" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     train-A|train-B)
       recipe=${stage#train-}
