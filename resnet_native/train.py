@@ -38,8 +38,8 @@ import numpy as np
 
 from .checkpoint import atomic_write_text, load_checkpoint, save_checkpoint
 from .data.augment import STREAM_SUBSET, AugmentConfig, check_labels, epoch_rng
-from .layers._backend import LAYOUTS
-from .layers._backend import PRECISIONS as DTYPES
+from .names import LAYOUTS
+from .names import PRECISIONS as DTYPES
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent / "recipes"
 MODELS = {"resnet18": "ResNet18", "resnet34": "ResNet34", "resnet50": "ResNet50", "resnet101": "ResNet101",
@@ -365,7 +365,7 @@ def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
     n = len(y_all)
     for s in range(0, n, batch_size):
         y = y_all[s:s + batch_size]
-        loss, correct = loss_fn.forward(model._forward(x_all[s:s + batch_size], False), y, train=False)
+        loss, correct = loss_fn.forward(model.forward(x_all[s:s + batch_size], False, copy=False), y, train=False)
         loss_sum += loss * len(y)
         correct_sum += correct
     return float(loss_sum) / n, float(correct_sum) / n

@@ -1,5 +1,5 @@
-"""The trainer's whole loop on the CPU: every native op replaced by its NumPy reference
-(test_layers_numpy_ops.numpy_backend), cupy by NumPy, and the augmentation kernel by its NumPy reference.
+"""The trainer's whole loop on the CPU: the model placed on the host (model.cuda() does to_host(np.float32), so every
+op runs its NumPy reference), cupy replaced by NumPy, and the augmentation kernel by its NumPy reference.
 
 What this checks without a GPU: the Trainer's wiring to the model, optimizer, schedule, scaler and TrainStep; the
 epoch loop and its device-side accumulators; evaluation; checkpoints of the real optimizer/schedule/scaler state;
@@ -14,13 +14,12 @@ import types
 
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
 import resnet_native as rn
 from resnet_native import checkpoint, release, train
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
-from resnet_native.layers._backend import ops
+from resnet_native.layers import Module
 
 
 def _numpy_as_cupy():
@@ -56,12 +55,10 @@ def cpu_backend(monkeypatch):
 
     monkeypatch.setattr(rn.conv, "save_algorithm_cache", save)
     monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: algo_calls["load"].append(path) or 0)
-    backend = ref.numpy_backend()
     # float32 masters, as on the GPU (state_dict() stores float32: float64 masters would not round-trip exactly);
     # fp16 stays fp16, so the GradScaler path runs.
-    backend.update(master_dtype=np.float32, storage={"fp32": np.float32, "tf32": np.float32, "fp16": np.float16})
-    with ops.use(**backend):
-        yield algo_calls
+    monkeypatch.setattr(Module, "cuda", lambda self: self.to_host(np.float32))
+    yield algo_calls
 
 
 @pytest.fixture
@@ -159,8 +156,8 @@ def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_back
 
     def recording_build_model(cfg):
         model = build_model(cfg)
-        forward = model._forward
-        model._forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
+        forward = model.forward
+        model.forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
         return model
 
     monkeypatch.setattr(train, "build_model", recording_build_model)

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers._backend import _STORAGE, LAYOUTS
+from ..names import LAYOUTS, PRECISION_STORAGE
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
 # Precision mode -> NumPy storage dtype of the model's input: the model's own table.
-STORAGE_DTYPES = _STORAGE
+STORAGE_DTYPES = {precision: dtype.type for precision, dtype in PRECISION_STORAGE.items()}
 
 # Rows of the (6, N) parameter table.
 ROW_INDEX, ROW_OFFSET_Y, ROW_OFFSET_X, ROW_FLIP, ROW_CUT_Y, ROW_CUT_X = range(6)
