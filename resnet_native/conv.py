@@ -26,6 +26,9 @@ import warnings
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
+import numpy as np
+
+from . import reference
 from ._loader import _C
 from ._runtime import op_stream as _stream
 from ._runtime import require_gpu
@@ -290,6 +293,9 @@ def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", al
     fused=...)['fused_path'] for which path ran), else the convolution followed by cudnnAddTensor /
     cudnnActivationForward. `out` must not overlap any input.
     """
+    if isinstance(x, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: the float64 reference
+        return reference.conv.conv2d(x, w, spec, bias=bias, z=z, activation=activation, alpha1=alpha1, alpha2=alpha2,
+                                     out=out)
     spec = _check_spec(spec)
     return _C.conv_forward(x, w, out, bias, z, _native_spec(spec, "forward"), activation, float(alpha1),
                            float(alpha2), _fusion_enabled, _stream())
@@ -297,6 +303,8 @@ def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", al
 
 def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None):
     """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy."""
+    if isinstance(dy, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: the float64 reference
+        return reference.conv.conv2d_backward_data(dy, w, spec, x_shape, out=out)
     spec = _check_spec(spec)
     return _C.conv_backward_data(dy, w, out, _shape4(x_shape, "x_shape"), _native_spec(spec, "backward_data"),
                                  _stream())
@@ -305,6 +313,8 @@ def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None):
 def conv2d_backward_filter(x, dy, spec: ConvSpec, w_shape, *, out=None, accumulate=False):
     """dw, the gradient of conv2d's filter (of shape w_shape, in the spec's layout); with accumulate=True it is
     added to `out` (which must then be given) instead of overwriting it."""
+    if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):  # host arrays: the float64 reference
+        return reference.conv.conv2d_backward_filter(x, dy, spec, w_shape, out=out, accumulate=accumulate)
     spec = _check_spec(spec)
     if not isinstance(accumulate, bool):
         raise ValueError(f"accumulate: expected a bool, got {accumulate!r}")

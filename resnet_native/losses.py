@@ -6,13 +6,15 @@
 
 forward() computes the loss, the number of correct predictions (argmax == label) and the gradient
 together, all as device arrays (nothing is read back to the host). Each step is one cupy ufunc or reduction
-with out=, so the same code runs on NumPy for tests.
+with out=, so the same code runs on NumPy for models on the host: the logits' array module is the one used,
+and one loss object serves logits of one kind (device or NumPy).
 """
 
 import numpy as np
 
-from .layers._backend import ops
 from .layers.buffers import BufferCache
+from .layers.placement import array_module
+from .names import MASTER_DTYPE
 
 
 class SoftmaxCrossEntropy:
@@ -28,25 +30,27 @@ class SoftmaxCrossEntropy:
         object's buffers, rewritten by the next call. With train, the gradient is kept for backward()."""
         if getattr(logits, "ndim", None) != 2:
             raise ValueError(f"logits: expected shape (N, C), got {tuple(getattr(logits, 'shape', ()))}")
-        if logits.dtype != ops.master_dtype:
-            raise TypeError(f"logits: expected {ops.master_dtype.name}, got {logits.dtype}")
+        xp = self._array_module(logits)
+        # The master dtype: fp32, or float64 for a model on the host (model.to_host()).
+        if logits.dtype != MASTER_DTYPE and not (xp is np and logits.dtype == np.float64):
+            raise TypeError(f"logits: expected {MASTER_DTYPE.name} (or float64 NumPy logits), got {logits.dtype}")
         n, c = logits.shape
         if getattr(labels, "shape", None) != (n,) or np.dtype(labels.dtype).kind not in "iu":
             raise ValueError(
                 f"labels: expected integer labels of shape ({n},), got "
                 f"{getattr(labels, 'dtype', type(labels).__name__)} {tuple(getattr(labels, 'shape', ()))}"
             )
-        xp, f32, buf = ops.xp, ops.master_dtype, self._buffers.get
+        dt, buf = logits.dtype, self._buffers.get
         s = self.label_smoothing
-        row_max, row_sum, row_dot = buf("max", (n,), f32), buf("sum", (n,), f32), buf("dot", (n,), f32)
+        row_max, row_sum, row_dot = buf("max", (n,), dt), buf("sum", (n,), dt), buf("dot", (n,), dt)
         prob, target, scratch = (
-            buf("prob", (n, c), f32),
-            buf("target", (n, c), f32),
-            buf("scratch", (n, c), f32),
+            buf("prob", (n, c), dt),
+            buf("target", (n, c), dt),
+            buf("scratch", (n, c), dt),
         )
         onehot, hit = buf("onehot", (n, c), np.bool_), buf("hit", (n,), np.bool_)
         pred = buf("pred", (n,), np.int64)
-        loss, correct = buf("loss", (), f32), buf("correct", (), np.int32)
+        loss, correct = buf("loss", (), dt), buf("correct", (), np.int32)
         classes = self._classes(c)
 
         xp.max(logits, axis=1, out=row_max)
@@ -70,7 +74,7 @@ class SoftmaxCrossEntropy:
         xp.sum(hit, dtype=np.int32, out=correct)
 
         if train:
-            grad = buf("grad", (n, c), f32)
+            grad = buf("grad", (n, c), dt)
             xp.subtract(prob, target, out=grad)
             xp.multiply(grad, 1.0 / n, out=grad)
             self._grad = grad
@@ -86,12 +90,22 @@ class SoftmaxCrossEntropy:
             raise RuntimeError("SoftmaxCrossEntropy.backward: call forward(logits, labels, train=True) first")
         self._grad = None
         if scale is not None:
-            ops.xp.multiply(grad, scale, out=grad)
+            self._buffers.xp.multiply(grad, scale, out=grad)
         return grad
+
+    def _array_module(self, logits):
+        """numpy or cupy, as the logits are; fixed by the first call."""
+        xp = self._buffers.xp
+        if xp is None:
+            xp = self._buffers.xp = array_module(logits)
+        elif isinstance(logits, np.ndarray) != (xp is np):
+            raise TypeError(f"logits: this loss ran on {xp.__name__} arrays, got a {type(logits).__module__} array "
+                            "(use one loss object per placement)")
+        return xp
 
     def _classes(self, c):
         classes = self._buffers.find("classes", (c,))
         if classes is None:
-            classes = ops.xp.arange(c, dtype=np.int32)
+            classes = self._buffers.xp.arange(c, dtype=np.int32)
             self._buffers.store("classes", (c,), classes)
         return classes

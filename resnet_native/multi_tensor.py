@@ -17,6 +17,7 @@ import functools
 
 import numpy as np
 
+from . import reference
 from ._loader import _C
 from .kernels import resolve_dtype, stream
 
@@ -133,6 +134,11 @@ def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0
     the first step equals PyTorch's (buf = g) when dampening is 0; with dampening, pass first_step=True on the
     first step. momentum_bufs may be None when momentum is 0.
     """
+    if isinstance(params, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
+        return reference.multi_tensor.sgd_step(params, grads, momentum_bufs, lr=lr, momentum=momentum,
+                                               weight_decay=weight_decay, nesterov=nesterov, dampening=dampening,
+                                               inv_scale=inv_scale, found_inf=found_inf, model_copies=model_copies,
+                                               first_step=first_step)
     momentum = _checked_scalar(momentum, "momentum", 0.0)
     dampening = _non_negative(dampening, "dampening")
     weight_decay = _non_negative(weight_decay, "weight_decay")
@@ -153,6 +159,10 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
     p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps). step counts from 1 (a number, or a
     float32 (1,) device array so that skipped steps need not be counted on the host).
     """
+    if isinstance(params, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
+        return reference.multi_tensor.adamw_step(params, grads, exp_avgs, exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2,
+                                                 eps=eps, weight_decay=weight_decay, step=step, inv_scale=inv_scale,
+                                                 found_inf=found_inf, model_copies=model_copies)
     beta1 = _checked_scalar(beta1, "beta1", 0.0, 1.0)
     beta2 = float(_checked_scalar(beta2, "beta2", 0.0, 1.0))
     eps = _non_negative(eps, "eps")
@@ -179,6 +189,8 @@ def write_scalars(dst, values):
     """dst[:] = values (floats) on the device with one kernel launch on the current stream: the values travel as
     kernel arguments, so nothing is read from host memory later (a pinned-buffer copy could be overwritten by the
     next step before it runs). dst: a float32 device array of len(values) elements."""
+    if isinstance(dst, np.ndarray):  # host arrays: the float64 reference
+        return reference.multi_tensor.write_scalars(dst, values)
     values = [float(v) for v in values]
     if getattr(dst, "dtype", None) != np.float32 or getattr(dst, "shape", None) != (len(values),):
         raise ValueError(f"dst: expected a float32 array of shape ({len(values)},), got "
@@ -197,6 +209,8 @@ def _step_advancer():
 def advance_step(step, found_inf=None):
     """step[0] += 1 on the device, unless found_inf (an int32 (1,) device array) is nonzero: an update the loss
     scaler skips is not counted (PyTorch's AdamW bias correction counts applied updates)."""
+    if isinstance(step, np.ndarray):  # host arrays: the float64 reference
+        return reference.multi_tensor.advance_step(step, found_inf)
     if found_inf is None:
         import cupy
 
@@ -207,16 +221,22 @@ def advance_step(step, found_inf=None):
 
 def check_finite(grads, found_inf):
     """Set found_inf[0] = 1 if any element of any tensor is inf or NaN; it is never reset to 0 here."""
+    if isinstance(grads, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
+        return reference.multi_tensor.check_finite(grads, found_inf)
     _C.multi_tensor_check_finite(_table(grads, "grads"), _found_inf(found_inf, required=True), stream())
 
 
 def zero_(tensors):
     """Zero every tensor in place (one launch, no reallocation)."""
+    if isinstance(tensors, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
+        return reference.multi_tensor.zero_(tensors)
     _C.multi_tensor_zero(_table(tensors, "tensors"), stream())
 
 
 def scale_(tensors, factor):
     """Multiply every tensor by factor in place (a number or a float32 (1,) device array)."""
+    if isinstance(tensors, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
+        return reference.multi_tensor.scale_(tensors, factor)
     _C.multi_tensor_scale(_table(tensors, "tensors"), _scalar(factor, "factor"), stream())
 
 

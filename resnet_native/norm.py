@@ -18,6 +18,9 @@ fused kernels for fp16.
 Outputs not given are allocated with cupy before the op (pass them in to reuse buffers, e.g. for CUDA graphs).
 """
 
+import numpy as np
+
+from . import reference
 from ._loader import _C
 from ._runtime import cuda_available
 from .kernels import empty, resolve_dtype, shape_of, stream
@@ -73,6 +76,11 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
     Returns (y, save_mean, save_invstd, reserve): keep them for batch_norm_backward. `reserve` is None when the
     path needs none; a given `reserve` (from an earlier call of the same shape) is reused.
     """
+    if isinstance(x, np.ndarray):  # host arrays: the float64 reference
+        return reference.norm.batch_norm_train(x, gamma, beta, running_mean, running_var, layout=layout,
+                                               momentum=momentum, eps=eps, z=z, relu=relu, out=out,
+                                               save_mean=save_mean, save_invstd=save_invstd, reserve=reserve,
+                                               dtype=dtype)
     dt = resolve_dtype(x, "x", dtype)
     shape = shape_of(x)
     c = _channels(shape, layout)
@@ -98,6 +106,9 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
 def batch_norm_infer(x, gamma, beta, running_mean, running_var, *, layout, eps=1e-5, z=None, relu=False, out=None,
                      dtype=None):
     """Inference forward: y = [relu](bn(x) [+ z]) with the running statistics."""
+    if isinstance(x, np.ndarray):  # host arrays: the float64 reference
+        return reference.norm.batch_norm_infer(x, gamma, beta, running_mean, running_var, layout=layout, eps=eps, z=z,
+                                               relu=relu, out=out, dtype=dtype)
     dt = resolve_dtype(x, "x", dtype)
     shape = shape_of(x)
     _channels(shape, layout)
@@ -118,6 +129,10 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
     masked by the ReLU), is returned when has_z, else None. accumulate=True adds into the given dgamma / dbeta
     instead of overwriting them.
     """
+    if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):  # host arrays: the float64 reference
+        return reference.norm.batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, layout=layout, eps=eps,
+                                                  y=y, relu=relu, has_z=has_z, reserve=reserve, dx=dx, dgamma=dgamma,
+                                                  dbeta=dbeta, dz=dz, dtype=dtype, accumulate=accumulate)
     dt = resolve_dtype(x, "x", dtype)
     shape = shape_of(x)
     c = _channels(shape, layout)

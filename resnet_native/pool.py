@@ -6,6 +6,9 @@ floor mode and cuDNN's deterministic max mode. Global average pooling returns (N
 accumulating in fp32. Outputs not given are allocated with cupy before the op.
 """
 
+import numpy as np
+
+from . import reference
 from ._loader import _C
 from .kernels import empty, resolve_dtype, shape_of, stream
 from .norm import _channels
@@ -40,6 +43,9 @@ def max_pool2d_output_shape(x_shape, *, kernel, stride=None, padding=0, layout) 
 
 def max_pool2d(x, *, kernel, stride=None, padding=0, layout, out=None, dtype=None):
     """y = max over each kernel window (stride=None: stride = kernel)."""
+    if isinstance(x, np.ndarray):  # host arrays: the float64 reference
+        return reference.pool.max_pool2d(x, kernel=kernel, stride=stride, padding=padding, layout=layout, out=out,
+                                         dtype=dtype)
     dt = resolve_dtype(x, "x", dtype)
     shape = shape_of(x)
     y_shape = max_pool2d_output_shape(shape, kernel=kernel, stride=stride, padding=padding, layout=layout)
@@ -52,6 +58,9 @@ def max_pool2d(x, *, kernel, stride=None, padding=0, layout, out=None, dtype=Non
 
 def max_pool2d_backward(dy, x, y, *, kernel, stride=None, padding=0, layout, out=None, dtype=None):
     """dx: dy routed to the position of each window's maximum (summed where windows overlap)."""
+    if isinstance(dy, np.ndarray) and isinstance(x, np.ndarray):  # host arrays: the float64 reference
+        return reference.pool.max_pool2d_backward(dy, x, y, kernel=kernel, stride=stride, padding=padding,
+                                                  layout=layout, out=out, dtype=dtype)
     dt = resolve_dtype(dy, "dy", dtype)
     if out is None:
         out = empty(shape_of(x), dt)
@@ -62,6 +71,8 @@ def max_pool2d_backward(dy, x, y, *, kernel, stride=None, padding=0, layout, out
 
 def global_avg_pool(x, *, layout, out=None, dtype=None):
     """(N, C): the mean of each channel over H and W."""
+    if isinstance(x, np.ndarray):  # host arrays: the float64 reference
+        return reference.pool.global_avg_pool(x, layout=layout, out=out, dtype=dtype)
     dt = resolve_dtype(x, "x", dtype)
     shape = shape_of(x)
     c = _channels(shape, layout)
@@ -73,6 +84,8 @@ def global_avg_pool(x, *, layout, out=None, dtype=None):
 
 def global_avg_pool_backward(dy, x_shape, *, layout, out=None, dtype=None):
     """dx of shape x_shape: dy[n, c] / (H * W) at every position of channel c."""
+    if isinstance(dy, np.ndarray):  # host arrays: the float64 reference
+        return reference.pool.global_avg_pool_backward(dy, x_shape, layout=layout, out=out, dtype=dtype)
     dt = resolve_dtype(dy, "dy", dtype)
     _channels(x_shape, layout, "x_shape")
     x_shape = tuple(int(s) for s in x_shape)

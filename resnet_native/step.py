@@ -18,7 +18,7 @@ from their own cupy pool, which nothing else uses, so no address a graph holds i
 the layers' buffers are also kept referenced, and the cuDNN workspace pool holds its buffers while graphs live.
 After loading new state into the scaler (GradScaler.load_state_dict replaces its device arrays), call
 reset_graphs(). A capture that fails (an op that cannot be captured) warns, and the step stays eager.
-The NumPy stand-ins used by CPU tests always run eagerly.
+A model on the host (model.to_host(): NumPy and the reference ops) always runs eagerly.
 """
 
 import contextlib
@@ -27,7 +27,6 @@ import warnings
 import numpy as np
 
 from ._loader import _C
-from .layers._backend import ops
 from .losses import SoftmaxCrossEntropy
 
 
@@ -61,14 +60,17 @@ class TrainStep:
         self.optimizer = optimizer
         self.scaler = scaler
         self.loss_fn = SoftmaxCrossEntropy(label_smoothing)
-        self.cuda_graph = bool(cuda_graph) and ops.needs_gpu
+        # Where the model lives (placed on the GPU here unless it already is somewhere); the scaler follows it.
+        self.placement = model.ensure_placed()
+        if scaler is not None:
+            scaler.place(self.placement)
+        self.cuda_graph = bool(cuda_graph) and self.placement.on_gpu
         self.capture_error = None  # why capture was abandoned, if it was
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
         self._stream = None
         self._totals = None  # (loss sum, correct sum, scratch): 0-d float64 device arrays
         self._seen = 0
-        model.cuda()
 
     # -- public ----------------------------------------------------------------------------------------------
     def __call__(self, x, labels):
@@ -122,7 +124,7 @@ class TrainStep:
     def _device_half(self, x, labels):
         model, optimizer, scaler = self.model, self.optimizer, self.scaler
         optimizer.zero_grad()
-        logits = model._forward(x, train=True)
+        logits = model.forward(x, train=True, copy=False)
         loss, correct = self.loss_fn.forward(logits, labels, train=True)
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
         model.backward(self.loss_fn.backward(scale))
@@ -131,7 +133,7 @@ class TrainStep:
             scaler.update()
         else:
             optimizer.launch_step()
-        xp = ops.xp
+        xp = self.placement.xp
         loss_sum, correct_sum, scratch = self._totals_arrays()
         xp.multiply(loss, float(len(labels)), out=scratch)
         xp.add(loss_sum, scratch, out=loss_sum)
@@ -140,7 +142,7 @@ class TrainStep:
 
     def _totals_arrays(self):
         if self._totals is None:
-            self._totals = tuple(ops.xp.zeros((), dtype=np.float64) for _ in range(3))
+            self._totals = tuple(self.placement.xp.zeros((), dtype=np.float64) for _ in range(3))
         return self._totals
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""CPU tests of the layers: run on the float64 NumPy stand-ins of the native ops (test_layers_numpy_ops), so
-the layers' own logic (layouts, saved tensors, gradient accumulation, buffers, validation) is checked without
-a GPU."""
+"""CPU tests of the layers: placed on the host (to_host(): float64 NumPy arrays, which every op function hands to
+its reference in resnet_native.reference), so the layers' own logic (layouts, saved tensors, gradient
+accumulation, buffers, validation) is checked without a GPU."""
 
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
+from resnet_native import conv
+from resnet_native import reference as ref
 from resnet_native.layers import (
     Add,
     BatchNorm2d,
@@ -15,17 +16,9 @@ from resnet_native.layers import (
     MaxPool2d,
     ReLU,
     SoftmaxCrossEntropy,
-    default_engine,
-    set_default_engine,
 )
-from resnet_native.layers._backend import ops
+from resnet_native.layers.placement import host
 from resnet_native.params import Parameter, ParameterArena
-
-
-@pytest.fixture
-def numpy_ops():
-    with ops.use(**ref.numpy_backend()):
-        yield
 
 
 def _act(rng, layout, n, c, h, w):
@@ -36,27 +29,27 @@ def _act(rng, layout, n, c, h, w):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_conv2d_forward_backward_and_gradient_accumulation(numpy_ops, rng, layout):
-    conv = Conv2d(4, 6, 3, stride=2, padding=1, layout=layout, rng=rng)
+def test_conv2d_forward_backward_and_gradient_accumulation(rng, layout):
+    layer = Conv2d(4, 6, 3, stride=2, padding=1, layout=layout, rng=rng).to_host()
     x = _act(rng, layout, 2, 4, 7, 5)
-    y = conv.forward(x, train=True)
-    spec = conv.spec()
-    assert spec.layout == layout and spec.stride == (2, 2) and spec.engine == default_engine()
-    np.testing.assert_allclose(y, ref.conv2d(x, conv.weight.data, spec))
-    assert y.shape == ref.conv_output_shape(x.shape, conv.weight.shape, spec) == conv.output_shape(x.shape)
+    y = layer.forward(x, train=True)
+    spec = layer.spec()
+    assert spec.layout == layout and spec.stride == (2, 2) and spec.engine == conv.default_engine()
+    np.testing.assert_allclose(y, ref.conv.conv2d(x, layer.weight.data, spec))
+    assert y.shape == ref.conv.conv_output_shape(x.shape, layer.weight.shape, spec) == layer.output_shape(x.shape)
     dy = rng.standard_normal(y.shape)
-    dx = conv.backward(dy)
-    np.testing.assert_allclose(dx, ref.conv2d_backward_data(dy, conv.weight.data, spec, x.shape))
-    dw = ref.conv2d_backward_filter(x, dy, spec, conv.weight.shape)
-    np.testing.assert_allclose(conv.weight.grad, dw)
-    conv.forward(x, train=True)
-    conv.backward(dy)
-    np.testing.assert_allclose(conv.weight.grad, 2 * dw)  # gradients add up until zeroed
+    dx = layer.backward(dy)
+    np.testing.assert_allclose(dx, ref.conv.conv2d_backward_data(dy, layer.weight.data, spec, x.shape))
+    dw = ref.conv.conv2d_backward_filter(x, dy, spec, layer.weight.shape)
+    np.testing.assert_allclose(layer.weight.grad, dw)
+    layer.forward(x, train=True)
+    layer.backward(dy)
+    np.testing.assert_allclose(layer.weight.grad, 2 * dw)  # gradients add up until zeroed
     with pytest.raises(RuntimeError, match="nothing saved"):
-        conv.backward(dy)
+        layer.backward(dy)
 
 
-def test_conv2d_weight_layout_and_state_dict(numpy_ops, rng):
+def test_conv2d_weight_layout_and_state_dict(rng):
     nchw = Conv2d(3, 8, 3, layout="NCHW", rng=np.random.default_rng(1))
     nhwc = Conv2d(3, 8, 3, layout="NHWC", rng=np.random.default_rng(1))
     assert nchw.weight.shape == (8, 3, 3, 3) and nhwc.weight.shape == (8, 3, 3, 3)
@@ -76,11 +69,11 @@ def test_conv2d_init_is_kaiming_normal_fan_out():
     assert abs(std - np.sqrt(2.0 / (128 * 9))) < 0.02 * std
 
 
-def test_conv2d_stem_skips_input_gradient(numpy_ops, rng):
-    conv = Conv2d(3, 4, 3, padding=1, needs_input_grad=False, rng=rng)
-    y = conv.forward(_act(rng, "NHWC", 2, 3, 5, 5), train=True)
-    assert conv.backward(np.ones_like(y)) is None
-    assert np.abs(conv.weight.grad).sum() > 0
+def test_conv2d_stem_skips_input_gradient(rng):
+    layer = Conv2d(3, 4, 3, padding=1, needs_input_grad=False, rng=rng).to_host()
+    y = layer.forward(_act(rng, "NHWC", 2, 3, 5, 5), train=True)
+    assert layer.backward(np.ones_like(y)) is None
+    assert np.abs(layer.weight.grad).sum() > 0
 
 
 def test_conv2d_validation():
@@ -95,26 +88,31 @@ def test_conv2d_validation():
     with pytest.raises(ValueError, match="kernel_size"):
         Conv2d(3, 4, 0)
     with pytest.raises(ValueError, match="engine"):
-        set_default_engine("fastest")
+        conv.set_default_engine("fastest")  # the one default engine, which Conv2d and Linear take
 
 
-def test_conv2d_rejects_wrong_channels(numpy_ops, rng):
-    conv = Conv2d(3, 4, 3, layout="NHWC", rng=rng)
+def test_conv2d_rejects_wrong_channels(rng):
+    layer = Conv2d(3, 4, 3, layout="NHWC", rng=rng).to_host()
     with pytest.raises(ValueError, match=r"x: expected 3 channels"):
-        conv.forward(rng.standard_normal((2, 3, 8, 8)), train=False)  # an NCHW array given to an NHWC layer
+        layer.forward(rng.standard_normal((2, 3, 8, 8)), train=False)  # an NCHW array given to an NHWC layer
     with pytest.raises(ValueError, match="4-D"):
-        conv.forward(rng.standard_normal((3, 8, 8)), train=False)
+        layer.forward(rng.standard_normal((3, 8, 8)), train=False)
 
 
-def test_set_default_engine_applies_to_new_layers():
-    before = default_engine()
+def test_layers_take_conv_default_engine_when_their_spec_is_built():
+    before = conv.default_engine()
+    other = "graph" if before != "graph" else "legacy"
     try:
-        set_default_engine("legacy")
-        assert Conv2d(3, 4, 3).engine == "legacy"
-        assert Conv2d(3, 4, 3, engine="graph").engine == "graph"
+        conv.set_default_engine(other)
+        assert Conv2d(3, 4, 3).spec().engine == other and Conv2d(3, 4, 3).engine is None
+        assert Conv2d(3, 4, 3, engine="legacy").spec().engine == "legacy"
+        assert Linear(3, 4).spec().engine == other
+        built = Conv2d(3, 4, 3)
+        built.spec()
     finally:
-        set_default_engine(before)
-    assert Conv2d(3, 4, 3).engine == before
+        conv.set_default_engine(before)
+    assert Conv2d(3, 4, 3).spec().engine == before
+    assert built.spec().engine == other  # a built spec keeps its engine
 
 
 # ------------------------------------------------------------------------------------------------ BatchNorm2d
@@ -122,15 +120,15 @@ def test_set_default_engine_applies_to_new_layers():
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("relu,residual", [(False, False), (True, False), (True, True)])
-def test_batchnorm2d_train_backward_and_running_stats(numpy_ops, rng, layout, relu, residual):
-    bn = BatchNorm2d(5, layout=layout, relu=relu, residual=residual, momentum=0.2)
+def test_batchnorm2d_train_backward_and_running_stats(rng, layout, relu, residual):
+    bn = BatchNorm2d(5, layout=layout, relu=relu, residual=residual, momentum=0.2).to_host()
     bn.load_state_dict({**bn.state_dict(), "weight": rng.standard_normal(5), "bias": rng.standard_normal(5)})
     x = _act(rng, layout, 3, 5, 4, 3) * 2 + 0.5
     z = _act(rng, layout, 3, 5, 4, 3) if residual else None
     y = bn.forward(x, train=True, z=z)
     gamma, beta = bn.weight.data, bn.bias.data
     rm, rv = np.zeros(5), np.ones(5)
-    y_ref, mean, invstd, _ = ref.batch_norm_train(
+    y_ref, mean, invstd, _ = ref.norm.batch_norm_train(
         x, gamma, beta, rm, rv, layout=layout, momentum=0.2, z=z, relu=relu
     )
     np.testing.assert_allclose(y, y_ref)
@@ -140,7 +138,7 @@ def test_batchnorm2d_train_backward_and_running_stats(numpy_ops, rng, layout, re
     dy = rng.standard_normal(y.shape)
     out = bn.backward(dy)
     dx, dz = out if residual else (out, None)
-    dx_ref, dg_ref, db_ref, dz_ref = ref.batch_norm_backward(
+    dx_ref, dg_ref, db_ref, dz_ref = ref.norm.batch_norm_backward(
         x, dy, gamma, beta, mean, invstd, layout=layout, y=y_ref, relu=relu, has_z=residual
     )
     np.testing.assert_allclose(dx, dx_ref, atol=1e-12)
@@ -150,8 +148,8 @@ def test_batchnorm2d_train_backward_and_running_stats(numpy_ops, rng, layout, re
         np.testing.assert_allclose(dz, dz_ref)
 
 
-def test_batchnorm2d_eval_uses_running_stats(numpy_ops, rng):
-    bn = BatchNorm2d(3, layout="NCHW", relu=True)
+def test_batchnorm2d_eval_uses_running_stats(rng):
+    bn = BatchNorm2d(3, layout="NCHW", relu=True).to_host()
     state = bn.state_dict()
     state.update(
         running_mean=rng.standard_normal(3), running_var=rng.uniform(0.5, 2, 3), num_batches_tracked=7
@@ -170,8 +168,8 @@ def test_batchnorm2d_eval_uses_running_stats(numpy_ops, rng):
         bn.backward(np.ones_like(y))
 
 
-def test_batchnorm2d_validation(numpy_ops, rng):
-    bn = BatchNorm2d(4, layout="NHWC", residual=True, relu=True)
+def test_batchnorm2d_validation(rng):
+    bn = BatchNorm2d(4, layout="NHWC", residual=True, relu=True).to_host()
     x = _act(rng, "NHWC", 2, 4, 3, 3)
     with pytest.raises(ValueError, match="residual"):
         bn.forward(x, train=True)
@@ -188,8 +186,15 @@ def test_batchnorm2d_validation(numpy_ops, rng):
         BatchNorm2d(4, layout="nhwc")
 
 
-def test_batchnorm2d_keeps_reserve_space_per_shape(numpy_ops, rng):
-    bn = BatchNorm2d(2, layout="NCHW")
+def test_batchnorm2d_keeps_reserve_space_per_shape(rng, monkeypatch):
+    # The reference needs no reserve space; this one hands out a token, as cuDNN's fused path does.
+    plain = ref.norm.batch_norm_train
+
+    def with_reserve(*args, reserve=None, **kwargs):
+        return plain(*args, reserve=np.zeros(1, np.uint8) if reserve is None else reserve, **kwargs)
+
+    monkeypatch.setattr(ref.norm, "batch_norm_train", with_reserve)
+    bn = BatchNorm2d(2, layout="NCHW").to_host()
     x = _act(rng, "NCHW", 2, 2, 3, 3)
     bn.forward(x, train=True)
     reserve = bn._saved[4]
@@ -201,15 +206,15 @@ def test_batchnorm2d_keeps_reserve_space_per_shape(numpy_ops, rng):
 # ------------------------------------------------------------------------------------------------ others
 
 
-def test_relu_and_add_layers(numpy_ops, rng):
+def test_relu_and_add_layers(rng):
     x, b = rng.standard_normal((2, 3, 4, 4)), rng.standard_normal((2, 3, 4, 4))
-    relu = ReLU()
+    relu = ReLU().to_host()
     y = relu.forward(x, train=True)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     dy = rng.standard_normal(x.shape)
     np.testing.assert_array_equal(relu.backward(dy), dy * (x > 0))
     for fused in (False, True):
-        add = Add(relu=fused)
+        add = Add(relu=fused).to_host()
         y = add.forward(x, b, train=True)
         np.testing.assert_allclose(y, np.maximum(x + b, 0) if fused else x + b)
         da, db = add.backward(dy)
@@ -217,21 +222,21 @@ def test_relu_and_add_layers(numpy_ops, rng):
         np.testing.assert_allclose(da, expect)
         np.testing.assert_allclose(db, expect)
     with pytest.raises(ValueError, match="b: shape"):
-        Add().forward(x, b[:1], train=False)
+        Add().to_host().forward(x, b[:1], train=False)
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_pool_layers(numpy_ops, rng, layout):
+def test_pool_layers(rng, layout):
     x = _act(rng, layout, 2, 3, 7, 6)
-    pool = MaxPool2d(3, 2, 1, layout=layout)
+    pool = MaxPool2d(3, 2, 1, layout=layout).to_host()
     y = pool.forward(x, train=True)
     assert y.shape == pool.output_shape(x.shape) == ((2, 3, 4, 3) if layout == "NCHW" else (2, 4, 3, 3))
-    np.testing.assert_array_equal(y, ref.max_pool2d(x, kernel=3, stride=2, padding=1, layout=layout))
+    np.testing.assert_array_equal(y, ref.pool.max_pool2d(x, kernel=3, stride=2, padding=1, layout=layout))
     dy = rng.standard_normal(y.shape)
     np.testing.assert_array_equal(
-        pool.backward(dy), ref.max_pool2d_backward(dy, x, y, kernel=3, stride=2, padding=1, layout=layout)
+        pool.backward(dy), ref.pool.max_pool2d_backward(dy, x, y, kernel=3, stride=2, padding=1, layout=layout)
     )
-    gap = GlobalAvgPool(layout=layout)
+    gap = GlobalAvgPool(layout=layout).to_host()
     g = gap.forward(x, train=True)
     np.testing.assert_allclose(g, x.mean(axis=(2, 3) if layout == "NCHW" else (1, 2)))
     dg = rng.standard_normal(g.shape)
@@ -242,8 +247,8 @@ def test_pool_layers(numpy_ops, rng, layout):
         gap.backward(dg[:, :2])
 
 
-def test_linear_forward_backward(numpy_ops, rng):
-    fc = Linear(6, 4, rng=rng)
+def test_linear_forward_backward(rng):
+    fc = Linear(6, 4, rng=rng).to_host()
     x = rng.standard_normal((3, 6))
     y = fc.forward(x, train=True)
     np.testing.assert_allclose(y, x @ fc.weight.data.T + fc.bias.data)
@@ -264,7 +269,7 @@ def test_linear_init_follows_torch_default():
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_softmax_cross_entropy(numpy_ops, rng, smoothing):
+def test_softmax_cross_entropy(rng, smoothing):
     n, c = 5, 7
     z = rng.standard_normal((n, c)) * 3
     labels = rng.integers(0, c, n).astype(np.int32)
@@ -299,34 +304,47 @@ def test_softmax_cross_entropy(numpy_ops, rng, smoothing):
         SoftmaxCrossEntropy(1.0)
 
 
-def test_layer_buffers_are_reused_per_shape(numpy_ops, rng):
-    conv = Conv2d(3, 4, 3, padding=1, layout="NCHW", rng=rng)
-    a = conv.forward(rng.standard_normal((2, 3, 5, 5)), train=False)
-    b = conv.forward(rng.standard_normal((2, 3, 5, 5)), train=False)
-    c = conv.forward(rng.standard_normal((1, 3, 5, 5)), train=False)
+def test_layer_buffers_are_reused_per_shape(rng):
+    layer = Conv2d(3, 4, 3, padding=1, layout="NCHW", rng=rng).to_host()
+    a = layer.forward(rng.standard_normal((2, 3, 5, 5)), train=False)
+    b = layer.forward(rng.standard_normal((2, 3, 5, 5)), train=False)
+    c = layer.forward(rng.standard_normal((1, 3, 5, 5)), train=False)
     assert a is b and c is not a and c.shape == (1, 4, 5, 5)
-    assert conv.forward(rng.standard_normal((2, 3, 5, 5)), train=False) is a
+    assert layer.forward(rng.standard_normal((2, 3, 5, 5)), train=False) is a
 
 
 def test_parameter_arena_views_and_low_copies(rng):
-    with ops.use(
-        **ref.numpy_backend(),
-    ) as o:
-        o.storage = {**o.storage, "fp16": np.dtype(np.float16)}
-        params = [Parameter(rng.standard_normal(s)) for s in [(3, 4), (5,), (2, 2, 2, 2)]]
-        arena = ParameterArena(params, low_dtype=np.float16)
-        for p in params:
-            assert p.on_device and p.arena is arena
-            assert np.shares_memory(p.data, arena.master) and np.shares_memory(p.grad, arena.grad)
-            assert p.data.ctypes.data % 256 == arena.master.ctypes.data % 256  # aligned offsets
-            np.testing.assert_array_equal(p.low, p.data.astype(np.float16))
-            assert not p.grad.any()
-        params[1].assign(np.arange(5.0))
-        np.testing.assert_array_equal(params[1].low, np.arange(5.0, dtype=np.float16))
-        params[0].accumulate_grad(np.ones((3, 4), np.float16))
-        params[0].accumulate_grad(np.ones((3, 4)))
-        np.testing.assert_array_equal(params[0].grad, np.full((3, 4), 2.0))
-        with pytest.raises(ValueError, match="already on the device"):
-            ParameterArena(params)
-        with pytest.raises(ValueError, match="expected shape"):
-            params[0].assign(np.zeros(3))
+    params = [Parameter(rng.standard_normal(s)) for s in [(3, 4), (5,), (2, 2, 2, 2)]]
+    arena = ParameterArena(params, host(), low_dtype=np.float16)
+    for p in params:
+        assert p.placement == host() and p.arena is arena
+        assert np.shares_memory(p.data, arena.master) and np.shares_memory(p.grad, arena.grad)
+        assert p.data.ctypes.data % 256 == arena.master.ctypes.data % 256  # aligned offsets
+        np.testing.assert_array_equal(p.low, p.data.astype(np.float16))
+        assert not p.grad.any()
+    params[1].assign(np.arange(5.0))
+    np.testing.assert_array_equal(params[1].low, np.arange(5.0, dtype=np.float16))
+    params[0].accumulate_grad(np.ones((3, 4), np.float16))
+    params[0].accumulate_grad(np.ones((3, 4)))
+    np.testing.assert_array_equal(params[0].grad, np.full((3, 4), 2.0))
+    with pytest.raises(ValueError, match="already on the device"):
+        ParameterArena(params)
+    with pytest.raises(ValueError, match="expected shape"):
+        params[0].assign(np.zeros(3))
+
+
+def test_a_module_is_placed_once_and_takes_its_arrays_from_there(rng):
+    bn = BatchNorm2d(3, layout="NCHW")
+    assert bn.placement is None and bn.weight.placement is None
+    assert bn.to_host() is bn and bn.to_host() is bn and bn.placement == host() == bn.weight.placement
+    assert isinstance(bn.running_mean, np.ndarray) and bn.running_mean.dtype == bn.weight.grad.dtype == np.float64
+    with pytest.raises(RuntimeError, match=r"already on the host \(float64\)"):
+        bn.to_host(np.float32)
+    with pytest.raises(ValueError, match="dtype: expected float64 or float32"):
+        host(np.float16)
+    layer = Conv2d(3, 4, 3, padding=1, layout="NCHW", rng=rng).to_host(np.float32)
+    x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    y = layer.forward(x, train=True)
+    assert y.dtype == layer.weight.data.dtype == layer.weight.grad.dtype == np.float32
+    with pytest.raises(TypeError, match=r"w: expected a float64 array \(as x\), got float32"):
+        layer.forward(x.astype(np.float64), train=False)  # the weights are float32: so must x be

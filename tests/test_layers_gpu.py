@@ -1,5 +1,4 @@
-"""GPU tests of each layer's forward and backward against the float64 NumPy references
-(test_layers_numpy_ops).
+"""GPU tests of each layer's forward and backward against the float64 NumPy references (resnet_native.reference).
 
 Inputs are fresh random data rounded to the storage dtype; the references run in float64 on exactly those
 values. Layer buffers start as NaN (BufferCache), so an element an op fails to write makes the norm-wise error
@@ -9,9 +8,10 @@ NaN and the test fail. Tolerances (norm-wise relative): fp32 1e-5, tf32 1e-3, fp
 import cupy as cp
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
 import resnet_native as rn
+from resnet_native import reference as ref
+from resnet_native.conv import ConvSpec
 from resnet_native.layers import (
     Add,
     BatchNorm2d,
@@ -30,17 +30,13 @@ TOL = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
 
 def to_device(values, precision):
     """(device array in the storage dtype of `precision`, the float64 values it holds)."""
-    if precision == "bf16":
-        bits = ref.float_to_bf16_bits(np.asarray(values, np.float32))
-        return cp.asarray(np.ascontiguousarray(bits)), ref.bf16_bits_to_float(bits).astype(np.float64)
-    stored = np.ascontiguousarray(np.asarray(values, np.float16 if precision == "fp16" else np.float32))
-    return cp.asarray(stored), stored.astype(np.float64)
+    stored = np.ascontiguousarray(ref.to_storage(values, precision))
+    return cp.asarray(stored), ref.from_storage(stored)
 
 
 def host(array):
     """float64 NumPy copy of a device array (bf16 bits decoded)."""
-    h = cp.asnumpy(array)
-    return (ref.bf16_bits_to_float(h) if h.dtype == np.uint16 else h).astype(np.float64)
+    return ref.from_storage(cp.asnumpy(array))
 
 
 def act_shape(layout, n, c, h, w):
@@ -48,7 +44,7 @@ def act_shape(layout, n, c, h, w):
 
 
 def check(name, actual, expected, tol):
-    err = ref.rel_err(host(actual), expected)
+    err = ref.relative_error(host(actual), expected)
     assert err <= tol, f"{name}: relative error {err:.3g} > {tol:g}"
 
 
@@ -66,15 +62,15 @@ def test_conv2d(rng, layout, precision):
     w = conv.weight.low if precision in ("fp16", "bf16") else conv.weight.data
     assert w.dtype == x.dtype
     w64 = host(w)
-    spec = ref.ConvSpec(stride=(2, 2), padding=(1, 1), layout=layout)
+    spec = ConvSpec(stride=2, padding=1, layout=layout)  # the float64 reference's: fp32 math on the stored values
     tol = TOL[precision]
     assert y.shape == act_shape(layout, 4, 16, 5, 5) and y.dtype == x.dtype
-    check("y", y, ref.conv2d(x64, w64, spec), tol)
+    check("y", y, ref.conv.conv2d(x64, w64, spec), tol)
     dy, dy64 = to_device(rng.standard_normal(y.shape), precision)
     dx = conv.backward(dy)
     assert dx.shape == x.shape and dx.dtype == x.dtype
-    check("dx", dx, ref.conv2d_backward_data(dy64, w64, spec, x.shape), tol)
-    dw = ref.conv2d_backward_filter(x64, dy64, spec, conv.weight.shape)
+    check("dx", dx, ref.conv.conv2d_backward_data(dy64, w64, spec, x.shape), tol)
+    dw = ref.conv.conv2d_backward_filter(x64, dy64, spec, conv.weight.shape)
     assert conv.weight.grad.dtype == np.float32
     check("weight.grad", conv.weight.grad, dw, tol)
     conv.forward(x, train=True)
@@ -124,7 +120,7 @@ def test_batchnorm2d(rng, layout, precision, relu, residual):
         assert rn.norm.last_path()["fused"], rn.norm.last_path()  # cuDNN's fused BN (+add) + ReLU kernel ran
     tol = TOL[precision]
     rm, rv = np.zeros(c), np.ones(c)
-    y_ref, mean, invstd, _ = ref.batch_norm_train(
+    y_ref, mean, invstd, _ = ref.norm.batch_norm_train(
         x64, gamma, beta, rm, rv, layout=layout, momentum=0.2, z=z64, relu=relu
     )
     check("y", y, y_ref, tol)
@@ -135,7 +131,7 @@ def test_batchnorm2d(rng, layout, precision, relu, residual):
     out = bn.backward(dy)
     dx, dz = out if residual else (out, None)
     # The ReLU mask is taken from the device's own output, as the layer does.
-    dx_ref, dg_ref, db_ref, dz_ref = ref.batch_norm_backward(
+    dx_ref, dg_ref, db_ref, dz_ref = ref.norm.batch_norm_backward(
         x64, dy64, gamma, beta, mean, invstd, layout=layout, y=host(y), relu=relu, has_z=residual
     )
     check("dx", dx, dx_ref, tol)
@@ -148,7 +144,7 @@ def test_batchnorm2d(rng, layout, precision, relu, residual):
     check(
         "eval y",
         y_eval,
-        ref.batch_norm_infer(
+        ref.norm.batch_norm_infer(
             x64, gamma, beta, host(bn.running_mean), host(bn.running_var), layout=layout, z=z64, relu=relu
         ),
         tol,
@@ -189,10 +185,10 @@ def test_maxpool2d(rng, layout, precision):
     x, x64 = to_device(rng.standard_normal(act_shape(layout, 2, 16, 11, 10)), precision)
     y = pool.forward(x, train=True)
     assert y.shape == act_shape(layout, 2, 16, 6, 5)
-    check("y", y, ref.max_pool2d(x64, kernel=3, stride=2, padding=1, layout=layout), 0.0)
+    check("y", y, ref.pool.max_pool2d(x64, kernel=3, stride=2, padding=1, layout=layout), 0.0)
     dy, dy64 = to_device(rng.standard_normal(y.shape), precision)
     dx = pool.backward(dy)
-    expect = ref.max_pool2d_backward(dy64, x64, host(y), kernel=3, stride=2, padding=1, layout=layout)
+    expect = ref.pool.max_pool2d_backward(dy64, x64, host(y), kernel=3, stride=2, padding=1, layout=layout)
     check("dx", dx, expect, TOL[precision])
 
 
@@ -204,9 +200,9 @@ def test_global_avg_pool(rng, layout, precision):
     x, x64 = to_device(rng.standard_normal(act_shape(layout, 3, 24, 7, 5)), precision)
     y = gap.forward(x, train=True)
     assert y.shape == (3, 24) and y.dtype == x.dtype
-    check("y", y, ref.global_avg_pool(x64, layout=layout), TOL[precision])
+    check("y", y, ref.pool.global_avg_pool(x64, layout=layout), TOL[precision])
     dy, dy64 = to_device(rng.standard_normal((3, 24)), precision)
-    check("dx", gap.backward(dy), ref.global_avg_pool_backward(dy64, x.shape, layout=layout), TOL[precision])
+    check("dx", gap.backward(dy), ref.pool.global_avg_pool_backward(dy64, x.shape, layout=layout), TOL[precision])
 
 
 # ------------------------------------------------------------------------------------------------ Linear, los

@@ -61,7 +61,7 @@ def test_parameter_counts_match_torchvision(depth):
     features = 512 if depth < 50 else 2048
     expected = TORCHVISION_PARAMS[depth] - 64 * 3 * (49 - 9) - (features + 1) * (1000 - 10)
     assert cifar10.num_parameters() == expected
-    assert not any(p.on_device for p in cifar10.parameters())  # built on the host
+    assert all(p.placement is None for p in cifar10.parameters())  # built on the host, not placed yet
 
 
 def test_known_cifar_parameter_counts():

@@ -1,23 +1,17 @@
-"""The whole ResNet graph on the CPU: every native op replaced by its float64 NumPy reference
-(test_layers_numpy_ops.numpy_backend), so forward/backward wiring, layouts, the fused/unfused residual,
-TrainStep, the optimizers and loss scaling are checked against finite differences and hand-written updates
-without a GPU."""
+"""The whole ResNet graph on the CPU: models placed on the host (to_host(): float64 NumPy arrays, which every op
+function hands to its reference in resnet_native.reference), so forward/backward wiring, layouts, the
+fused/unfused residual, TrainStep, the optimizers and loss scaling are checked against finite differences and
+hand-written updates without a GPU."""
 
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
+from fake_arrays import FakeCudaArray
 
-from resnet_native.layers._backend import ops
+from resnet_native import reference as ref
 from resnet_native.losses import SoftmaxCrossEntropy
 from resnet_native.models import ResNet18, ResNet50
 from resnet_native.optim import SGD, AdamW, GradScaler
 from resnet_native.step import TrainStep
-
-
-@pytest.fixture
-def numpy_ops():
-    with ops.use(**ref.numpy_backend()):
-        yield
 
 
 def _input(rng, layout, n, hw):
@@ -25,15 +19,15 @@ def _input(rng, layout, n, hw):
 
 
 def _loss(model, x, labels):
-    loss, _ = SoftmaxCrossEntropy().forward(model._forward(x, train=True), labels, train=False)
+    loss, _ = SoftmaxCrossEntropy().forward(model.forward(x, train=True, copy=False), labels, train=False)
     return float(loss)
 
 
 def _gradients(model, x, labels):
-    model.cuda()
+    model.to_host()
     model.zero_grad()
     lossf = SoftmaxCrossEntropy()
-    lossf.forward(model._forward(x, train=True), labels)
+    lossf.forward(model.forward(x, train=True, copy=False), labels)
     model.backward(lossf.backward())
     return {name: p.grad.copy() for name, p in model.named_parameters()}
 
@@ -64,10 +58,10 @@ def _directional_check(model, x, labels, grads, names, rng, h=1e-8):
     )
 
 
-def test_resnet18_gradients_match_finite_differences(numpy_ops, rng):
+def test_resnet18_gradients_match_finite_differences(rng):
     # 16x16 inputs and batch 2 leave 8 values per channel to the last batch norms (fewer make BN
     # ill-conditioned).
-    model = ResNet18(num_classes=5, seed=0)
+    model = ResNet18(num_classes=5, seed=0).to_host()
     x, labels = _input(rng, "NHWC", 2, 16), rng.integers(0, 5, 2)
     grads = _gradients(model, x, labels)
     names = [n for n, _ in model.named_parameters()]
@@ -87,8 +81,8 @@ def test_resnet18_gradients_match_finite_differences(numpy_ops, rng):
         _directional_check(model, x, labels, grads, [n], rng)
 
 
-def test_resnet50_imagenet_stem_gradients_match_finite_differences(numpy_ops, rng):
-    model = ResNet50(num_classes=4, stem="imagenet", layout="NCHW", seed=0)
+def test_resnet50_imagenet_stem_gradients_match_finite_differences(rng):
+    model = ResNet50(num_classes=4, stem="imagenet", layout="NCHW", seed=0).to_host()
     x, labels = _input(rng, "NCHW", 2, 64), rng.integers(0, 4, 2)  # 7x7/2 conv + max pool: 2x2 at layer4
     grads = _gradients(model, x, labels)
     _directional_check(model, x, labels, grads, [n for n, _ in model.named_parameters()], rng)
@@ -96,26 +90,26 @@ def test_resnet50_imagenet_stem_gradients_match_finite_differences(numpy_ops, rn
         _directional_check(model, x, labels, grads, [n], rng)
 
 
-def test_layouts_give_the_same_model(numpy_ops, rng):
+def test_layouts_give_the_same_model(rng):
     x = _input(rng, "NCHW", 2, 8)
     labels = rng.integers(0, 10, 2)
     results = {}
     for layout in ("NCHW", "NHWC"):
-        model = ResNet18(num_classes=10, layout=layout, seed=5)
+        model = ResNet18(num_classes=10, layout=layout, seed=5).to_host()
         xl = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         logits = model.forward(xl, train=True)
         _gradients(model, xl, labels)
         results[layout] = (logits, model.grads_dict())
     np.testing.assert_allclose(results["NCHW"][0], results["NHWC"][0], rtol=1e-10, atol=1e-12)
     for k, g in results["NCHW"][1].items():
-        assert ref.rel_err(results["NHWC"][1][k], g) < 3e-7, k  # grads_dict rounds to fp32
+        assert ref.relative_error(results["NHWC"][1][k], g) < 3e-7, k  # grads_dict rounds to fp32
 
 
-def test_fused_residual_equals_unfused(numpy_ops, rng):
+def test_fused_residual_equals_unfused(rng):
     x, labels = _input(rng, "NHWC", 2, 8), rng.integers(0, 10, 2)
     out = []
     for fused in (True, False):
-        model = ResNet50(num_classes=10, seed=1, fused_residual=fused)
+        model = ResNet50(num_classes=10, seed=1, fused_residual=fused).to_host()
         logits = model.forward(x, train=True)
         _gradients(model, x, labels)
         out.append((logits, model.grads_dict(), model.state_dict()))
@@ -127,8 +121,8 @@ def test_fused_residual_equals_unfused(numpy_ops, rng):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # a batch of 1 at 1x1: unbiased variance of 1 value
-def test_eval_uses_running_statistics_and_train_does_not(numpy_ops, rng):
-    model = ResNet18(num_classes=10, seed=2)
+def test_eval_uses_running_statistics_and_train_does_not(rng):
+    model = ResNet18(num_classes=10, seed=2).to_host()
     x = _input(rng, "NHWC", 4, 8)
     model.forward(x, train=True)  # moves the running statistics off their initial values
     model.eval()
@@ -139,33 +133,39 @@ def test_eval_uses_running_statistics_and_train_does_not(numpy_ops, rng):
     assert int(model.state_dict()["bn1.num_batches_tracked"]) == 3
 
 
-def test_forward_returns_a_copy_and_backward_needs_a_training_forward(numpy_ops, rng):
-    model = ResNet18(num_classes=10, seed=0)
+def test_forward_returns_a_copy_and_backward_needs_a_training_forward(rng):
+    model = ResNet18(num_classes=10, seed=0).to_host()
     x = _input(rng, "NHWC", 2, 8)
     a = model.forward(x, train=False)
     b = model.forward(x * 2, train=False)
     assert a is not b and not np.allclose(a, b)
+    own = model.forward(x, train=False, copy=False)  # the model's logits buffer, rewritten by the next call
+    np.testing.assert_array_equal(own, a)
+    assert model.forward(x * 2, train=False, copy=False) is own
+    np.testing.assert_array_equal(own, b)
     with pytest.raises(RuntimeError, match="nothing saved"):
         model.backward(np.ones((2, 10)))
 
 
-def test_model_input_validation(numpy_ops, rng):
-    model = ResNet18(num_classes=10, layout="NHWC")
+def test_model_input_validation(rng):
+    model = ResNet18(num_classes=10, layout="NHWC").to_host()
     with pytest.raises(ValueError, match="3 channels"):
         model.forward(rng.standard_normal((2, 3, 8, 8)))
     with pytest.raises(ValueError, match="4-D"):
         model.forward(rng.standard_normal((8, 8, 3)))
     with pytest.raises(TypeError, match="x: expected"):
         model.forward(np.zeros((2, 8, 8, 3), np.int32))
+    with pytest.raises(TypeError, match=r"x: the model is on the host \(float64\), so expected a NumPy array"):
+        model.forward(FakeCudaArray((2, 8, 8, 3)))
 
 
-def test_train_step_sgd_matches_a_hand_written_update(numpy_ops, rng):
+def test_train_step_sgd_matches_a_hand_written_update(rng):
     x, labels = _input(rng, "NHWC", 3, 8), rng.integers(0, 10, 3).astype(np.int32)
-    reference = ResNet18(num_classes=10, seed=3)
+    reference = ResNet18(num_classes=10, seed=3).to_host()
     grads = _gradients(reference, x, labels)
-    expected_loss = _loss(ResNet18(num_classes=10, seed=3), x, labels)
-    model = ResNet18(num_classes=10, seed=3)
-    before = {n: p.data.copy() for n, p in model.named_parameters()} if model.cuda() else None
+    expected_loss = _loss(ResNet18(num_classes=10, seed=3).to_host(), x, labels)
+    model = ResNet18(num_classes=10, seed=3).to_host()
+    before = {n: p.data.copy() for n, p in model.named_parameters()}
     step = TrainStep(model, SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True))
     loss, correct = step(x, labels)
     assert np.isclose(float(loss), expected_loss, rtol=1e-12) and 0 <= int(correct) <= 3
@@ -175,13 +175,13 @@ def test_train_step_sgd_matches_a_hand_written_update(numpy_ops, rng):
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
-def test_train_step_with_loss_scaling_equals_without(numpy_ops, rng, opt):
+def test_train_step_with_loss_scaling_equals_without(rng, opt):
     x, labels = _input(rng, "NHWC", 2, 8), rng.integers(0, 10, 2)
 
     def make(opt_params):
         return SGD(opt_params, lr=0.05, momentum=0.9) if opt == "sgd" else AdamW(opt_params, lr=1e-3)
 
-    plain, scaled = ResNet18(num_classes=10, seed=4), ResNet18(num_classes=10, seed=4)
+    plain, scaled = ResNet18(num_classes=10, seed=4).to_host(), ResNet18(num_classes=10, seed=4).to_host()
     plain_step = TrainStep(plain, make(plain.parameters()))
     scaler = GradScaler(init_scale=1024.0, growth_interval=2)
     scaled_step = TrainStep(scaled, make(scaled.parameters()), scaler=scaler)
@@ -195,8 +195,8 @@ def test_train_step_with_loss_scaling_equals_without(numpy_ops, rng, opt):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the inf input turns activations into NaN
-def test_grad_scaler_skips_the_step_on_inf(numpy_ops, rng):
-    model = ResNet18(num_classes=10, seed=6)
+def test_grad_scaler_skips_the_step_on_inf(rng):
+    model = ResNet18(num_classes=10, seed=6).to_host()
     scaler = GradScaler(init_scale=256.0)
     step = TrainStep(model, SGD(model.parameters(), lr=0.1), scaler=scaler)
     x = _input(rng, "NHWC", 2, 8)
@@ -210,25 +210,26 @@ def test_grad_scaler_skips_the_step_on_inf(numpy_ops, rng):
             np.testing.assert_array_equal(after[k], before[k], err_msg=k)
 
 
-def test_fp16_training_runs_the_low_precision_paths(rng):
-    """fp16 storage under the references: low-precision weight copies, gradient casts, fp32 fc, fused step."""
-    with ops.use(**ref.numpy_backend()) as o:
-        o.storage = {**o.storage, "fp16": np.dtype(np.float16)}
-        model = ResNet18(num_classes=10, precision="fp16", seed=7)
-        opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
-        step = TrainStep(model, opt, scaler=GradScaler(init_scale=128.0))
-        x, labels = _input(rng, "NHWC", 4, 8).astype(np.float32), rng.integers(0, 10, 4)
-        losses = [float(step(x, labels)[0]) for _ in range(6)]
-        assert losses[-1] < losses[0]
-        copies = model.model_copies()
-        assert copies is not None and all(c.dtype == np.float16 for c in copies)
-        for p in model.parameters():
-            np.testing.assert_array_equal(p.low, p.data.astype(np.float16))
-        assert model.fc.weight.grad.dtype == np.float64 and model.conv1.weight.grad.dtype == np.float64
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_low_precision_training_runs_the_low_precision_paths(rng, precision):
+    """fp16 / bf16 storage on the host: low-precision weight copies, gradient casts, fp32 fc, fused step."""
+    model = ResNet18(num_classes=10, precision=precision, seed=7).to_host()
+    opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = TrainStep(model, opt, scaler=GradScaler(init_scale=128.0) if precision == "fp16" else None)
+    x, labels = _input(rng, "NHWC", 4, 8).astype(np.float32), rng.integers(0, 10, 4)
+    losses = [float(step(x, labels)[0]) for _ in range(6)]
+    assert losses[-1] < losses[0]
+    low = np.float16 if precision == "fp16" else np.uint16
+    copies = model.model_copies()
+    assert copies is not None and all(c.dtype == low for c in copies)
+    assert model.input_dtype == low and model.conv1.forward(model._as_input(x), train=False).dtype == low
+    for p in model.parameters():
+        np.testing.assert_array_equal(p.low, ref.to_storage(p.data, precision))
+    assert model.fc.weight.grad.dtype == np.float64 and model.conv1.weight.grad.dtype == np.float64
 
 
-def test_training_reduces_the_loss(numpy_ops, rng):
-    model = ResNet18(num_classes=10, seed=8)
+def test_training_reduces_the_loss(rng):
+    model = ResNet18(num_classes=10, seed=8).to_host()
     opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = TrainStep(model, opt, label_smoothing=0.1)
     x, labels = _input(rng, "NHWC", 4, 8), rng.integers(0, 10, 4)

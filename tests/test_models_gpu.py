@@ -7,9 +7,9 @@ import gc
 import cupy as cp
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
 import resnet_native as rn
+from resnet_native import reference as ref
 from resnet_native.losses import SoftmaxCrossEntropy
 from resnet_native.models import ResNet18, ResNet50
 from resnet_native.optim import SGD, GradScaler
@@ -98,7 +98,7 @@ def _both_models(torch, rng, layout):
     labels = rng.integers(0, classes, n)
     x = cp.asarray(np.ascontiguousarray(x32 if layout == "NCHW" else x32.transpose(0, 2, 3, 1)))
     lossf = SoftmaxCrossEntropy()
-    logits = model._forward(x, train=True)
+    logits = model.forward(x, train=True, copy=False)
     loss, _ = lossf.forward(logits, cp.asarray(labels.astype(np.int32)))
     model.backward(lossf.backward())
 
@@ -125,8 +125,8 @@ GRAD_TOL_ALL, GRAD_TOL_EACH = 1e-2, 5e-2
 
 def _grad_errors(ours: dict, theirs: dict) -> dict:
     names = sorted(theirs)
-    errors = {name: ref.rel_err(ours[name], theirs[name]) for name in names}
-    errors["(all)"] = ref.rel_err(
+    errors = {name: ref.relative_error(ours[name], theirs[name]) for name in names}
+    errors["(all)"] = ref.relative_error(
         np.concatenate([np.ravel(ours[k]) for k in names]),
         np.concatenate([np.ravel(theirs[k]) for k in names]),
     )
@@ -137,7 +137,7 @@ def _grad_errors(ours: dict, theirs: dict) -> dict:
 def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
     torch = torch_fp64
     model, tmodel, logits, tlogits, loss, tloss, _ = _both_models(torch, rng, layout)
-    assert ref.rel_err(logits, tlogits) <= 2e-4
+    assert ref.relative_error(logits, tlogits) <= 2e-4
     assert abs(loss - tloss) <= 2e-4 * abs(tloss), (loss, tloss)
     grads = model.grads_dict()
     tgrads = {name: p.grad.cpu().numpy() for name, p in tmodel.named_parameters()}
@@ -145,7 +145,7 @@ def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
     errors = _grad_errors(grads, tgrads)
     worst = max((e, k) for k, e in errors.items() if k != "(all)")
     print(
-        f"\nResNet-18 {layout} fp32 vs PyTorch fp64: logits {ref.rel_err(logits, tlogits):.2e}, gradients "
+        f"\nResNet-18 {layout} fp32 vs PyTorch fp64: logits {ref.relative_error(logits, tlogits):.2e}, gradients "
         f"{errors['(all)']:.2e}, worst tensor {worst}"
     )
     assert errors["(all)"] <= GRAD_TOL_ALL
@@ -153,7 +153,7 @@ def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
     ours = model.state_dict()
     for name, value in tmodel.state_dict().items():
         if name.endswith(("running_mean", "running_var")):
-            assert ref.rel_err(ours[name], value.cpu().numpy()) <= 2e-4, name
+            assert ref.relative_error(ours[name], value.cpu().numpy()) <= 2e-4, name
         elif name.endswith("num_batches_tracked"):
             assert int(ours[name]) == int(value) == 1
 
@@ -186,7 +186,7 @@ def test_fused_residual_equals_unfused_fp16_nhwc(rng):
         model = ResNet18(num_classes=10, precision=dtype, layout="NHWC", seed=3, fused_residual=fused)
         x = cp.asarray(x32.astype(np.float16) if dtype == "fp16" else x32)
         lossf = SoftmaxCrossEntropy()
-        logits = model._forward(x, train=True)
+        logits = model.forward(x, train=True, copy=False)
         if name == "fused":
             path = rn.norm.last_path()  # the last batch norm of the forward: layer4.1.bn2, residual + ReLU
             assert path["fused"], path
@@ -194,9 +194,9 @@ def test_fused_residual_equals_unfused_fp16_nhwc(rng):
         model.backward(lossf.backward(1024.0))  # loss-scaled, as fp16 training runs
         grads = model.grads_dict()
         results[name] = (cp.asnumpy(logits), np.concatenate([grads[k].ravel() for k in sorted(grads)]))
-    logits_gap = ref.rel_err(results["fused"][0], results["unfused"][0])
-    err_fused = ref.rel_err(results["fused"][1], results["fp32"][1])
-    err_unfused = ref.rel_err(results["unfused"][1], results["fp32"][1])
+    logits_gap = ref.relative_error(results["fused"][0], results["unfused"][0])
+    err_fused = ref.relative_error(results["fused"][1], results["fp32"][1])
+    err_unfused = ref.relative_error(results["unfused"][1], results["fp32"][1])
     print(
         f"\nfp16 NHWC ResNet-18: fused vs unfused logits {logits_gap:.2e}; gradient error vs fp32: fused "
         f"{err_fused:.3f}, unfused {err_unfused:.3f}"
@@ -213,7 +213,7 @@ def test_eval_mode_is_per_sample_and_uses_running_statistics(rng):
     full = cp.asnumpy(model.forward(x))
     part = cp.asnumpy(model.forward(x[:2].copy()))
     assert np.isfinite(full).all()
-    assert ref.rel_err(part, full[:2]) <= 1e-5
+    assert ref.relative_error(part, full[:2]) <= 1e-5
     state = model.state_dict()
     assert int(state["layer2.0.bn1.num_batches_tracked"]) == 1 and not np.all(state["bn1.running_var"] == 1)
 
@@ -250,7 +250,7 @@ def _learnable_batches(rng, count, n, classes, layout, dtype):
             x = x.transpose(0, 3, 1, 2)
         x = np.ascontiguousarray(x.astype(np.float32))
         if dtype == "bf16":
-            x = ref.float_to_bf16_bits(x)
+            x = ref.bf16.to_bf16_bits(x)
         elif dtype == "fp16":
             x = x.astype(np.float16)
         batches.append((cp.asarray(x), cp.asarray(labels.astype(np.int32))))

@@ -1,15 +1,15 @@
 """CPU tests of the optimizers, schedules and GradScaler: schedule values against PyTorch's formulas (worked
-out by hand here), the on-device loss-scale rule run on NumPy, and SGD/AdamW through the float64 NumPy
-stand-ins of the multi-tensor kernels (several steps, state_dict round trips, zero_grad without
-reallocation)."""
+out by hand here), the on-device loss-scale rule run on NumPy, and SGD/AdamW on parameters placed on the host,
+where the multi-tensor functions run their float64 references (several steps, one launch per step or arena,
+state_dict round trips, zero_grad without reallocation)."""
 
 import math
 
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
-from resnet_native.layers._backend import ops
+from resnet_native import reference
+from resnet_native.layers.placement import host
 from resnet_native.optim import SGD, AdamW, CosineSchedule, GradScaler, OneCycleSchedule, WarmupSchedule
 from resnet_native.optim.grad_scaler import update_scale
 from resnet_native.params import Parameter, ParameterArena
@@ -161,14 +161,16 @@ def test_grad_scaler_host_state_and_validation():
 
 
 def test_grad_scaler_device_state_round_trips_on_numpy():
-    with ops.use(**ref.numpy_backend()):
-        scaler = GradScaler(init_scale=8.0, growth_interval=2)
-        scaler.load_state_dict({"scale": 32.0, "growth_tracker": 1})
-        scaler.update()  # found_inf is 0: second good step, the scale doubles
-        assert scaler.get_scale() == 64.0 and scaler.state_dict()["growth_tracker"] == 0
-        grad = np.ones((2, 3))
-        scaler.scale_(grad)
-        np.testing.assert_array_equal(grad, np.full((2, 3), 64.0))
+    scaler = GradScaler(init_scale=8.0, growth_interval=2).to_host()
+    scaler.load_state_dict({"scale": 32.0, "growth_tracker": 1})
+    scaler.update()  # found_inf is 0: second good step, the scale doubles
+    assert scaler.get_scale() == 64.0 and scaler.state_dict()["growth_tracker"] == 0
+    grad = np.ones((2, 3))
+    scaler.scale_(grad)
+    np.testing.assert_array_equal(grad, np.full((2, 3), 64.0))
+    assert isinstance(scaler.scale_array, np.ndarray) and scaler.scale_array.dtype == np.float64
+    with pytest.raises(RuntimeError, match="already on the host"):
+        scaler.to_host(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------ optimizers
@@ -176,7 +178,7 @@ def test_grad_scaler_device_state_round_trips_on_numpy():
 
 def _params(rng, shapes=((4, 3), (7,), (2, 3, 3, 2))):
     params = [Parameter(rng.standard_normal(s)) for s in shapes]
-    ParameterArena(params)
+    ParameterArena(params, host())
     return params
 
 
@@ -187,46 +189,61 @@ def _set_grads(params, rng):
     return grads
 
 
-@pytest.mark.parametrize(
-    "nesterov,weight_decay,dampening", [(False, 0.0, 0.0), (True, 1e-2, 0.0), (False, 1e-2, 0.3)]
-)
-def test_sgd_several_steps_follow_pytorch(rng, nesterov, weight_decay, dampening):
-    with ops.use(**ref.numpy_backend()):
-        params = _params(rng)
-        opt = SGD(
-            params, lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=weight_decay, dampening=dampening
-        )
-        expect = [p.data.copy() for p in params]
-        bufs = [None] * len(params)
-        for step in range(4):
-            grads = _set_grads(params, rng)
-            opt.step()
-            for i, g in enumerate(grads):  # torch.optim.SGD, written out
-                d = g + weight_decay * expect[i]
-                bufs[i] = d.copy() if step == 0 else 0.9 * bufs[i] + (1 - dampening) * d
-                expect[i] = expect[i] - 0.1 * (d + 0.9 * bufs[i] if nesterov else bufs[i])
-        for p, e in zip(params, expect, strict=True):
-            np.testing.assert_allclose(p.data, e, rtol=1e-12)
-        assert opt.step_count == 4
+def _torch_sgd(momentum, nesterov, weight_decay, dampening):
+    """torch.optim.SGD's update, written out: update(step, i, p, g) -> new p (buffers kept per parameter)."""
+    bufs = {}
+
+    def update(step, i, p, g):
+        d = g + weight_decay * p
+        bufs[i] = d.copy() if step == 0 else momentum * bufs[i] + (1 - dampening) * d
+        return p - 0.1 * (d + momentum * bufs[i] if nesterov else bufs[i])
+
+    return update
 
 
-def test_adamw_several_steps_follow_pytorch(rng):
-    with ops.use(**ref.numpy_backend()):
-        params = _params(rng)
-        opt = AdamW(params, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
-        expect = [p.data.copy() for p in params]
-        m = [np.zeros(p.shape) for p in params]
-        v = [np.zeros(p.shape) for p in params]
-        for t in range(1, 4):
-            grads = _set_grads(params, rng)
-            opt.step()
-            for i, g in enumerate(grads):
-                expect[i] = expect[i] * (1 - 0.01 * 0.1)
-                m[i] = 0.8 * m[i] + 0.2 * g
-                v[i] = 0.99 * v[i] + 0.01 * g * g
-                expect[i] -= 0.01 * (m[i] / (1 - 0.8**t)) / (np.sqrt(v[i] / (1 - 0.99**t)) + 1e-6)
-        for p, e in zip(params, expect, strict=True):
-            np.testing.assert_allclose(p.data, e, rtol=1e-10)
+def _torch_adamw(lr, betas, eps, weight_decay):
+    """torch.optim.AdamW's update, written out."""
+    m, v = {}, {}
+
+    def update(step, i, p, g):
+        t = step + 1
+        p = p * (1 - lr * weight_decay)
+        m[i] = betas[0] * m.get(i, 0.0) + (1 - betas[0]) * g
+        v[i] = betas[1] * v.get(i, 0.0) + (1 - betas[1]) * g * g
+        return p - lr * (m[i] / (1 - betas[0] ** t)) / (np.sqrt(v[i] / (1 - betas[1] ** t)) + eps)
+
+    return update
+
+
+OPTIMIZER_CASES = {
+    "sgd": (lambda params: SGD(params, lr=0.1, momentum=0.9), _torch_sgd(0.9, False, 0.0, 0.0), 4, 1e-12),
+    "sgd-nesterov-decay": (lambda params: SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2),
+                           _torch_sgd(0.9, True, 1e-2, 0.0), 4, 1e-12),
+    "sgd-dampening-decay": (lambda params: SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2, dampening=0.3),
+                            _torch_sgd(0.9, False, 1e-2, 0.3), 4, 1e-12),
+    "adamw": (lambda params: AdamW(params, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+              _torch_adamw(0.01, (0.8, 0.99), 1e-6, 0.1), 3, 1e-10),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+def test_optimizer_steps_follow_pytorch_in_one_launch_each(rng, monkeypatch, case):
+    make, torch_update, steps, rtol = OPTIMIZER_CASES[case]
+    params = _params(rng)
+    opt = make(params)
+    kernel = "sgd_step" if isinstance(opt, SGD) else "adamw_step"
+    launches = []
+    original = getattr(reference.multi_tensor, kernel)
+    monkeypatch.setattr(reference.multi_tensor, kernel, lambda *a, **k: launches.append(1) or original(*a, **k))
+    expect = [p.data.copy() for p in params]
+    for step in range(steps):
+        grads = _set_grads(params, rng)
+        opt.step()
+        expect = [torch_update(step, i, e, g) for i, (e, g) in enumerate(zip(expect, grads, strict=True))]
+    for p, e in zip(params, expect, strict=True):
+        np.testing.assert_allclose(p.data, e, rtol=rtol)
+    assert opt.step_count == steps
+    assert len(launches) == steps  # one fused multi-tensor launch per step for the whole (one-group) model
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
@@ -238,31 +255,30 @@ def test_optimizer_state_dict_round_trip_through_npz(tmp_path, rng, kind):
             else AdamW(params, lr=0.01, betas=(0.85, 0.98))
         )
 
-    with ops.use(**ref.numpy_backend()):
-        a_params, b_params = _params(np.random.default_rng(1)), _params(np.random.default_rng(1))
-        a = make(a_params)
-        grads = [
-            [np.random.default_rng(100 + s).standard_normal(p.shape) for p in a_params] for s in range(4)
-        ]
-        for s in range(2):
-            for p, g in zip(a_params, grads[s], strict=True):
+    a_params, b_params = _params(np.random.default_rng(1)), _params(np.random.default_rng(1))
+    a = make(a_params)
+    grads = [
+        [np.random.default_rng(100 + s).standard_normal(p.shape) for p in a_params] for s in range(4)
+    ]
+    for s in range(2):
+        for p, g in zip(a_params, grads[s], strict=True):
+            p.grad[...] = g
+        a.step()
+    np.savez(tmp_path / "opt.npz", **a.state_dict())
+    b = make(b_params)
+    with np.load(tmp_path / "opt.npz") as f:
+        b.load_state_dict(dict(f))
+    assert b.step_count == 2 and repr(b).startswith(type(b).__name__)
+    for p, q in zip(a_params, b_params, strict=True):
+        q.data[...] = p.data
+    for s in (2, 3):
+        for params in (a_params, b_params):
+            for p, g in zip(params, grads[s], strict=True):
                 p.grad[...] = g
-            a.step()
-        np.savez(tmp_path / "opt.npz", **a.state_dict())
-        b = make(b_params)
-        with np.load(tmp_path / "opt.npz") as f:
-            b.load_state_dict(dict(f))
-        assert b.step_count == 2 and repr(b).startswith(type(b).__name__)
-        for p, q in zip(a_params, b_params, strict=True):
-            q.data[...] = p.data
-        for s in (2, 3):
-            for params in (a_params, b_params):
-                for p, g in zip(params, grads[s], strict=True):
-                    p.grad[...] = g
-            a.step()
-            b.step()
-        for p, q in zip(a_params, b_params, strict=True):
-            np.testing.assert_allclose(q.data, p.data, rtol=1e-6)  # state_dict holds fp32 (these run in fp64)
+        a.step()
+        b.step()
+    for p, q in zip(a_params, b_params, strict=True):
+        np.testing.assert_allclose(q.data, p.data, rtol=1e-6)  # state_dict holds fp32 (these run in fp64)
 
 
 def test_optimizer_state_loaded_before_the_device_is_used(rng):
@@ -282,11 +298,10 @@ def test_optimizer_state_loaded_before_the_device_is_used(rng):
     opt.load_state_dict({**state, "momentum_buffer.0": np.ones((2, 2))})
     assert (opt.lr, opt.momentum, opt.step_count) == (0.5, 0.8, 3)
     np.testing.assert_array_equal(opt.state_dict()["momentum_buffer.0"], np.ones((2, 2)))
-    with ops.use(**ref.numpy_backend()):
-        ParameterArena(params)
-        params[0].grad[...] = 1.0
-        opt.step()  # buf = 0.8 * 1 + 1 = 1.8; p = 0 - 0.5 * 1.8
-        np.testing.assert_allclose(params[0].data, np.full((2, 2), -0.9))
+    ParameterArena(params, host())
+    params[0].grad[...] = 1.0
+    opt.step()  # buf = 0.8 * 1 + 1 = 1.8; p = 0 - 0.5 * 1.8
+    np.testing.assert_allclose(params[0].data, np.full((2, 2), -0.9))
     with pytest.raises(ValueError, match="not a SGD"):
         opt.load_state_dict({**state, "type": "AdamW"})
     with pytest.raises(ValueError, match="expected shape"):
@@ -294,13 +309,12 @@ def test_optimizer_state_loaded_before_the_device_is_used(rng):
 
 
 def test_zero_grad_reuses_the_gradient_buffers(rng):
-    with ops.use(**ref.numpy_backend()):
-        params = _params(rng)
-        opt = SGD(params, lr=0.1)
-        _set_grads(params, rng)
-        before = [p.grad for p in params]
-        opt.zero_grad()
-        assert all(p.grad is b and not b.any() for p, b in zip(params, before, strict=True))
+    params = _params(rng)
+    opt = SGD(params, lr=0.1)
+    _set_grads(params, rng)
+    before = [p.grad for p in params]
+    opt.zero_grad()
+    assert all(p.grad is b and not b.any() for p, b in zip(params, before, strict=True))
 
 
 def test_zero_grad_before_the_device_is_a_no_op_and_step_needs_it():
@@ -323,17 +337,54 @@ def test_optimizer_validation():
     with pytest.raises(ValueError, match="betas"):
         AdamW(p, betas=(0.9, 1.0))
     assert len(SGD(p + p, lr=0.1).params) == 1  # duplicates dropped
+    mixed = [Parameter(np.zeros(2)), Parameter(np.zeros(3))]
+    ParameterArena(mixed[:1], host())
+    with pytest.raises(RuntimeError, match="some parameters are placed and some are not"):
+        SGD(mixed, lr=0.1).zero_grad()
+    ParameterArena(mixed[1:], host(np.float32))
+    with pytest.raises(RuntimeError, match="different places"):
+        SGD(mixed, lr=0.1).zero_grad()
 
 
-def test_unscale_uses_one_launch_per_owned_arena(rng):
-    with ops.use(**ref.numpy_backend()):
-        params = _params(rng)
-        opt = SGD(params, lr=0.1)
-        grads = _set_grads(params, rng)
-        opt.unscale_grads(np.array([0.25]))
-        for p, g in zip(params, grads, strict=True):
-            np.testing.assert_allclose(p.grad, g * 0.25)
-        partial = SGD(params[:2], lr=0.1)  # does not own the whole arena: scales only its own gradients
-        partial.unscale_grads(np.array([2.0]))
-        np.testing.assert_allclose(params[2].grad, grads[2] * 0.25)
-        np.testing.assert_allclose(params[0].grad, grads[0] * 0.5)
+def _multiplies(monkeypatch, call):
+    """The `out` arrays of every np.multiply call `call()` makes (a host arena's "launches")."""
+    outs, multiply = [], np.multiply
+
+    def counting(*args, out=None, **kwargs):
+        outs.append(out)
+        return multiply(*args, out=out, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "multiply", counting)
+        call()
+    return outs
+
+
+def test_unscale_uses_one_launch_per_owned_arena(rng, monkeypatch):
+    params = _params(rng)
+    opt = SGD(params, lr=0.1)
+    grads = _set_grads(params, rng)
+    launches = _multiplies(monkeypatch, lambda: opt.unscale_grads(np.array([0.25])))
+    assert len(launches) == 1 and launches[0] is params[0].arena.grad  # one pass over the whole arena
+    for p, g in zip(params, grads, strict=True):
+        np.testing.assert_allclose(p.grad, g * 0.25)
+    partial = SGD(params[:2], lr=0.1)  # does not own the whole arena: scales only its own gradients
+    launches = _multiplies(monkeypatch, lambda: partial.unscale_grads(np.array([2.0])))
+    assert len(launches) == 2 and launches[0] is params[0].grad and launches[1] is params[1].grad
+    np.testing.assert_allclose(params[2].grad, grads[2] * 0.25)
+    np.testing.assert_allclose(params[0].grad, grads[0] * 0.5)
+
+
+def test_adamw_on_the_host_does_not_count_updates_the_scaler_skips(rng):
+    params = _params(rng)
+    opt, scaler = AdamW(params, lr=1e-3), GradScaler(init_scale=4.0)
+    _set_grads(params, rng)
+    params[0].grad[0, 0] = np.inf
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.placement == host()  # the scaler follows the optimizer's parameters
+    assert opt.step_count == 1 and opt.applied_steps == 0 and scaler.get_scale() == 2.0
+    _set_grads(params, rng)
+    scaler.step(opt)
+    scaler.update()
+    assert opt.step_count == 2 and opt.applied_steps == 1 and opt.state_dict()["step"] == 1

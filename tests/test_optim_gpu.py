@@ -4,8 +4,8 @@ float64 formulas), low-precision model copies, loss-scale skipping and growth, z
 import cupy as cp
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 
+from resnet_native import reference as ref
 from resnet_native.optim import SGD, AdamW, GradScaler
 from resnet_native.params import Parameter, ParameterArena
 
@@ -25,15 +25,23 @@ def _torch_params(torch, values):
     return [torch.tensor(v, device="cuda", requires_grad=True) for v in values]
 
 
-@pytest.mark.parametrize(
-    "nesterov,weight_decay,dampening", [(False, 0.0, 0.0), (True, 5e-4, 0.0), (False, 1e-2, 0.25)]
-)
-def test_sgd_matches_torch_over_several_steps(rng, nesterov, weight_decay, dampening):
+# (optimizer class name in both libraries, hyperparameters, tolerance on the parameters' movement)
+TORCH_CASES = {
+    "sgd": ("SGD", dict(lr=0.05, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0), 1e-5),
+    "sgd-nesterov-decay": ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4, dampening=0.0), 1e-5),
+    "sgd-dampening-decay": ("SGD", dict(lr=0.05, momentum=0.9, nesterov=False, weight_decay=1e-2, dampening=0.25),
+                            1e-5),
+    "adamw": ("AdamW", dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05), 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_CASES))
+def test_optimizer_matches_torch_over_several_steps(rng, case):
     torch = pytest.importorskip("torch")
+    kind, hyper, tol = TORCH_CASES[case]
     params, values = _params(rng)
     tparams = _torch_params(torch, values)
-    hyper = dict(lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=weight_decay, dampening=dampening)
-    opt, topt = SGD(params, **hyper), torch.optim.SGD(tparams, **hyper)
+    opt, topt = {"SGD": SGD, "AdamW": AdamW}[kind](params, **hyper), getattr(torch.optim, kind)(tparams, **hyper)
     for _ in range(5):
         for p, t in zip(params, tparams, strict=True):
             g = rng.standard_normal(p.shape).astype(np.float32)
@@ -43,25 +51,7 @@ def test_sgd_matches_torch_over_several_steps(rng, nesterov, weight_decay, dampe
         topt.step()
     for p, t, v in zip(params, tparams, values, strict=True):
         moved, tmoved = cp.asnumpy(p.data) - v, t.detach().cpu().numpy() - v
-        assert ref.rel_err(moved, tmoved) <= 1e-5
-
-
-def test_adamw_matches_torch_over_several_steps(rng):
-    torch = pytest.importorskip("torch")
-    params, values = _params(rng)
-    tparams = _torch_params(torch, values)
-    hyper = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
-    opt, topt = AdamW(params, **hyper), torch.optim.AdamW(tparams, **hyper)
-    for _ in range(5):
-        for p, t in zip(params, tparams, strict=True):
-            g = rng.standard_normal(p.shape).astype(np.float32)
-            p.grad[...] = cp.asarray(g)
-            t.grad = torch.tensor(g, device="cuda")
-        opt.step()
-        topt.step()
-    for p, t, v in zip(params, tparams, values, strict=True):
-        moved, tmoved = cp.asnumpy(p.data) - v, t.detach().cpu().numpy() - v
-        assert ref.rel_err(moved, tmoved) <= 1e-4
+        assert ref.relative_error(moved, tmoved) <= tol
 
 
 @pytest.mark.parametrize("low", ["fp16", "bf16"])
@@ -74,7 +64,7 @@ def test_fused_step_refreshes_low_precision_copies(rng, low):
     for p, v in zip(params, values, strict=True):
         master = cp.asnumpy(p.data)
         assert not np.array_equal(master, v)
-        expect = master.astype(np.float16) if low == "fp16" else ref.float_to_bf16_bits(master)
+        expect = master.astype(np.float16) if low == "fp16" else ref.bf16.to_bf16_bits(master)
         np.testing.assert_array_equal(cp.asnumpy(p.low), expect)
 
 
@@ -111,7 +101,7 @@ def test_grad_scaler_unscales_skips_and_grows(rng):
         assert int(cp.asnumpy(scaler.found_inf)[0]) == 0
     assert scaler.get_scale() == 64.0  # grew after growth_interval=2 good steps
     for p, q in zip(params, plain_params, strict=True):
-        assert ref.rel_err(cp.asnumpy(p.data), cp.asnumpy(q.data)) <= 1e-6
+        assert ref.relative_error(cp.asnumpy(p.data), cp.asnumpy(q.data)) <= 1e-6
 
 
 def test_zero_grad_keeps_the_buffers(rng):

@@ -26,7 +26,7 @@ def _batches(rng, count, n, layout, dtype):
 
 
 def _run(kind, dtype, batches, cuda_graph):
-    model = ResNet18(num_classes=10, layout="NHWC", dtype=dtype, seed=11)
+    model = ResNet18(num_classes=10, layout="NHWC", precision=dtype, seed=11)
     # Deterministic algorithms: the eager and the replayed steps then run the very same kernels, and what is
     # compared is the graph's bookkeeping (inputs, hyperparameters, state), not reduction order.
     make_deterministic(model)
@@ -72,12 +72,12 @@ def test_captured_steps_follow_the_eager_steps(rng, kind, dtype):
         assert err <= 10 * tol, (name, err)
     assert int(graphed[5]["step"]) == int(eager[5]["step"])
     # The parameters moved (a graph that never ran would leave them at the initial values).
-    initial = ResNet18(num_classes=10, layout="NHWC", dtype=dtype, seed=11).state_dict()
+    initial = ResNet18(num_classes=10, layout="NHWC", precision=dtype, seed=11).state_dict()
     assert not np.allclose(graphed[4]["fc.weight"], initial["fc.weight"])
 
 
 def test_a_new_input_shape_warms_up_and_gets_its_own_graph(rng):
-    model = ResNet18(num_classes=10, layout="NHWC", dtype="fp16", seed=3)
+    model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=3)
     step = TrainStep(model, SGD(model.parameters(), lr=0.01, momentum=0.9), scaler=GradScaler(), cuda_graph=True)
     big, small = _batches(rng, 1, 16, "NHWC", "fp16")[0], _batches(rng, 1, 8, "NHWC", "fp16")[0]
     for x, y in (big, big, small, big, small, small):
@@ -109,7 +109,7 @@ def test_the_workspace_retires_buffers_while_a_graph_holds_it():
 
 
 def test_adamw_does_not_count_updates_the_scaler_skips(rng):
-    model = ResNet18(num_classes=10, layout="NHWC", dtype="fp16", seed=4)
+    model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=4)
     opt = AdamW(model.parameters(), lr=1e-3)
     scaler = GradScaler(init_scale=1024.0)
     step = TrainStep(model, opt, scaler=scaler)
@@ -148,13 +148,13 @@ def test_fused_unscale_equals_a_separate_unscale_pass(rng):
     batches = _batches(rng, 5, 8, "NHWC", "fp16")
     states = []
     for separate in (False, True):
-        model = ResNet18(num_classes=10, layout="NHWC", dtype="fp16", seed=21)
+        model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=21)
         model.cuda()
         opt = SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
         scaler, loss_fn = GradScaler(init_scale=2.0**10), SoftmaxCrossEntropy()
         for x, y in batches:
             opt.zero_grad()
-            loss_fn.forward(model._forward(x, train=True), y, train=True)
+            loss_fn.forward(model.forward(x, train=True, copy=False), y, train=True)
             model.backward(loss_fn.backward(scaler.scale_array))
             if separate:
                 scaler.unscale_(opt)

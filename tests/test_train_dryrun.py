@@ -1,5 +1,5 @@
-"""The trainer's whole loop on the CPU: every native op replaced by its NumPy reference
-(test_layers_numpy_ops.numpy_backend), cupy by NumPy, and the augmentation kernel by its NumPy reference.
+"""The trainer's whole loop on the CPU: the model placed on the host (model.cuda() does to_host(np.float32), so every
+op runs its NumPy reference), cupy replaced by NumPy, and the augmentation kernel by its NumPy reference.
 
 What this checks without a GPU: the Trainer's wiring to the model, optimizer, schedule, scaler and TrainStep; the
 epoch loop and its device-side accumulators; evaluation; checkpoints of the real optimizer/schedule/scaler state;
@@ -7,7 +7,6 @@ epoch loop and its device-side accumulators; evaluation; checkpoints of the real
 release of such a run. Images are 8x8 to keep ResNet-18 in NumPy fast; the GPU tests run the real thing.
 """
 
-import inspect
 import pathlib
 import sys
 import threading
@@ -15,15 +14,13 @@ import types
 
 import numpy as np
 import pytest
-import test_layers_numpy_ops as ref
 import yaml
 
 import resnet_native as rn
 from resnet_native import checkpoint, release
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
-from resnet_native.layers._backend import ops
-from resnet_native.models.resnet import ResNet
+from resnet_native.layers import Module
 from resnet_native.training import checkpoint_writer, cli, loop
 
 
@@ -44,19 +41,6 @@ def _launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NH
                                    layout=layout, crop_padding=crop_padding, cutout=cutout)
 
 
-def _give_forward_the_copy_keyword(monkeypatch):
-    """The trainer evaluates with model.forward(x, train=False, copy=False) (the model's own logits buffer). Until
-    the model has that keyword, these tests give it one that does the same with the private _forward."""
-    if "copy" in inspect.signature(ResNet.forward).parameters:
-        return
-
-    def forward(self, x, train=None, *, copy=True):
-        logits = self._forward(x, train)
-        return logits.copy() if copy else logits
-
-    monkeypatch.setattr(ResNet, "forward", forward)
-
-
 @pytest.fixture
 def cpu_backend(monkeypatch):
     """Yields the record of the conv algorithm cache calls: {"save": [paths], "load": [paths]} (the real functions
@@ -64,7 +48,6 @@ def cpu_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _numpy_as_cupy())
     monkeypatch.setattr(aug, "launch_augment", _launch_on_numpy)
     monkeypatch.setattr(rn, "require_gpu", lambda: None)
-    _give_forward_the_copy_keyword(monkeypatch)
     algo_calls = {"save": [], "load": []}
 
     def save(path):
@@ -74,12 +57,10 @@ def cpu_backend(monkeypatch):
 
     monkeypatch.setattr(rn.conv, "save_algorithm_cache", save)
     monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: algo_calls["load"].append(path) or 0)
-    backend = ref.numpy_backend()
     # float32 masters, as on the GPU (state_dict() stores float32: float64 masters would not round-trip exactly);
     # fp16 stays fp16, so the GradScaler path runs.
-    backend.update(master_dtype=np.float32, storage={"fp32": np.float32, "tf32": np.float32, "fp16": np.float16})
-    with ops.use(**backend):
-        yield algo_calls
+    monkeypatch.setattr(Module, "cuda", lambda self: self.to_host(np.float32))
+    yield algo_calls
 
 
 @pytest.fixture
@@ -181,9 +162,8 @@ def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_back
 
     def recording_build_model(cfg):
         model = build_model(cfg)
-        for name in ("forward", "_forward"):  # the public forward (evaluation) and the step's
-            method = getattr(model, name)
-            setattr(model, name, lambda *a, _method=method, **k: events.append("forward") or _method(*a, **k))
+        forward = model.forward
+        model.forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
         return model
 
     monkeypatch.setattr(loop, "build_model", recording_build_model)

@@ -1,9 +1,10 @@
-"""The layers of the Python graph: small classes with explicit forward(x, train) and backward(dy)."""
+"""The layers of the Python graph: small classes with explicit forward(x, train) and backward(dy), placed on the GPU
+or the host with their model (placement.py)."""
 
 from ..losses import SoftmaxCrossEntropy
 from .add import Add
 from .batchnorm2d import BatchNorm2d
-from .conv2d import Conv2d, default_engine, set_default_engine
+from .conv2d import Conv2d
 from .global_avg_pool import GlobalAvgPool
 from .linear import Linear
 from .maxpool2d import MaxPool2d
@@ -22,6 +23,4 @@ __all__ = [
     "ReLU",
     "Sequential",
     "SoftmaxCrossEntropy",
-    "default_engine",
-    "set_default_engine",
 ]

@@ -4,9 +4,10 @@ Backward gives the same gradient to both summands: dy itself, or dy masked by (y
 returned arrays are then one array, which callers only read.
 """
 
-from ._backend import native_dtype, ops
+from .. import kernels
 from .checks import check_same_shape
 from .module import Module
+from .placement import native_dtype
 
 
 class Add(Module):
@@ -17,9 +18,13 @@ class Add(Module):
         self._saved = False
 
     def forward(self, a, b, train: bool):
+        self.ensure_placed()
         check_same_shape("b", b, "a", a)
         y = self._buffers.get("y", a.shape, a.dtype)
-        (ops.kernels.add_relu if self.relu else ops.kernels.add)(a, b, out=y, dtype=native_dtype(a))
+        if self.relu:
+            kernels.add_relu(a, b, out=y, dtype=native_dtype(a))
+        else:
+            kernels.add(a, b, out=y, dtype=native_dtype(a))
         self._saved = bool(train)
         self._saved_y = y if train and self.relu else None
         return y
@@ -34,7 +39,7 @@ class Add(Module):
         y, self._saved_y = self._saved_y, None
         check_same_shape("dy", dy, "y", y)
         g = self._buffers.get("dx", y.shape, y.dtype)
-        ops.kernels.add_relu_backward(dy, y, out=g, dtype=native_dtype(y))
+        kernels.add_relu_backward(dy, y, out=g, dtype=native_dtype(y))
         return g, g
 
     def _forget_own_saved(self):

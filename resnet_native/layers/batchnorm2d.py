@@ -4,7 +4,8 @@
 
 The blocks use the fused form for "bn2 + shortcut + relu"; resnet_native.norm runs cuDNN's fused Ex kernels
 where cuDNN supports them (NHWC fp16/bf16) and the plain call plus the custom kernels elsewhere, behind this
-one layer. gamma, beta and the running statistics stay fp32 whatever the activation dtype. PyTorch
+one layer. gamma, beta and the running statistics stay in the master dtype (fp32 on the GPU) whatever the
+activation dtype. PyTorch
 semantics: running stats updated with `momentum` (running = (1 - m) * running + m * batch, unbiased
 variance), num_batches_tracked counted.
 """
@@ -13,16 +14,18 @@ import numbers
 
 import numpy as np
 
-from ._backend import LAYOUTS, native_dtype, ops, to_host, upload
-from .checks import check_activation, check_choice, check_same_shape, positive_int
+from .. import norm
+from ..names import LAYOUTS, choice
+from .checks import check_activation, check_same_shape, positive_int
 from .module import Module
+from .placement import host_copy, native_dtype
 
 
 class BatchNorm2d(Module):
     def __init__(self, num_features, *, layout="NHWC", eps=1e-5, momentum=0.1, relu=False, residual=False):
         super().__init__()
         self.num_features = positive_int("num_features", num_features)
-        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.layout = choice("layout", layout, LAYOUTS)
         if not eps > 0:
             raise ValueError(f"eps: expected > 0, got {eps!r}")
         # PyTorch's momentum=None (a cumulative average) is not implemented: say so rather than fail on `None <= 1`.
@@ -35,15 +38,15 @@ class BatchNorm2d(Module):
         self.residual = bool(residual)
         self.weight = self.add_parameter("weight", np.ones(num_features, np.float32))
         self.bias = self.add_parameter("bias", np.zeros(num_features, np.float32))
-        self.running_mean = np.zeros(num_features, np.float32)  # device arrays after cuda()
+        self.running_mean = np.zeros(num_features, np.float32)  # arrays of the placement once placed
         self.running_var = np.ones(num_features, np.float32)
         self.num_batches_tracked = 0
         self._saved = None
 
     # -- state -----------------------------------------------------------------------------------------------
-    def _buffers_to_device(self):
-        self.running_mean = upload(self.running_mean, ops.master_dtype)
-        self.running_var = upload(self.running_var, ops.master_dtype)
+    def _place_own_state(self, where):
+        self.running_mean = where.array(self.running_mean, where.master_dtype)
+        self.running_var = where.array(self.running_var, where.master_dtype)
 
     def _state_items(self):
         c = (self.num_features,)
@@ -57,15 +60,16 @@ class BatchNorm2d(Module):
         if name == "num_batches_tracked":
             return np.array(self.num_batches_tracked, dtype=np.int64)
         if name in ("running_mean", "running_var"):
-            return np.asarray(to_host(getattr(self, name)), dtype=np.float32)
+            return np.asarray(host_copy(getattr(self, name)), dtype=np.float32)
         return super()._read_state(name)
 
     def _write_state(self, name, value):
         if name == "num_batches_tracked":
             self.num_batches_tracked = int(value)
         elif name in ("running_mean", "running_var"):
-            if self.on_device:
-                ops.xp.copyto(getattr(self, name), upload(value, ops.master_dtype))
+            if self.placement is not None:
+                where = self.placement
+                where.xp.copyto(getattr(self, name), where.array(value, where.master_dtype))
             else:
                 setattr(self, name, np.array(value, dtype=np.float32))
         else:
@@ -75,7 +79,7 @@ class BatchNorm2d(Module):
     def forward(self, x, train: bool, z=None):
         """y = [relu](bn(x) [+ z]); z (same shape as x) is required exactly when the layer was built
         residual."""
-        self._ensure_device()
+        self.ensure_placed()
         check_activation("x", x, self.layout, self.num_features)
         if self.residual != (z is not None):
             raise ValueError(
@@ -86,7 +90,7 @@ class BatchNorm2d(Module):
         y = self._buffers.get("y", x.shape, x.dtype)
         dt = native_dtype(x)
         if not train:
-            ops.norm.batch_norm_infer(
+            norm.batch_norm_infer(
                 x,
                 self.weight.data,
                 self.bias.data,
@@ -102,10 +106,11 @@ class BatchNorm2d(Module):
             self._saved = None
             return y
         c = (self.num_features,)
-        save_mean = self._buffers.get("save_mean", c, ops.master_dtype)
-        save_invstd = self._buffers.get("save_invstd", c, ops.master_dtype)
+        master = self.placement.master_dtype
+        save_mean = self._buffers.get("save_mean", c, master)
+        save_invstd = self._buffers.get("save_invstd", c, master)
         reserve = self._buffers.find("reserve", x.shape)
-        y, save_mean, save_invstd, reserve = ops.norm.batch_norm_train(
+        y, save_mean, save_invstd, reserve = norm.batch_norm_train(
             x,
             self.weight.data,
             self.bias.data,
@@ -138,8 +143,8 @@ class BatchNorm2d(Module):
         check_same_shape("dy", dy, "x", x)
         dx = self._buffers.get("dx", x.shape, x.dtype)
         dz = self._buffers.get("dz", x.shape, x.dtype) if has_z else None
-        # dgamma and dbeta are added straight into the fp32 gradients (accumulate=True).
-        dx, _, _, dz = ops.norm.batch_norm_backward(
+        # dgamma and dbeta are added straight into the master-dtype gradients (accumulate=True).
+        dx, _, _, dz = norm.batch_norm_backward(
             x,
             dy,
             self.weight.data,

@@ -4,21 +4,20 @@ Why: a training step then allocates nothing on the device (the precondition for 
 and the cupy pool is not churned. Buffers are keyed on their shape, which follows the input shape, so a few
 input shapes (training batch, last partial batch, evaluation batch) coexist; the least recently used beyond
 `capacity` are dropped. New float buffers start as NaN (bf16 NaN for uint16) so an op that fails to write an
-element shows up in tests.
+element shows up in tests. The array module is where the owning module lives (its Placement), set when it is placed.
 """
 
 from collections import OrderedDict
 
 import numpy as np
 
-from ._backend import ops
-
 _NAN_BITS = {np.dtype(np.uint16): 0x7FC0}  # bf16 quiet NaN
 
 
 class BufferCache:
-    def __init__(self, capacity: int = 48):
+    def __init__(self, capacity: int = 48, xp=None):
         self.capacity = capacity
+        self.xp = xp  # numpy or cupy: set by the owner's placement
         self._arrays = OrderedDict()
 
     def get(self, role: str, shape, dtype):
@@ -27,8 +26,10 @@ class BufferCache:
         key = (role, tuple(int(s) for s in shape), dtype.str)
         array = self._arrays.get(key)
         if array is None:
+            if self.xp is None:
+                raise RuntimeError(f"BufferCache.get({role!r}): its owner is not placed yet (cuda() or to_host())")
             fill = _NAN_BITS.get(dtype, np.nan if dtype.kind == "f" else 0)
-            array = ops.xp.full(key[1], fill, dtype=dtype)
+            array = self.xp.full(key[1], fill, dtype=dtype)
             self._remember(key, array)
         else:
             self._arrays.move_to_end(key)

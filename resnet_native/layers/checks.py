@@ -1,13 +1,7 @@
 """Argument checks shared by the layers: clear ValueError/TypeError naming the argument, raised before any op
-runs."""
+runs (choices of names: resnet_native.names.choice)."""
 
 import numpy as np
-
-
-def check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
-    return value
 
 
 def positive_int(name, value, minimum=1) -> int:
@@ -25,7 +19,7 @@ def check_activation(name, x, layout, channels=None) -> None:
     channels."""
     shape = getattr(x, "shape", None)
     if shape is None or not hasattr(x, "dtype"):
-        raise TypeError(f"{name}: expected a device array, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     if len(shape) != 4:
         raise ValueError(f"{name}: expected a 4-D {layout} array, got shape {tuple(shape)}")
     axis = channel_axis(layout)

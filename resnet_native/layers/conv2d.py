@@ -2,22 +2,11 @@
 
 import numpy as np
 
-from ._backend import LAYOUTS, PRECISIONS, ops
-from .checks import check_activation, check_choice, positive_int
+from .. import conv
+from ..names import ENGINES, LAYOUTS, PRECISIONS, choice
+from .checks import check_activation, positive_int
 from .module import Module
-
-ENGINES = ("auto", "legacy", "graph")
-_default_engine = "auto"
-
-
-def set_default_engine(engine: str) -> None:
-    """Engine used by Conv2d layers built with engine=None from now on: 'auto' | 'legacy' | 'graph'."""
-    global _default_engine
-    _default_engine = check_choice("engine", engine, ENGINES)
-
-
-def default_engine() -> str:
-    return _default_engine
+from .placement import low_copy_dtype
 
 
 def kaiming_normal_fan_out(shape, rng) -> np.ndarray:
@@ -31,7 +20,8 @@ class Conv2d(Module):
 
     The weight is stored in the layout the op reads: (K, C/g, R, S) for NCHW, (K, R, S, C/g) for NHWC;
     state_dict() always shows torch's (K, C/g, R, S). needs_input_grad=False (the stem) skips the
-    backward-data convolution.
+    backward-data convolution. engine=None takes resnet_native.conv.default_engine() when the spec is first built
+    (the first forward, or spec()).
     """
 
     def __init__(
@@ -64,9 +54,9 @@ class Conv2d(Module):
             raise ValueError(
                 f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}"
             )
-        self.layout = check_choice("layout", layout, LAYOUTS)
-        self.precision = check_choice("precision", precision, PRECISIONS)
-        self.engine = check_choice("engine", _default_engine if engine is None else engine, ENGINES)
+        self.layout = choice("layout", layout, LAYOUTS)
+        self.precision = choice("precision", precision, PRECISIONS)
+        self.engine = None if engine is None else choice("engine", engine, ENGINES)
         self.algo = algo
         self.deterministic = bool(deterministic)
         self.needs_input_grad = bool(needs_input_grad)
@@ -76,6 +66,7 @@ class Conv2d(Module):
             "weight", self._from_torch("weight", kaiming_normal_fan_out(torch_shape, rng))
         )
         self._spec = None
+        self._output_shapes = {}  # input shape -> output shape
         self._saved_x = None
 
     # -- layout of the weight --------------------------------------------------------------------------------
@@ -90,12 +81,12 @@ class Conv2d(Module):
         return np.ascontiguousarray(array.transpose(0, 2, 3, 1) if self.layout == "NHWC" else array)
 
     def _own_low_precision_dtype(self):
-        return ops.storage_dtype(self.precision) if self.precision in ("fp16", "bf16") else None
+        return low_copy_dtype(self.precision)
 
     # -- ops -------------------------------------------------------------------------------------------------
     def spec(self):
         if self._spec is None:
-            self._spec = ops.conv.ConvSpec(
+            self._spec = conv.ConvSpec(
                 stride=(self.stride, self.stride),
                 padding=(self.padding, self.padding),
                 dilation=(self.dilation, self.dilation),
@@ -103,29 +94,33 @@ class Conv2d(Module):
                 layout=self.layout,
                 precision=self.precision,
                 algo=self.algo,
-                engine=self.engine,
+                engine=self.resolved_engine(),
                 deterministic=self.deterministic,
             )
         return self._spec
 
+    def resolved_engine(self) -> str:
+        """The engine of its spec: the one given, else conv.default_engine() as of when the spec is built."""
+        if self._spec is not None:
+            return self._spec.engine
+        return conv.default_engine() if self.engine is None else self.engine
+
     def output_shape(self, x_shape) -> tuple:
-        if self.layout == "NCHW":
-            n, _, h, w = x_shape
-        else:
-            n, h, w, _ = x_shape
-        extent = self.dilation * (self.kernel_size - 1) + 1
-        p = (h + 2 * self.padding - extent) // self.stride + 1
-        q = (w + 2 * self.padding - extent) // self.stride + 1
-        return (n, self.out_channels, p, q) if self.layout == "NCHW" else (n, p, q, self.out_channels)
+        """conv.conv_output_shape of an input of this shape (computed once per shape)."""
+        x_shape = tuple(x_shape)
+        shape = self._output_shapes.get(x_shape)
+        if shape is None:
+            shape = self._output_shapes[x_shape] = conv.conv_output_shape(x_shape, self.weight.shape, self.spec())
+        return shape
 
     def _weight_for_ops(self):
         return self.weight.low if self.weight.low is not None else self.weight.data
 
     def forward(self, x, train: bool):
-        self._ensure_device()
+        self.ensure_placed()
         check_activation("x", x, self.layout, self.in_channels)
         y = self._buffers.get("y", self.output_shape(x.shape), x.dtype)
-        ops.conv.conv2d(x, self._weight_for_ops(), self.spec(), out=y)
+        conv.conv2d(x, self._weight_for_ops(), self.spec(), out=y)
         self._saved_x = x if train else None
         return y
 
@@ -138,12 +133,12 @@ class Conv2d(Module):
         # The filter gradient goes to scratch and is then added: accumulation stays right even when algorithm
         # search (which may use the output as scratch) runs inside this call.
         dw = self._buffers.get("dw", self.weight.shape, dy.dtype)
-        ops.conv.conv2d_backward_filter(x, dy, spec, self.weight.shape, out=dw)
+        conv.conv2d_backward_filter(x, dy, spec, self.weight.shape, out=dw)
         self.weight.accumulate_grad(dw)
         if not self.needs_input_grad:
             return None
         dx = self._buffers.get("dx", x.shape, dy.dtype)
-        ops.conv.conv2d_backward_data(dy, self._weight_for_ops(), spec, tuple(x.shape), out=dx)
+        conv.conv2d_backward_data(dy, self._weight_for_ops(), spec, tuple(x.shape), out=dx)
         return dx
 
     def _forget_own_saved(self):

@@ -1,22 +1,25 @@
 """Global average pooling, (N, C, H, W) or (N, H, W, C) -> (N, C), on the custom kernels (fp32
 accumulation)."""
 
-from ._backend import LAYOUTS, native_dtype, ops
-from .checks import channel_axis, check_activation, check_choice
+from .. import pool
+from ..names import LAYOUTS, choice
+from .checks import channel_axis, check_activation
 from .module import Module
+from .placement import native_dtype
 
 
 class GlobalAvgPool(Module):
     def __init__(self, *, layout="NHWC"):
         super().__init__()
-        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.layout = choice("layout", layout, LAYOUTS)
         self._saved_shape = None
 
     def forward(self, x, train: bool):
+        self.ensure_placed()
         check_activation("x", x, self.layout)
         n, c = x.shape[0], x.shape[channel_axis(self.layout)]
         y = self._buffers.get("y", (n, c), x.dtype)
-        ops.pool.global_avg_pool(x, layout=self.layout, out=y, dtype=native_dtype(x))
+        pool.global_avg_pool(x, layout=self.layout, out=y, dtype=native_dtype(x))
         self._saved_shape = tuple(x.shape) if train else None
         return y
 
@@ -29,7 +32,7 @@ class GlobalAvgPool(Module):
         if tuple(dy.shape) != expected:
             raise ValueError(f"dy: expected shape {expected}, got {tuple(dy.shape)}")
         dx = self._buffers.get("dx", x_shape, dy.dtype)
-        ops.pool.global_avg_pool_backward(dy, x_shape, layout=self.layout, out=dx, dtype=native_dtype(dy))
+        pool.global_avg_pool_backward(dy, x_shape, layout=self.layout, out=dx, dtype=native_dtype(dy))
         return dx
 
     def _forget_own_saved(self):

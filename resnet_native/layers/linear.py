@@ -5,14 +5,14 @@ views: no copy), so the three products go through the same cuDNN convolution eng
 rest of the model. Why not cuBLAS through cupy's matmul: cupy refuses cuBLAS calls during CUDA-graph capture,
 and the training step is captured whole. fp16/bf16 inputs (the pooled features) are converted to fp32 at this
 boundary with kernels.cast and the input gradient is converted back: at this size fp32 costs nothing while
-keeping the logits exact (strict fp32 math, no TF32). The weight and bias are used as fp32 masters.
+keeping the logits exact (strict fp32 math, no TF32). The weight and bias are used as fp32 masters. (On the host
+"fp32" is the placement's master dtype: float64 for model.to_host().)
 """
 
 import numpy as np
 
-from ._backend import ops
+from .. import conv, kernels
 from .checks import positive_int
-from .conv2d import default_engine
 from .module import Module
 
 
@@ -31,29 +31,29 @@ class Linear(Module):
 
     def spec(self):
         if self._spec is None:
-            self._spec = ops.conv.ConvSpec(layout="NHWC", precision="fp32", algo="find", engine=default_engine(),
-                                           deterministic=self.deterministic)
+            self._spec = conv.ConvSpec(layout="NHWC", precision="fp32", algo="find", engine=conv.default_engine(),
+                                       deterministic=self.deterministic)
         return self._spec
 
     def _weight_as_filter(self):
         return self.weight.data.reshape(self.out_features, 1, 1, self.in_features)
 
     def forward(self, x, train: bool):
-        self._ensure_device()
+        where = self.ensure_placed()
         if getattr(x, "ndim", None) != 2 or x.shape[1] != self.in_features:
             raise ValueError(
                 f"x: expected shape (N, {self.in_features}), got {tuple(getattr(x, 'shape', ()))}"
             )
-        xp = ops.xp
+        master = where.master_dtype
         n = x.shape[0]
         x32 = x
-        if x.dtype != ops.master_dtype:
-            x32 = self._buffers.get("x32", x.shape, ops.master_dtype)
-            ops.kernels.cast(x, x32)
-        y = self._buffers.get("y", (n, self.out_features), ops.master_dtype)
-        ops.conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(),
-                        out=y.reshape(n, 1, 1, self.out_features))
-        xp.add(y, self.bias.data, out=y)
+        if x.dtype != master:
+            x32 = self._buffers.get("x32", x.shape, master)
+            kernels.cast(x, x32)
+        y = self._buffers.get("y", (n, self.out_features), master)
+        conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(),
+                    out=y.reshape(n, 1, 1, self.out_features))
+        where.xp.add(y, self.bias.data, out=y)
         self._saved = (x32, x.dtype) if train else None
         return y
 
@@ -64,28 +64,27 @@ class Linear(Module):
         x32, x_dtype = self._saved
         self._saved = None
         n = x32.shape[0]
-        if tuple(dy.shape) != (n, self.out_features) or dy.dtype != ops.master_dtype:
+        master = self.placement.master_dtype
+        if tuple(dy.shape) != (n, self.out_features) or dy.dtype != master:
             raise ValueError(
-                f"dy: expected {ops.master_dtype.name} of shape {(n, self.out_features)}, got "
-                f"{dy.dtype} {tuple(dy.shape)}"
+                f"dy: expected {master.name} of shape {(n, self.out_features)}, got {dy.dtype} {tuple(dy.shape)}"
             )
-        xp = ops.xp
         x4 = x32.reshape(n, 1, 1, self.in_features)
         dy4 = dy.reshape(n, 1, 1, self.out_features)
-        dw = self._buffers.get("dw", self.weight.shape, ops.master_dtype)
+        dw = self._buffers.get("dw", self.weight.shape, master)
         w_shape = (self.out_features, 1, 1, self.in_features)
-        ops.conv.conv2d_backward_filter(x4, dy4, self.spec(), w_shape, out=dw.reshape(w_shape))
+        conv.conv2d_backward_filter(x4, dy4, self.spec(), w_shape, out=dw.reshape(w_shape))
         self.weight.accumulate_grad(dw)
-        db = self._buffers.get("db", self.bias.shape, ops.master_dtype)
-        xp.sum(dy, axis=0, out=db)
+        db = self._buffers.get("db", self.bias.shape, master)
+        self.placement.xp.sum(dy, axis=0, out=db)
         self.bias.accumulate_grad(db)
-        dx32 = self._buffers.get("dx32", x32.shape, ops.master_dtype)
-        ops.conv.conv2d_backward_data(dy4, self._weight_as_filter(), self.spec(), tuple(x4.shape),
-                                      out=dx32.reshape(x4.shape))
-        if x_dtype == ops.master_dtype:
+        dx32 = self._buffers.get("dx32", x32.shape, master)
+        conv.conv2d_backward_data(dy4, self._weight_as_filter(), self.spec(), tuple(x4.shape),
+                                  out=dx32.reshape(x4.shape))
+        if x_dtype == master:
             return dx32
         dx = self._buffers.get("dx", x32.shape, x_dtype)
-        ops.kernels.cast(dx32, dx)
+        kernels.cast(dx32, dx)
         return dx
 
     def _forget_own_saved(self):

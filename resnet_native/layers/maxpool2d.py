@@ -1,8 +1,10 @@
 """MaxPool2d on cuDNN pooling (resnet_native.pool); backward needs the saved input and output."""
 
-from ._backend import LAYOUTS, native_dtype, ops
-from .checks import check_activation, check_choice, check_same_shape, positive_int
+from .. import pool
+from ..names import LAYOUTS, choice
+from .checks import check_activation, check_same_shape, positive_int
 from .module import Module
+from .placement import native_dtype
 
 
 class MaxPool2d(Module):
@@ -13,26 +15,26 @@ class MaxPool2d(Module):
         self.padding = positive_int("padding", padding, minimum=0)
         if 2 * self.padding > self.kernel_size:
             raise ValueError(f"padding: {padding} must be at most half of kernel_size {kernel_size}")
-        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.layout = choice("layout", layout, LAYOUTS)
+        self._output_shapes = {}  # input shape -> output shape
         self._saved = None
 
     def output_shape(self, x_shape) -> tuple:
-        def out(size):
-            return (size + 2 * self.padding - self.kernel_size) // self.stride + 1
-
-        if self.layout == "NCHW":
-            n, c, h, w = x_shape
-            return (n, c, out(h), out(w))
-        n, h, w, c = x_shape
-        return (n, out(h), out(w), c)
+        """pool.max_pool2d_output_shape of an input of this shape (computed once per shape)."""
+        x_shape = tuple(x_shape)
+        shape = self._output_shapes.get(x_shape)
+        if shape is None:
+            shape = self._output_shapes[x_shape] = pool.max_pool2d_output_shape(x_shape, **self._window())
+        return shape
 
     def _window(self):
         return dict(kernel=self.kernel_size, stride=self.stride, padding=self.padding, layout=self.layout)
 
     def forward(self, x, train: bool):
+        self.ensure_placed()
         check_activation("x", x, self.layout)
         y = self._buffers.get("y", self.output_shape(x.shape), x.dtype)
-        ops.pool.max_pool2d(x, **self._window(), out=y, dtype=native_dtype(x))
+        pool.max_pool2d(x, **self._window(), out=y, dtype=native_dtype(x))
         self._saved = (x, y) if train else None
         return y
 
@@ -43,7 +45,7 @@ class MaxPool2d(Module):
         self._saved = None
         check_same_shape("dy", dy, "y", y)
         dx = self._buffers.get("dx", x.shape, x.dtype)
-        ops.pool.max_pool2d_backward(dy, x, y, **self._window(), out=dx, dtype=native_dtype(x))
+        pool.max_pool2d_backward(dy, x, y, **self._window(), out=dx, dtype=native_dtype(x))
         return dx
 
     def _forget_own_saved(self):

@@ -1,15 +1,15 @@
 """The small base class every layer and model derives from: a tree of named children with parameters.
 
 It provides what a torchvision module provides and nothing more: named_parameters(), state_dict() and
-load_state_dict() with the same names, order and (torch) array shapes, train()/eval(), and cuda(), which moves
-the whole tree's parameters into one ParameterArena. Forward and backward are each layer's own explicit
-methods.
+load_state_dict() with the same names, order and (torch) array shapes, train()/eval(), and placement: cuda() or
+to_host() moves the whole tree's parameters into one ParameterArena there and its buffers with them (see
+placement.py). Forward and backward are each layer's own explicit methods.
 """
 
 import numpy as np
 
 from ..params import Parameter, ParameterArena
-from ._backend import ops, to_host
+from . import placement as placements
 from .buffers import BufferCache
 
 
@@ -19,7 +19,7 @@ class Module:
         self._params = {}  # name -> Parameter owned by this module
         self._buffers = BufferCache()
         self.training = True
-        self.on_device = False
+        self.placement = None  # where this module's arrays live, once placed (cuda() / to_host())
 
     # -- tree ------------------------------------------------------------------------------------------------
     def add_module(self, name: str, module: "Module") -> "Module":
@@ -61,24 +61,41 @@ class Module:
         return self.train(False)
 
     def cuda(self) -> "Module":
-        """Move every parameter and buffer of the tree to the current device (once; later calls do
-        nothing)."""
-        if self.on_device:
+        """Place the tree on the current GPU: cupy arrays, the native ops (once; see place())."""
+        return self.place(placements.gpu())
+
+    def to_host(self, dtype=np.float64) -> "Module":
+        """Place the tree on the host: NumPy masters, gradients, buffers and fp32/tf32 activations in `dtype`
+        (float64, or float32 as on the GPU; fp16 and bf16 models keep float16 / bf16 activations), and the float64
+        reference ops (resnet_native.reference), which every op function hands NumPy arrays to."""
+        return self.place(placements.host(dtype))
+
+    def place(self, where) -> "Module":
+        """Put every parameter and buffer of the tree on Placement `where` (once: placing the tree where it is does
+        nothing; a tree placed elsewhere raises RuntimeError)."""
+        if self.placement == where:
             return self
-        ops.require_device()
         modules = [m for _, m in self.named_modules()]
-        params = [p for p in self.parameters() if not p.on_device]
+        others = [m.placement for m in modules if m.placement not in (None, where)]
+        others += [p.placement for p in self.parameters() if p.placement not in (None, where)]
+        if others:
+            raise RuntimeError(f"place: {type(self).__name__} is already on {others[0]}, not {where}: build a new "
+                               "model (or load this one's state_dict into one) to have it there")
+        params = [p for p in self.parameters() if p.arena is None]
         if params:
-            ParameterArena(params, low_dtype=self._low_precision_dtype())
+            ParameterArena(params, where, low_dtype=self._low_precision_dtype())
         for m in modules:
-            if not m.on_device:
-                m._buffers_to_device()
-                m.on_device = True
+            if m.placement is None:
+                m._buffers.xp = where.xp
+                m._place_own_state(where)
+                m.placement = where
         return self
 
-    def _ensure_device(self) -> None:
-        if not self.on_device:
+    def ensure_placed(self):
+        """The tree's Placement, placing it on the GPU first when it has none (what a first forward does)."""
+        if self.placement is None:
             self.cuda()
+        return self.placement
 
     def _low_precision_dtype(self):
         """dtype of the low-precision parameter copies the ops of this tree read (None: they read the
@@ -95,8 +112,8 @@ class Module:
     def _own_low_precision_dtype(self):
         return None
 
-    def _buffers_to_device(self) -> None:
-        """Move non-parameter state (e.g. batch-norm running statistics) to the device."""
+    def _place_own_state(self, where) -> None:
+        """Move non-parameter state (e.g. batch-norm running statistics) to Placement `where`."""
 
     def forget_saved(self) -> None:
         """Drop what the last training forward saved for backward (tree-wide)."""
@@ -138,8 +155,8 @@ class Module:
         for prefix, m in self.named_modules():
             for name, param in m._params.items():
                 if param.grad is None:
-                    raise RuntimeError(f"{prefix}{name}: no gradient yet (parameters are not on the device)")
-                grad = np.asarray(to_host(param.grad), np.float32)
+                    raise RuntimeError(f"{prefix}{name}: no gradient yet (the model is not placed: cuda() / to_host())")
+                grad = np.asarray(placements.host_copy(param.grad), np.float32)
                 out[prefix + name] = np.ascontiguousarray(m._to_torch(name, grad))
         return out
 

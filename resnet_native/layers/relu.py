@@ -1,8 +1,9 @@
 """ReLU on the custom elementwise kernels; backward masks with the saved output (y > 0)."""
 
-from ._backend import native_dtype, ops
+from .. import kernels
 from .checks import check_same_shape
 from .module import Module
+from .placement import native_dtype
 
 
 class ReLU(Module):
@@ -11,8 +12,9 @@ class ReLU(Module):
         self._saved_y = None
 
     def forward(self, x, train: bool):
+        self.ensure_placed()
         y = self._buffers.get("y", x.shape, x.dtype)
-        ops.kernels.relu(x, out=y, dtype=native_dtype(x))
+        kernels.relu(x, out=y, dtype=native_dtype(x))
         self._saved_y = y if train else None
         return y
 
@@ -23,7 +25,7 @@ class ReLU(Module):
         self._saved_y = None
         check_same_shape("dy", dy, "y", y)
         dx = self._buffers.get("dx", y.shape, y.dtype)
-        ops.kernels.relu_backward(dy, y, out=dx, dtype=native_dtype(y))
+        kernels.relu_backward(dy, y, out=dx, dtype=native_dtype(y))
         return dx
 
     def _forget_own_saved(self):

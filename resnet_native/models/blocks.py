@@ -6,9 +6,10 @@ fused_residual=False the same block runs bn, then the Add(+ReLU) kernel: the ref
 proven equal to.
 """
 
+from .. import kernels
 from ..layers import Add, BatchNorm2d, Conv2d, Sequential
-from ..layers._backend import native_dtype, ops
 from ..layers.module import Module
+from ..layers.placement import native_dtype
 
 
 class _ResidualBlock(Module):
@@ -61,7 +62,7 @@ class _ResidualBlock(Module):
         if self.downsample is not None:
             d_shortcut = self.downsample.backward(d_shortcut)
         # d is the first conv's input-gradient buffer, owned by that layer and not read again: add in place.
-        ops.kernels.add(d, d_shortcut, out=d, dtype=native_dtype(d))
+        kernels.add(d, d_shortcut, out=d, dtype=native_dtype(d))
         return d
 
 

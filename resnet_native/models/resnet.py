@@ -2,22 +2,24 @@
 
     model = resnet_native.ResNet50(num_classes=10, stem="cifar", layout="NHWC", precision="fp16")
     logits = model.forward(x, train=False)            # x: (N, 32, 32, 3) float16 cupy array -> (N, 10) fp32
+    host = resnet_native.ResNet18(num_classes=10).to_host()   # NumPy float64, the reference ops: no GPU needed
 
 Stems: 'cifar' = 3x3 stride-1 conv 64, BN, ReLU (no max pool);
        'imagenet' = 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
 precision: 'fp32' (strict FMA math), 'tf32', 'fp16' or 'bf16' (bf16 activations are uint16 arrays of bf16 bits).
 Parameters are fp32 masters; for fp16/bf16 the ops read low-precision copies that the optimizer's fused step
-refreshes. Parameters are built on the host (NumPy, torchvision's init) and move to the GPU on first use
-or cuda().
+refreshes. Parameters are built on the host (NumPy, torchvision's init) and move to the GPU on first use or cuda(),
+or stay on the host with to_host() (layers/placement.py).
 """
 
 import numpy as np
 
+from .. import kernels
 from ..layers import BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, Sequential
-from ..layers._backend import LAYOUTS, PRECISIONS, ops
-from ..layers.checks import check_activation, check_choice, positive_int
-from ..layers.conv2d import ENGINES
+from ..layers.checks import check_activation, positive_int
 from ..layers.module import Module
+from ..layers.placement import low_copy_dtype
+from ..names import ENGINES, LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
 from .blocks import BasicBlock, Bottleneck
 
 DEPTHS = {
@@ -49,11 +51,11 @@ class ResNet(Module):
             raise ValueError(f"depth: expected one of {sorted(DEPTHS)}, got {depth!r}")
         self.depth = depth
         self.num_classes = positive_int("num_classes", num_classes)
-        self.stem = check_choice("stem", stem, STEMS)
-        self.layout = check_choice("layout", layout, LAYOUTS)
-        self.precision = check_choice("precision", precision, PRECISIONS)
+        self.stem = choice("stem", stem, STEMS)
+        self.layout = choice("layout", layout, LAYOUTS)
+        self.precision = choice("precision", precision, PRECISIONS)
         if engine is not None:
-            check_choice("engine", engine, ENGINES)
+            choice("engine", engine, ENGINES)
         rng = np.random.default_rng(seed)
         block, counts = DEPTHS[depth]
         conv_args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
@@ -93,23 +95,22 @@ class ResNet(Module):
     def _own_low_precision_dtype(self):
         # Every parameter gets a low-precision copy (those of BN and fc go unused) so the optimizer updates
         # the whole model, masters and copies, in one launch.
-        return ops.storage_dtype(self.precision) if self.precision in ("fp16", "bf16") else None
+        return low_copy_dtype(self.precision)
 
     @property
     def input_dtype(self):
-        """The dtype forward() expects (float32, float16, or uint16 holding bf16 bits); others are
-        converted."""
-        return ops.storage_dtype(self.precision)
+        """The dtype forward() expects (float32, float16, or uint16 holding bf16 bits; float64 for fp32/tf32 models
+        on the host); others are converted."""
+        if self.placement is None:
+            return PRECISION_STORAGE[self.precision]
+        return self.placement.storage_dtype(self.precision)
 
-    def forward(self, x, train=None):
-        """Logits (N, num_classes), fp32, as a new array. train=None follows train()/eval()."""
-        return self._forward(x, train).copy()
-
-    def _forward(self, x, train=None):
-        """Like forward() but returns the model's own logits buffer, rewritten by the next call (no
-        allocation)."""
+    def forward(self, x, train=None, *, copy=True):
+        """Logits (N, num_classes) in the master dtype (fp32; the host's dtype after to_host()). train=None follows
+        train()/eval(). copy=False returns the model's own logits buffer, rewritten by the next call: no allocation
+        (what TrainStep and evaluation loops use)."""
         train = self.training if train is None else bool(train)
-        self._ensure_device()
+        self.ensure_placed()
         x = self._as_input(x)
         if not train:
             self.forget_saved()
@@ -118,7 +119,8 @@ class ResNet(Module):
             out = self.maxpool.forward(out, train)
         for stage in self.stages:
             out = stage.forward(out, train)
-        return self.fc.forward(self.avgpool.forward(out, train), train)
+        logits = self.fc.forward(self.avgpool.forward(out, train), train)
+        return logits.copy() if copy else logits
 
     def backward(self, dlogits) -> None:
         """Back-propagate d(loss)/d(logits) (N, num_classes, fp32) through the last training forward, adding
@@ -135,19 +137,23 @@ class ResNet(Module):
 
     def _as_input(self, x):
         check_activation("x", x, self.layout, 3)
-        want = self.input_dtype
+        where = self.placement
+        if isinstance(x, np.ndarray) == where.on_gpu:
+            raise TypeError(f"x: the model is on {where}, so expected a {'device' if where.on_gpu else 'NumPy'} "
+                            f"array, got {type(x).__module__}.{type(x).__qualname__}")
+        want = where.storage_dtype(self.precision)
         if x.dtype == want:
             return x
-        if x.dtype not in (np.float32, np.float16):
+        if x.dtype not in (np.float32, np.float16, where.master_dtype):
             raise TypeError(f"x: expected {want.name} (or float32/float16, converted), got {x.dtype}")
         buf = self._buffers.get("input", x.shape, want)
-        ops.kernels.cast(x, buf)
+        kernels.cast(x, buf)
         return buf
 
     def model_copies(self):
         """The low-precision copies of the parameters, in parameters() order (None for fp32/tf32)."""
         params = self.parameters()
-        if self.precision not in ("fp16", "bf16") or not params[0].on_device:
+        if low_copy_dtype(self.precision) is None or params[0].arena is None:
             return None
         return [p.low for p in params]
 
@@ -171,7 +177,7 @@ class ResNet(Module):
                 rows.append((name.rstrip("."), type(m).__name__, m.describe(), f"{own:,}"))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [
-            f"ResNet-{self.depth}({self.describe()}, engine={self.conv1.engine}): "
+            f"ResNet-{self.depth}({self.describe()}, engine={self.conv1.resolved_engine()}): "
             f"{self.num_parameters():,} parameters"
         ]
         for row in rows:

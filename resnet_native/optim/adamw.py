@@ -8,7 +8,8 @@ found_inf says the update is skipped, so the step needs no host synchronisation.
 device (Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
-from ..layers._backend import ops, to_host
+from .. import multi_tensor
+from ..layers.placement import host_copy
 from .optimizer import Optimizer, _non_negative
 
 
@@ -31,22 +32,22 @@ class AdamW(Optimizer):
         return (self.lr, self.betas[0])
 
     def _device_state_ready(self) -> None:
-        self._device_step = ops.xp.full((1,), self._applied, dtype=ops.master_dtype)
+        self._device_step = self.placement.xp.full((1,), self._applied, dtype=self.placement.master_dtype)
 
     @property
     def applied_steps(self) -> int:
         """Updates applied so far (skipped ones not counted); reads the device (synchronises)."""
         if self._device_step is None:
             return self._applied
-        return int(to_host(self._device_step)[0])
+        return int(host_copy(self._device_step)[0])
 
     def launch_step(self, found_inf=None, inv_scale=None) -> None:
         self._require_ready()
-        ops.multi_tensor.advance_step(self._device_step, found_inf)
+        multi_tensor.advance_step(self._device_step, found_inf)
         super().launch_step(found_inf, inv_scale)
 
     def _launch(self, group, found_inf, inv_scale):
-        ops.multi_tensor.adamw_step(
+        multi_tensor.adamw_step(
             group.params,
             group.grads,
             group.state["exp_avg"],

@@ -6,11 +6,15 @@ the gradients by 1/scale as it reads them (no separate pass; unscale_() does one
 true gradients first, e.g. to clip them) and skips the whole update when found_inf is set; then update()
 halves the scale on inf/nan, or doubles it after `growth_interval` consecutive good steps (PyTorch's GradScaler
 rule), with a few one-element array ops. bf16 needs no scaling (use scaler=None).
+
+Its arrays live where the model does: TrainStep places the scaler with its model, a scaler first used with an
+optimizer follows the optimizer's parameters, and one used alone goes to the GPU (cuda() / to_host() say so).
 """
 
 import numpy as np
 
-from ..layers._backend import ops, to_host
+from .. import multi_tensor
+from ..layers import placement as placements
 
 
 def update_scale(
@@ -63,12 +67,29 @@ class GradScaler:
         self.enabled = bool(enabled)
         self._host_scale = float(init_scale)  # the state until the device arrays exist
         self._host_tracker = 0
+        self.placement = None  # where its arrays live, once chosen
         self._dev = None
         self._unscaled = False
 
-    def _device(self):
+    def place(self, where) -> "GradScaler":
+        """Keep the scale and its scratch on Placement `where` (that of the model it serves; once)."""
+        if self.placement is not None and self.placement != where:
+            raise RuntimeError(f"GradScaler: already on {self.placement}, not {where}")
+        self.placement = where
+        return self
+
+    def cuda(self) -> "GradScaler":
+        return self.place(placements.gpu())
+
+    def to_host(self, dtype=np.float64) -> "GradScaler":
+        return self.place(placements.host(dtype))
+
+    def _device(self, where=None):
+        """The scaler's arrays, created on first use on its placement (else `where`, else the GPU)."""
         if self._dev is None:
-            xp, f32 = ops.xp, ops.master_dtype
+            if self.placement is None:
+                self.place(where if where is not None else placements.gpu())
+            xp, f32 = self.placement.xp, self.placement.master_dtype
             self._dev = {
                 "scale": xp.full((1,), self._host_scale, dtype=f32),
                 "inv_scale": xp.empty((1,), dtype=f32),
@@ -95,7 +116,8 @@ class GradScaler:
     def scale_(self, grad) -> None:
         """grad *= scale in place (grad: the loss gradient, e.g. d(loss)/d(logits))."""
         if self.enabled:
-            ops.xp.multiply(grad, self.scale_array, out=grad)
+            scale = self.scale_array
+            self.placement.xp.multiply(grad, scale, out=grad)
 
     def unscale_(self, optimizer) -> None:
         """Check every gradient for inf/nan (into found_inf) and divide them by the scale, once per step."""
@@ -106,11 +128,12 @@ class GradScaler:
 
     def _check_gradients(self, optimizer):
         """found_inf = any gradient inf/nan; inv_scale = 1/scale; returns inv_scale (device (1,) arrays)."""
-        dev = self._device()
+        grad_lists = optimizer.grad_lists()
+        dev = self._device(optimizer.placement)
         dev["found_inf"].fill(0)
-        for grads in optimizer.grad_lists():
-            ops.multi_tensor.check_finite(grads, dev["found_inf"])
-        ops.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
+        for grads in grad_lists:
+            multi_tensor.check_finite(grads, dev["found_inf"])
+        self.placement.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
         return dev["inv_scale"]
 
     def step(self, optimizer) -> None:
@@ -137,7 +160,7 @@ class GradScaler:
             return
         dev = self._device()
         update_scale(
-            ops.xp,
+            self.placement.xp,
             dev["scale"],
             dev["tracker"],
             dev["found_inf"],
@@ -152,10 +175,10 @@ class GradScaler:
         """The current scale (reads the device: synchronises; for logging, not per step)."""
         if self._dev is None:
             return self._host_scale
-        return float(to_host(self._dev["scale"])[0])
+        return float(placements.host_copy(self._dev["scale"])[0])
 
     def state_dict(self) -> dict:
-        tracker = self._host_tracker if self._dev is None else int(to_host(self._dev["tracker"])[0])
+        tracker = self._host_tracker if self._dev is None else int(placements.host_copy(self._dev["tracker"])[0])
         return {
             "scale": self.get_scale(),
             "growth_tracker": tracker,

@@ -1,9 +1,11 @@
 """What SGD and AdamW share: the parameter list, per-parameter state, device tensor lists, state_dict.
 
-On the device, parameters are grouped by the dtype of their low-precision copies (normally one group: the
+Once placed, parameters are grouped by the dtype of their low-precision copies (normally one group: the
 whole model), and each group's masters, gradients, state and copies are held in
 resnet_native.multi_tensor.TensorLists built once, so a step is one kernel launch per group, whatever the
-number of tensors.
+number of tensors. The optimizer lives where its parameters do (their Placement): on the host its lists are the
+reference's, resnet_native.reference.multi_tensor.TensorLists, which the multi_tensor functions hand to the
+reference ops.
 
 A step has a host half and a device half, so that the device half can be captured in a CUDA graph and replayed
 while a schedule keeps changing the learning rate: prepare_step() counts the step and writes the hyperparameters
@@ -13,20 +15,22 @@ launch_step() runs the update kernels, which read them from there. step() is bot
 
 import numpy as np
 
-from ..layers._backend import native_dtype, ops, to_host, upload
+from .. import multi_tensor, reference
+from ..layers.placement import host_copy, native_dtype
 from ..multi_tensor import _non_negative
 from ..params import Parameter
 
 
 class _Group:
-    def __init__(self, indices, params, state, names):
-        mt = ops.multi_tensor
+    def __init__(self, indices, params, state, names, placement):
+        # A native list holds a device table of its arrays' pointers; host arrays go in the reference's lists.
+        tensor_list = multi_tensor.TensorList if placement.on_gpu else reference.multi_tensor.TensorList
         self.indices = indices
-        self.params = mt.TensorList([p.data for p in params])
-        self.grads = mt.TensorList([p.grad for p in params])
-        self.state = {name: mt.TensorList([state[name][i] for i in indices]) for name in names}
+        self.params = tensor_list([p.data for p in params])
+        self.grads = tensor_list([p.grad for p in params])
+        self.state = {name: tensor_list([state[name][i] for i in indices]) for name in names}
         low = [p.low for p in params]
-        self.copies = None if low[0] is None else mt.TensorList(low, dtype=native_dtype(low[0]))
+        self.copies = None if low[0] is None else tensor_list(low, dtype=native_dtype(low[0]))
 
 
 class Optimizer:
@@ -49,30 +53,35 @@ class Optimizer:
         self.params = unique
         self.lr = _non_negative(lr, "lr")
         self.step_count = 0
-        self.state = None  # {name: [device array per parameter]}, created with the tensor lists
-        self._pending_state = {}  # {name: [host array]} loaded before the parameters reached the device
+        self.state = None  # {name: [array per parameter, where they live]}, created with the tensor lists
+        self._pending_state = {}  # {name: [host array]} loaded before the parameters were placed
+        self.placement = None  # the parameters' Placement, once they have one
         self._groups = None
-        self._hyper = None  # float32 device array: the values of device_hyperparameters(), see prepare_step
+        self._hyper = None  # master-dtype array: the values of device_hyperparameters(), see prepare_step
 
     # -- device state ----------------------------------------------------------------------------------------
     def _ready(self) -> bool:
-        """Whether the parameters are on the device (the tensor lists are built on the first call that is)."""
+        """Whether the parameters are placed (the tensor lists are built on the first call that finds them so)."""
         if self._groups is not None:
             return True
-        if not all(p.on_device for p in self.params):
-            if any(p.on_device for p in self.params):
+        placements = {p.placement for p in self.params}
+        if None in placements:
+            if len(placements) > 1:
                 raise RuntimeError(
-                    "optimizer: some parameters are on the device and some are not; call cuda() on "
+                    "optimizer: some parameters are placed and some are not; call cuda() (or to_host()) on "
                     "the model(s) that own them"
                 )
             return False
+        if len(placements) > 1:
+            where = ", ".join(sorted(map(str, placements)))
+            raise RuntimeError(f"optimizer: the parameters live in different places ({where})")
+        where = self.placement = placements.pop()
+        master = where.master_dtype
         self.state = {}
         for name in self.state_names:
             pending = self._pending_state.get(name)
             self.state[name] = [
-                upload(pending[i], ops.master_dtype)
-                if pending
-                else ops.xp.zeros(p.shape, dtype=ops.master_dtype)
+                where.array(pending[i], master) if pending else where.xp.zeros(p.shape, dtype=master)
                 for i, p in enumerate(self.params)
             ]
         self._pending_state = {}
@@ -81,15 +90,15 @@ class Optimizer:
             key = None if p.low is None else np.dtype(p.low.dtype).str
             by_dtype.setdefault(key, []).append(i)
         self._groups = [
-            _Group(idx, [self.params[i] for i in idx], self.state, self.state_names)
+            _Group(idx, [self.params[i] for i in idx], self.state, self.state_names, where)
             for idx in by_dtype.values()
         ]
-        self._hyper = ops.xp.zeros((len(self.device_hyperparameters()),), dtype=ops.master_dtype)
+        self._hyper = where.xp.zeros((len(self.device_hyperparameters()),), dtype=master)
         self._device_state_ready()
         return True
 
     def _device_state_ready(self) -> None:
-        """Hook: create further device state once the parameters are on the device."""
+        """Hook: create further device state once the parameters are placed (self.placement)."""
 
     def device_hyperparameters(self) -> tuple:
         """The hyperparameters the kernels read from the device (as floats, in the order of the device array)."""
@@ -102,7 +111,8 @@ class Optimizer:
     def _require_ready(self):
         if not self._ready():
             raise RuntimeError(
-                "optimizer: parameters are not on the GPU yet; run a forward pass or model.cuda()"
+                "optimizer: parameters are not on the GPU (or the host) yet; run a forward pass, model.cuda() or "
+                "model.to_host()"
             )
 
     def grad_lists(self) -> list:
@@ -124,13 +134,13 @@ class Optimizer:
             else:
                 for p in self.params:
                     if p.arena is arena:
-                        ops.xp.multiply(p.grad, inv_scale, out=p.grad)
+                        self.placement.xp.multiply(p.grad, inv_scale, out=p.grad)
 
     def zero_grad(self) -> None:
         """Zero every gradient in place (one launch per group; nothing to do before the first forward)."""
         if self._ready():
             for g in self._groups:
-                ops.multi_tensor.zero_(g.grads)
+                multi_tensor.zero_(g.grads)
 
     def step(self, found_inf=None, inv_scale=None) -> None:
         """One update of every parameter: prepare_step() then launch_step(found_inf, inv_scale)."""
@@ -142,7 +152,7 @@ class Optimizer:
         the current stream, ordered before the update kernels). Never inside a CUDA-graph capture."""
         self._require_ready()
         self.step_count += 1
-        ops.multi_tensor.write_scalars(self._hyper, self.device_hyperparameters())
+        multi_tensor.write_scalars(self._hyper, self.device_hyperparameters())
 
     def launch_step(self, found_inf=None, inv_scale=None) -> None:
         """The device half: the update kernels, one launch per group, reading the hyperparameters written by the
@@ -170,7 +180,7 @@ class Optimizer:
         out.update({k: _plain(getattr(self, k)) for k in self.hyperparameters})
         for name in self.state_names:
             if self.state is not None:
-                arrays = [np.asarray(to_host(a), np.float32) for a in self.state[name]]
+                arrays = [np.asarray(host_copy(a), np.float32) for a in self.state[name]]
             elif name in self._pending_state:
                 arrays = [a.copy() for a in self._pending_state[name]]
             else:
@@ -203,7 +213,7 @@ class Optimizer:
         if self.state is not None:
             for name, values in arrays.items():
                 for dst, a in zip(self.state[name], values, strict=True):
-                    ops.xp.copyto(dst, upload(a, dst.dtype))
+                    self.placement.xp.copyto(dst, self.placement.array(a, dst.dtype))
         else:
             self._pending_state = arrays
 

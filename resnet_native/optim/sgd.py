@@ -7,7 +7,7 @@ For fp16/bf16 models the same launch rewrites the low-precision copies the ops r
 from the device (see Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
-from ..layers._backend import ops
+from .. import multi_tensor
 from .optimizer import Optimizer, _non_negative
 
 
@@ -31,7 +31,7 @@ class SGD(Optimizer):
         # PyTorch starts the momentum buffer at the first gradient, undamped; the kernel needs telling only
         # when dampening makes that differ from updating a zero buffer.
         first = {"first_step": True} if self.dampening and self.step_count == 1 else {}
-        ops.multi_tensor.sgd_step(
+        multi_tensor.sgd_step(
             group.params,
             group.grads,
             group.state["momentum_buffer"],
