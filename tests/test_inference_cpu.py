@@ -7,7 +7,6 @@ device access)."""
 import conv_reference as ref
 import numpy as np
 import pytest
-import test_layers_numpy_ops as numpy_ops
 import yaml
 from fake_arrays import FakeCudaArray
 
@@ -28,7 +27,6 @@ from resnet_native.inference.engine import batch_chunks
 from resnet_native.inference.fold import BN_EPS, conv_step_params, fold_from_state
 from resnet_native.inference.input_stage import CAST, COPY, NORMALIZE, InputStage
 from resnet_native.inference.runner import bind_forward
-from resnet_native.layers._backend import ops
 from resnet_native.names import ARRAY_DTYPES, DTYPE_ALIASES
 
 
@@ -266,25 +264,22 @@ def _host_forward(plan, state, layout, batch, *, storage=False):
             dtype = ARRAY_DTYPES[DTYPE_ALIASES[s.precision]]
             w, b = w.astype(np.float32).astype(dtype), b.astype(np.float32).astype(dtype)
         weights[s.name] = (w, b)
-    specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout=layout, precision="fp32")
+    specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout=layout,
+                                   precision=s.precision if storage else "fp32")
              for s in plan.conv_steps()}
-    backend = numpy_ops.numpy_backend()
-    fns = {"conv2d": numpy_ops.conv2d, "max_pool2d": numpy_ops.max_pool2d,
-           "global_avg_pool": numpy_ops.global_avg_pool, "cast": backend["kernels"].cast}
-    return bind_forward(plan, batch, view, weights, specs, layout, type("Ops", (), fns))
+    return bind_forward(plan, batch, view, weights, specs, layout)
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize(("depth", "stem", "size"), [(18, "cifar", 16), (50, "imagenet", 32)])
 def test_bound_plan_equals_the_eval_graph_on_numpy_references(rng, layout, depth, stem, size):
-    with ops.use(**numpy_ops.numpy_backend()):
-        model = rn.ResNet(depth, 7, stem=stem, layout=layout, seed=1)
-        state = randomized_state(model, rng)
-        model.load_state_dict(state)
-        shape = (3, size, size, 3) if layout == "NHWC" else (3, 3, size, size)
-        x = rng.standard_normal(shape)
-        expected = model.eval().forward(x)
-    plan = build_plan(state, stem, "fp16", size)  # the fp16 plan: its classifier cast step runs too
+    model = rn.ResNet(depth, 7, stem=stem, layout=layout, seed=1).to_host(np.float64)
+    state = randomized_state(model, rng)
+    model.load_state_dict(state)
+    shape = (3, size, size, 3) if layout == "NHWC" else (3, 3, size, size)
+    x = rng.standard_normal(shape)
+    expected = model.eval().forward(x)
+    plan = build_plan(state, stem, "fp32", size)  # float64 host values: the fp32 plan (the fp16 test runs the cast)
     forward = _host_forward(plan, state, layout, 3)
     forward.input[...] = x
     forward.run()
@@ -296,12 +291,11 @@ def test_bound_plan_equals_the_eval_graph_on_numpy_references(rng, layout, depth
 def test_bound_plan_in_fp16_storage_stays_close_to_the_fp16_eval_graph(rng):
     # Both round every activation to fp16 (NumPy float16 outputs of float64 references), the plan its folded
     # weights and biases too; the float64 comparison above checks the arithmetic, this one the storage dtypes.
-    with ops.use(**numpy_ops.numpy_backend()):
-        model = rn.ResNet(18, 10, stem="cifar", layout="NHWC", precision="fp16", seed=2)
-        state = randomized_state(model, rng)
-        model.load_state_dict(state)
-        x = rng.standard_normal((2, 16, 16, 3)).astype(np.float16)
-        expected = model.eval().forward(x)
+    model = rn.ResNet(18, 10, stem="cifar", layout="NHWC", precision="fp16", seed=2).to_host(np.float64)
+    state = randomized_state(model, rng)
+    model.load_state_dict(state)
+    x = rng.standard_normal((2, 16, 16, 3)).astype(np.float16)
+    expected = model.eval().forward(x)
     plan = build_plan(state, "cifar", "fp16", 16)
     forward = _host_forward(plan, state, "NHWC", 2, storage=True)
     assert forward.input.dtype == np.float16 and forward.logits.dtype == np.float32

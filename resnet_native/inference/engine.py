@@ -42,7 +42,7 @@ from .capture import WorkspaceHold, capture_graph
 from .fold import conv_step_params
 from .input_stage import InputStage, as_device_array
 from .plan import build_plan
-from .runner import bind_forward, native_ops
+from .runner import bind_forward
 from .source import model_source
 from .tuning import decide_fusion
 
@@ -232,8 +232,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
                                                  precision=s.precision, algo="find", engine=self.conv_engine,
                                                  deterministic=self.deterministic)
                            for s in self.plan.conv_steps()}
-            ops = native_ops()
-            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout, ops)
+            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout)
                               for b in self.batch_sizes}
             # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
             # and with it lasting memory, in this pool).

@@ -1,33 +1,23 @@
 """A plan bound to arrays: one callable per step, for one batch size.
 
-bind_forward takes where each value lives (view(value, batch) -> array), the convolutions' weights and specs, and
-the op functions to call. The engine passes the native ops and views into its device buffers; CPU tests pass
-NumPy references and host views, so the same binding code runs the plan against the model's eval graph without a
-GPU.
+bind_forward takes where each value lives (view(value, batch) -> array) and the convolutions' weights and specs.
+The engine passes views into its device buffers; CPU tests pass host views, which the same op functions hand to
+their float64 NumPy references (resnet_native.reference), so the binding runs the plan against the model's eval
+graph without a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 
-from .. import conv
-
-
-def native_ops():
-    """The op functions a forward calls: resnet_native's conv2d, max_pool2d, global_avg_pool and cast."""
-    from .. import kernels, pool
-
-    return types.SimpleNamespace(conv2d=conv.conv2d, max_pool2d=pool.max_pool2d,
-                                 global_avg_pool=pool.global_avg_pool, cast=kernels.cast)
+from .. import conv, kernels, pool
 
 
 @dataclasses.dataclass
 class ConvCall:
     """One convolution of the plan with its arrays bound: call(spec) runs it with that spec."""
 
-    conv2d: object
     x: object
     w: object
     bias: object
@@ -36,7 +26,7 @@ class ConvCall:
     relu: bool
 
     def __call__(self, spec) -> None:
-        self.conv2d(self.x, self.w, spec, bias=self.bias, z=self.z, activation="relu" if self.relu else "identity",
+        conv.conv2d(self.x, self.w, spec, bias=self.bias, z=self.z, activation="relu" if self.relu else "identity",
                     out=self.out)
 
     def fused(self) -> str:
@@ -63,9 +53,9 @@ class Forward:
             call()
 
 
-def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str, ops) -> Forward:
+def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str) -> Forward:
     """The Forward of `plan` for `batch`: view(value, batch) gives a value's array in the layout, weights[name] a
-    conv step's (weight, bias), specs[name] its ConvSpec, ops the op functions (native_ops())."""
+    conv step's (weight, bias), specs[name] its ConvSpec."""
     calls, conv_calls = [], {}
     for s in plan.steps:
         x, out = view(s.x, batch), view(s.out, batch)
@@ -73,16 +63,16 @@ def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str
         if s.kind == "conv":
             w, b = weights[s.name]
             z = None if s.z is None else view(s.z, batch)
-            conv_calls[s.name] = call = ConvCall(ops.conv2d, x, w, b, z, out, s.relu)
+            conv_calls[s.name] = call = ConvCall(x, w, b, z, out, s.relu)
             calls.append(functools.partial(call, specs[s.name]))
         elif s.kind == "maxpool":
-            calls.append(functools.partial(ops.max_pool2d, x, kernel=s.kernel, stride=s.stride, padding=s.padding,
+            calls.append(functools.partial(pool.max_pool2d, x, kernel=s.kernel, stride=s.stride, padding=s.padding,
                                            layout=layout, out=out, dtype=dtype))
         elif s.kind == "avgpool":  # (N, C) out, as the op writes it
-            calls.append(functools.partial(ops.global_avg_pool, x, layout=layout, out=out.reshape(batch, -1),
+            calls.append(functools.partial(pool.global_avg_pool, x, layout=layout, out=out.reshape(batch, -1),
                                            dtype=dtype))
         elif s.kind == "cast":
-            calls.append(functools.partial(ops.cast, x.reshape(batch, -1), out.reshape(batch, -1)))
+            calls.append(functools.partial(kernels.cast, x.reshape(batch, -1), out.reshape(batch, -1)))
         else:
             raise ValueError(f"plan: unknown step kind {s.kind!r} ({s.name})")
     logits = view(plan.output, batch).reshape(batch, plan.num_classes)
