@@ -6,15 +6,18 @@
     clf.predict_proba(img)        -> (10,) float32 probabilities
     clf.classes                   -> ('airplane', 'automobile', ...)
 
-Images that are not 32x32 are resized (bilinear) and converted to RGB, as the release's preprocess.py does.
-Normalisation runs on the host through the same lookup table the trainer's GPU kernel uses, so the network sees
-bit-identical inputs to those it was evaluated on during training.
+Images that are not 32x32 are resized (bilinear) and converted to RGB, as the release's preprocess.py does. On a
+GPU the release runs in an InferenceEngine (BN folded, one CUDA graph per batch size) fed the uint8 pixels, whose
+input stage normalises through the lookup table the trainer's kernel uses, so the network sees bit-identical inputs
+to those it was evaluated on during training. Without a GPU the released network runs on the host through the
+float64 NumPy references (resnet_native.reference): slower, and it says so once.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
@@ -114,21 +117,35 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_release_model(config: dict, weights: dict):
-    """The network described by a release's config.yaml, with its weights, in eval mode (needs a GPU)."""
+def build_release_model(config: dict, weights: dict, *, on_host: bool = False):
+    """The network described by a release's config.yaml, with its weights, in eval mode: on the GPU, or with
+    on_host on the host (float32 masters, the NumPy reference ops)."""
     model = model_from_spec(config["model"])
-    model.cuda()
+    if on_host:
+        model.to_host(np.float32)
+    else:
+        model.cuda()
     model.load_state_dict(weights)
     model.eval()
     return model
 
 
+DEFAULT_ENGINE_BATCH_SIZES = (1, 8, 32, 256)
+
+
 class CIFAR10Classifier:
     """A released CIFAR-10 model. version: 'A', 'B', ... (looked up in models_dir, default ./cifar10_models or
-    $RESNET_NATIVE_MODELS) or the path of a version folder. model: use this network instead of building the
-    release's (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) -> logits."""
+    $RESNET_NATIVE_MODELS) or the path of a version folder.
 
-    def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None):
+    On a GPU the release is served by an InferenceEngine captured for `engine_batch_sizes` (larger batches run in
+    chunks of the largest). Without one, the network runs on the host (a warning says so once). model: use this
+    network instead (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) ->
+    logits and is fed normalised batches."""
+
+    def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
+                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES):
+        import resnet_native as rn
+
         self.version_dir = resolve_version_dir(version, models_dir)
         # version_X is a symlink that a new release re-points: read config and weights from one release folder.
         folder = self.version_dir.resolve()
@@ -139,7 +156,17 @@ class CIFAR10Classifier:
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
-        self.model = model if model is not None else build_release_model(self.config, load_weights(folder))
+        self.model, self.engine = model, None
+        if model is None and rn.cuda_available():
+            from .inference import InferenceEngine
+
+            self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=self.precision,
+                                          layout=self.layout)
+        elif model is None:
+            warnings.warn(f"CIFAR10Classifier: no CUDA GPU ({rn._C.device_unavailable_reason()}); the model runs on "
+                          "the host through the NumPy reference ops, which is much slower", RuntimeWarning,
+                          stacklevel=2)
+            self.model = build_release_model(self.config, load_weights(folder), on_host=True)
 
     def __repr__(self):
         return f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']})"
@@ -152,9 +179,11 @@ class CIFAR10Classifier:
         return normalize_on_host(batch, layout=self.layout, dtype=self.precision), single
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
+        """Logits of a normalised host batch through self.model (handed device arrays unless it lives on the host)."""
         import resnet_native as rn
 
-        if rn.cuda_available():
+        placement = getattr(self.model, "placement", None)
+        if placement.on_gpu if placement is not None else rn.cuda_available():
             import cupy
 
             x = cupy.asarray(x)
@@ -162,8 +191,15 @@ class CIFAR10Classifier:
         return np.array(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
 
     def logits(self, images) -> np.ndarray:
-        x, single = self.preprocess(images)
-        out = [self._forward(x[s:s + self.batch_size]) for s in range(0, len(x), self.batch_size)]
+        if self.engine is not None:
+            import cupy
+
+            pixels, single = to_batch(images)  # the engine normalises the uint8 pixels on the device
+            out = [self.engine(cupy.asarray(pixels[s:s + self.batch_size])).get()
+                   for s in range(0, len(pixels), self.batch_size)]
+        else:
+            x, single = self.preprocess(images)
+            out = [self._forward(x[s:s + self.batch_size]) for s in range(0, len(x), self.batch_size)]
         logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
         return logits[0] if single else logits
 

@@ -149,24 +149,28 @@ def save_weights(weights: dict, folder) -> None:
 
 
 def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, iters: int = 20) -> dict:
-    """Images/s of the released network's forward pass (eval mode) on the current GPU, after warm-up."""
+    """Images/s of the released network served by an InferenceEngine (uint8 pixels in, logits out, one CUDA graph)
+    on the current GPU, after warm-up."""
     import cupy
 
-    from .classifier import build_release_model
-    from .data.augment import normalize_on_gpu
+    from .inference import InferenceEngine
+    from .models.registry import model_from_spec
 
-    model = build_release_model(config, weights)
+    model = model_from_spec(config["model"])
+    model.load_state_dict(weights)
+    spec = config["model"]
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8)
-    x = normalize_on_gpu(images, layout=config["model"]["layout"], dtype=config["model"]["precision"])
-    for _ in range(3):  # algorithm search and buffer allocation happen here
-        model.forward(x, train=False, copy=False)
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        model.forward(x, train=False, copy=False)
-    stop.record()
-    stop.synchronize()
+    images = cupy.asarray(rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8))
+    with InferenceEngine(model, batch_sizes=(batch_size,), dtype=spec["precision"], layout=spec["layout"]) as engine:
+        out = cupy.empty((batch_size, engine.num_classes), dtype=np.float32)
+        for _ in range(3):
+            engine(images, out=out)
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(iters):
+            engine(images, out=out)
+        stop.record()
+        stop.synchronize()
     seconds = cupy.cuda.get_elapsed_time(start, stop) / 1000.0
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

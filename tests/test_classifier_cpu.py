@@ -12,7 +12,7 @@ from test_release_cpu import make_fake_run
 
 import resnet_native as rn
 from resnet_native import release
-from resnet_native.classifier import CIFAR10Classifier, softmax, to_batch
+from resnet_native.classifier import CIFAR10Classifier, load_weights, softmax, to_batch
 from resnet_native.data.augment import normalize_on_host
 from resnet_native.data.cifar10 import CLASSES
 
@@ -138,3 +138,18 @@ def test_serving_does_not_import_the_trainer():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=repo)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_without_a_gpu_the_release_runs_on_the_host_reference(release_dir, rng):
+    if rn.cuda_available():
+        pytest.skip("a GPU is present: the release is served by its InferenceEngine (tests/test_release_gpu.py)")
+    with pytest.warns(RuntimeWarning, match="no CUDA GPU"):
+        clf = CIFAR10Classifier("A", models_dir=release_dir.parent, batch_size=2)
+    assert clf.engine is None and clf.model.placement is not None and not clf.model.placement.on_gpu
+    images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    # The release's network built on the host by hand, fed the normalised batch.
+    net = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16").to_host(np.float32)
+    net.load_state_dict(load_weights(release_dir))
+    want = net.eval().forward(normalize_on_host(images, layout="NHWC", dtype="fp16"))
+    np.testing.assert_array_equal(clf.logits(images), want)
+    assert clf.predict(images[0]) == int(np.argmax(want[0]))

@@ -1,4 +1,5 @@
-"""A release predicts exactly what the model it came from predicts, and measures inference throughput."""
+"""A release predicts what the model it came from predicts (exactly through the eval graph, within fp16 rounding
+through the InferenceEngine that serves it), and measures inference throughput."""
 
 import json
 
@@ -46,10 +47,23 @@ def test_release_predicts_like_its_model(trained_run, tmp_path):
     x = normalize_on_gpu(images, layout="NHWC", dtype="fp16")
     want = cp.asnumpy(model.forward(x, train=False))
 
+    # Served by the eval graph it came from (a model passed in), the release predicts exactly what the model does.
+    exact = CIFAR10Classifier("T", models_dir=tmp_path / "cifar10_models", model=model)
+    np.testing.assert_allclose(exact.predict_proba(images), softmax(want), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(exact.predict(images), np.argmax(want, axis=1))
+
+    # Served by its InferenceEngine (BN folded into the convolutions, fed the uint8 pixels): the same function in
+    # other fp16 roundings, so the logits agree within fp16's tolerance and the classes wherever the top two
+    # logits are not within that tolerance of each other.
     clf = CIFAR10Classifier("T", models_dir=tmp_path / "cifar10_models")
-    proba = clf.predict_proba(images)
-    np.testing.assert_allclose(proba, softmax(want), rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(clf.predict(images), np.argmax(want, axis=1))
+    assert clf.engine is not None
+    got = clf.logits(images)
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), np.abs(got - want).max()
+    top2 = np.sort(want, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-2 * np.abs(want).max()
+    np.testing.assert_array_equal(clf.predict(images)[clear], np.argmax(want, axis=1)[clear])
+    assert clear.mean() > 0.9
+    want = got  # the single-image forms below must give the engine's batch answers
 
     # Single-image forms give the batch's answers.
     for i in (0, 7):
@@ -59,8 +73,11 @@ def test_release_predicts_like_its_model(trained_run, tmp_path):
     assert clf.predict(str(tmp_path / "x.png")) == int(np.argmax(want[3]))
     np.testing.assert_array_equal(clf.predict([images[5], images[6]]), np.argmax(want[5:7], axis=1))
 
-    # On the whole test set the release scores what training recorded for these weights.
+    # On the whole test set the release scores what training recorded for these weights: exactly through the eval
+    # graph (1e-3: ten images, in case the optimizer's fused fp16 weight copies round differently from a fresh
+    # cast), and through the engine within the images whose top two logits fp16 rounding can swap (2e-3).
+    acc_exact = float((exact.predict(data.test_images) == data.test_labels).mean())
+    assert abs(acc_exact - metrics["test_accuracy"]) <= 1e-3, (acc_exact, metrics["test_accuracy"])
     acc = float((clf.predict(data.test_images) == data.test_labels).mean())
-    # (1e-3: ten images, in case the optimizer's fused fp16 weight copies round differently from a fresh cast.)
-    assert abs(acc - metrics["test_accuracy"]) <= 1e-3, (acc, metrics["test_accuracy"])
+    assert abs(acc - metrics["test_accuracy"]) <= 2e-3, (acc, metrics["test_accuracy"])
     assert acc > SHORT_RUN_MIN_TEST_ACC  # the short run's bar (see test_train_gpu.py)
