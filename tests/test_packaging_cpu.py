@@ -179,10 +179,12 @@ def test_missing_cudnn_names_the_install_command(tmp_path):
 
 
 @pytest.mark.skipif(rn.cuda_available(), reason="the summary line is printed where GPU tests skip")
-def test_gpu_skips_are_summarised_once_under_q():
+def test_gpu_skips_are_summarised_once_under_q(tmp_path):
+    # Run from elsewhere, with the resnet_native this test imported first on the path (installed or in-place).
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(rn.__file__).parent.parent)}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(REPO / "tests" / "test_pool_gpu.py")], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+                             str(REPO / "tests" / "test_pool_gpu.py")], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=env)
     lines = [line for line in result.stdout.splitlines() if "tests skipped: no CUDA GPU or driver" in line]
     assert len(lines) == 1 and re.fullmatch(r"\d+ tests skipped: no CUDA GPU or driver.*", lines[0]), result.stdout
 
