@@ -48,13 +48,13 @@ def _local_toolkits():
     if nvcc:
         roots.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
     roots += ["/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
-    found = []
+    found, seen = [], set()
     for root in roots:
-        if not root or not os.path.isfile(os.path.join(root, "bin", "nvcc")):
-            continue
-        if cuda_header_major(os.path.join(root, "include")) and os.path.realpath(root) not in map(os.path.realpath,
-                                                                                                   found):
+        is_toolkit = root and os.path.isfile(os.path.join(root, "bin", "nvcc")) and cuda_header_major(
+            os.path.join(root, "include"))
+        if is_toolkit and os.path.realpath(root) not in seen:
             found.append(root)
+            seen.add(os.path.realpath(root))
     return found
 
 
