@@ -5,7 +5,7 @@ See README.md and ARCHITECTURE.md.
 """
 
 from . import kernels, multi_tensor, norm, pool  # noqa: F401  (native ops: kernels, BN, pooling)
-from ._loader import _C, CUDNN_LIBRARY
+from ._loader import _C, CUDNN_LIBRARY, build_info
 from ._runtime import cuda_available, current_stream, require_gpu
 from .classifier import CIFAR10Classifier  # released CIFAR-10 models (resnet_native.release)
 from .conv import ConvSpec, _drop_cached_descriptors, conv2d, conv_output_shape  # noqa: F401
@@ -67,6 +67,7 @@ def release_workspace() -> None:
 
 __all__ = [
     "CUDNN_LIBRARY",
+    "build_info",
     "CudaError",
     "CudnnError",
     "NoGPUError",

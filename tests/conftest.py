@@ -1,6 +1,7 @@
 """Shared test plumbing.
 
-- `gpu` tests skip, with the reason, on machines without a usable CUDA GPU (CI has none).
+- `gpu` tests skip on machines without a usable CUDA GPU (CI has none); one summary line gives their number and
+  the reason, also under -q, which hides skip reasons.
 - `data` tests skip when the CIFAR-10 archive is absent.
 - Every test is checked for leaked cuDNN descriptors: the C++ live counters must be back to where they were.
 """
@@ -31,10 +32,22 @@ def cifar_path():
     return None
 
 
+NO_GPU = "no CUDA GPU or driver"
+_gpu_skip_reason = pytest.StashKey[str]()  # set at collection: the skip reason of gpu tests, or None
+
+
+def gpu_unavailable_reason():
+    """Why GPU tests skip here, starting with NO_GPU; None when a GPU is usable."""
+    if rn.cuda_available():
+        return None
+    reason = rn._C.device_unavailable_reason()
+    return reason if reason.startswith(NO_GPU) else f"{NO_GPU} ({reason})"
+
+
 def pytest_collection_modifyitems(config, items):
-    no_gpu = None if rn.cuda_available() else pytest.mark.skip(
-        reason=f"needs a CUDA GPU: {rn._C.device_unavailable_reason()}"
-    )
+    reason = gpu_unavailable_reason()
+    config.stash[_gpu_skip_reason] = reason
+    no_gpu = None if reason is None else pytest.mark.skip(reason=reason)
     no_data = None if cifar_path() else pytest.mark.skip(
         reason="needs CIFAR-10 (.data/cifar10-jpeg.tar.xz or ../shared/data/cifar10-jpeg.tar.xz)"
     )
@@ -43,6 +56,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if no_data is not None and "data" in item.keywords:
             item.add_marker(no_data)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """'N tests skipped: no CUDA GPU or driver (...)', once, whatever the verbosity."""
+    reason = config.stash.get(_gpu_skip_reason, None)
+    if reason is None:
+        return
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and str(r.longrepr[2]).endswith(reason)]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} tests skipped: {reason}")
 
 
 def _live():

@@ -110,6 +110,43 @@ py::dict stats_dict(const WorkspaceStats& s) {
   return d;
 }
 
+// What the build settled (resnet_native_build/build_ext.py defines these; a build by other means says unknown).
+#ifndef RN_BUILD_CUDA_MAJOR
+#define RN_BUILD_CUDA_MAJOR 0
+#endif
+#ifndef RN_BUILD_CUDA_COMPILER
+#define RN_BUILD_CUDA_COMPILER "unknown"
+#endif
+#ifndef RN_BUILD_CUDA_ARCHS
+#define RN_BUILD_CUDA_ARCHS ""
+#endif
+#ifndef RN_BUILD_CUDA_SOURCE
+#define RN_BUILD_CUDA_SOURCE "unknown"
+#endif
+#ifndef RN_BUILD_CUDNN_SOURCE
+#define RN_BUILD_CUDNN_SOURCE "unknown"
+#endif
+#ifndef RN_BUILD_DEBUG_INFO
+#define RN_BUILD_DEBUG_INFO 0
+#endif
+
+py::dict build_info() {
+  py::dict d;
+  d["cuda_flavour"] = RN_BUILD_CUDA_MAJOR;
+  d["cuda_compiler"] = RN_BUILD_CUDA_COMPILER;
+  d["cuda_source"] = RN_BUILD_CUDA_SOURCE;
+  d["cudart_version"] = CUDART_VERSION;  // linked statically: the headers' version is the one that runs
+  d["cuda_archs"] = RN_BUILD_CUDA_ARCHS;
+  d["cudnn_headers_version"] = CUDNN_VERSION;
+  d["cudnn_source"] = RN_BUILD_CUDNN_SOURCE;
+  d["host_compiler"] = __VERSION__;
+  d["debug_info"] = RN_BUILD_DEBUG_INFO != 0;
+  int driver = 0;  // stays 0 where no driver is installed
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  d["driver_cuda_version"] = driver;
+  return d;
+}
+
 py::object g_cudnn_error, g_cuda_error, g_no_gpu_error;
 
 void raise_with_status(const py::object& type, const std::string& message, const std::string& status, int code) {
@@ -154,6 +191,9 @@ void bind_core(py::module_& m) {
   m.attr("CUDNN_MAJOR_COMPILED") = CUDNN_MAJOR;
   m.attr("CUDART_VERSION_COMPILED") = CUDART_VERSION;
   m.def("cudnn_version", [] { return cudnnGetVersion(); }, "Version of the cuDNN library loaded (e.g. 91900).");
+  m.def("build_info", &build_info,
+        "How this extension was built: CUDA flavour, device compiler, CUDA runtime and cuDNN header versions, "
+        "architectures; and the CUDA version the installed driver supports (0: none).");
   m.def("device_count", &device_count, "Number of usable CUDA devices (0 without a GPU).");
   m.def("device_unavailable_reason", &device_unavailable_reason);
   m.def("live_descriptors", &live_descriptor_counts,
