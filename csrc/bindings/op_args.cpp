@@ -16,8 +16,7 @@ OpArgs::Entry& OpArgs::add(TensorView view, const char* name, py::handle obj) {
   return entries_.back();
 }
 
-const TensorView& OpArgs::input(py::handle obj, const char* name, const DTypeRequest& dtype,
-                                TensorArgOptions options) {
+const TensorView& OpArgs::input(py::handle obj, const char* name, const DTypeRequest& dtype, TensorArgOptions options) {
   options.check_device = false;
   return add(tensor_arg(obj, name, dtype, options), name, obj).view;
 }

@@ -39,8 +39,7 @@ class OpArgs {
   const TensorView& output(pybind11::handle obj, const char* name, DType dtype, const std::vector<int64_t>& shape,
                            TensorArgOptions options = {});
   // An array the op writes when given; None stays undefined (nothing is allocated).
-  const TensorView& optional_output(pybind11::handle obj, const char* name, DType dtype,
-                                    TensorArgOptions options = {});
+  const TensorView& optional_output(pybind11::handle obj, const char* name, DType dtype, TensorArgOptions options = {});
 
   // TypeError for host memory, ValueError for another device, NoGPUError without a GPU; then the allocations.
   void prepare_device();
