@@ -10,7 +10,8 @@ them); model copies (the fp16/bf16 weights that low-precision ops read) may have
 without a copy. Scalars that change per step (lr, inv_scale, AdamW's step) are Python numbers or float32 device
 arrays of shape (1,), which the kernel reads on the device (no host synchronisation, graph-friendly); so may
 SGD's momentum and AdamW's beta1, which a one-cycle schedule moves. found_inf is a cupy int32 array of shape
-(1,): when it is nonzero on the device the whole update is skipped.
+(1,): when it is nonzero on the device the whole update is skipped. The native core checks every argument
+(numbers against their ranges; a device scalar cannot be: a captured graph reads its value at each replay).
 """
 
 import functools
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import reference
 from ._loader import _C
-from .kernels import resolve_dtype, stream
+from .kernels import stream
 
 
 class TensorList:
@@ -31,20 +32,9 @@ class TensorList:
     """
 
     def __init__(self, arrays, dtype=None):
-        arrays = list(arrays)
-        if not arrays:
-            raise ValueError("arrays: expected at least one array")
-        if isinstance(dtype, (list, tuple)):
-            if len(dtype) != len(arrays):
-                raise ValueError(f"dtype: expected {len(arrays)} dtypes (one per array), got {len(dtype)}")
-            per_array = list(dtype)
-        else:
-            per_array = [dtype] * len(arrays)
-        dtypes = [None if a is None else resolve_dtype(a, f"arrays[{i}]", d)
-                  for i, (a, d) in enumerate(zip(arrays, per_array, strict=True))]
-        self._arrays = arrays
-        self._table = _C.TensorTable(arrays, [d or "fp32" for d in dtypes])
-        self.dtypes = tuple(dtypes)
+        self._arrays = list(arrays)
+        self._table = _C.TensorTable(self._arrays, dtype)
+        self.dtypes = tuple(self._table.dtypes)
         self.sizes = tuple(self._table.numels)
 
     def __len__(self):
@@ -66,62 +56,16 @@ class TensorList:
         return f"TensorList({len(self)} tensors, {total} elements, dtypes {sorted(set(filter(None, self.dtypes)))})"
 
 
-def _table(value, name, *, optional=False):
-    if value is None and optional:
-        return None
-    if not isinstance(value, TensorList):
-        raise TypeError(f"{name}: expected a resnet_native.multi_tensor.TensorList (built once), got "
-                        f"{type(value).__name__}")
-    return value._table
-
-
-def _scalar(value, name):
-    """A Python float, or the float32 (1,) device array itself (the binding validates it)."""
-    if hasattr(value, "__cuda_array_interface__"):
-        return value
-    if hasattr(value, "__dlpack_device__") and value.__dlpack_device__()[0] in (2, 13):  # CUDA DLPack arrays
-        return value
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got a bool")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got "
-                        f"{type(value).__name__}") from None
-
-
-def _found_inf(found_inf, *, required=False):
-    """found_inf as the float32 view the binding parses (same memory: the kernel reads and writes int32)."""
-    if found_inf is None:
-        if required:
-            raise TypeError("found_inf: expected a cupy int32 array of shape (1,), got None")
-        return None
-    if not hasattr(found_inf, "__cuda_array_interface__"):
-        raise TypeError(f"found_inf: expected a cupy int32 array of shape (1,), got {type(found_inf).__name__}")
-    cai = found_inf.__cuda_array_interface__
-    if cai["typestr"][1:] != "i4":
-        raise TypeError(f"found_inf: expected an int32 array, got element type {cai['typestr']!r}")
-    if tuple(cai["shape"]) != (1,):
-        raise ValueError(f"found_inf: expected shape (1,), got {tuple(cai['shape'])}")
-    import cupy
-
-    return found_inf.view(cupy.float32)
+def _table(value):
+    """A TensorList's device table; anything else goes to the native op as is, which names what it expected."""
+    return value._table if isinstance(value, TensorList) else value
 
 
 def _non_negative(value, name) -> float:
+    """The optimizers' own check of a hyperparameter they keep (the ops check what they are called with)."""
     value = float(value)
     if not value >= 0.0:
         raise ValueError(f"{name}: expected a value >= 0, got {value}")
-    return value
-
-
-def _checked_scalar(value, name, low, high=None):
-    """A number checked to lie in [low, high) (high None: no bound), or a float32 (1,) device array, passed as
-    is: a captured graph reads its current value at each replay, so only the host can range-check it."""
-    value = _scalar(value, name)
-    if isinstance(value, float) and not (value >= low and (high is None or value < high)):
-        bound = f"[{low:g}, {high:g})" if high is not None else f">= {low:g}"
-        raise ValueError(f"{name}: expected a value {'in ' if high is not None else ''}{bound}, got {value}")
     return value
 
 
@@ -139,16 +83,8 @@ def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0
                                                weight_decay=weight_decay, nesterov=nesterov, dampening=dampening,
                                                inv_scale=inv_scale, found_inf=found_inf, model_copies=model_copies,
                                                first_step=first_step)
-    momentum = _checked_scalar(momentum, "momentum", 0.0)
-    dampening = _non_negative(dampening, "dampening")
-    weight_decay = _non_negative(weight_decay, "weight_decay")
-    if nesterov and ((isinstance(momentum, float) and momentum == 0.0) or dampening != 0.0):
-        raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
-    _C.multi_tensor_sgd(_table(params, "params"), _table(grads, "grads"),
-                        _table(momentum_bufs, "momentum_bufs", optional=True),
-                        _table(model_copies, "model_copies", optional=True), _scalar(lr, "lr"),
-                        _scalar(inv_scale, "inv_scale"), _found_inf(found_inf), momentum, dampening, weight_decay,
-                        bool(nesterov), bool(first_step), stream())
+    _C.multi_tensor_sgd(_table(params), _table(grads), _table(momentum_bufs), _table(model_copies), lr, inv_scale,
+                        found_inf, momentum, dampening, weight_decay, nesterov, first_step, stream())
 
 
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step,
@@ -163,17 +99,8 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
         return reference.multi_tensor.adamw_step(params, grads, exp_avgs, exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2,
                                                  eps=eps, weight_decay=weight_decay, step=step, inv_scale=inv_scale,
                                                  found_inf=found_inf, model_copies=model_copies)
-    beta1 = _checked_scalar(beta1, "beta1", 0.0, 1.0)
-    beta2 = float(_checked_scalar(beta2, "beta2", 0.0, 1.0))
-    eps = _non_negative(eps, "eps")
-    weight_decay = _non_negative(weight_decay, "weight_decay")
-    step = _scalar(step, "step")
-    if isinstance(step, float) and step < 1.0:
-        raise ValueError(f"step: expected the 1-based step number, got {step}")
-    _C.multi_tensor_adamw(_table(params, "params"), _table(grads, "grads"), _table(exp_avgs, "exp_avgs"),
-                          _table(exp_avg_sqs, "exp_avg_sqs"), _table(model_copies, "model_copies", optional=True),
-                          _scalar(lr, "lr"), _scalar(inv_scale, "inv_scale"), step, _found_inf(found_inf),
-                          beta1, beta2, eps, weight_decay, stream())
+    _C.multi_tensor_adamw(_table(params), _table(grads), _table(exp_avgs), _table(exp_avg_sqs), _table(model_copies),
+                          lr, inv_scale, step, found_inf, beta1, beta2, eps, weight_decay, stream())
 
 
 @functools.cache
@@ -223,21 +150,21 @@ def check_finite(grads, found_inf):
     """Set found_inf[0] = 1 if any element of any tensor is inf or NaN; it is never reset to 0 here."""
     if isinstance(grads, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
         return reference.multi_tensor.check_finite(grads, found_inf)
-    _C.multi_tensor_check_finite(_table(grads, "grads"), _found_inf(found_inf, required=True), stream())
+    _C.multi_tensor_check_finite(_table(grads), found_inf, stream())
 
 
 def zero_(tensors):
     """Zero every tensor in place (one launch, no reallocation)."""
     if isinstance(tensors, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
         return reference.multi_tensor.zero_(tensors)
-    _C.multi_tensor_zero(_table(tensors, "tensors"), stream())
+    _C.multi_tensor_zero(_table(tensors), stream())
 
 
 def scale_(tensors, factor):
     """Multiply every tensor by factor in place (a number or a float32 (1,) device array)."""
     if isinstance(tensors, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
         return reference.multi_tensor.scale_(tensors, factor)
-    _C.multi_tensor_scale(_table(tensors, "tensors"), _scalar(factor, "factor"), stream())
+    _C.multi_tensor_scale(_table(tensors), factor, stream())
 
 
 __all__ = ["TensorList", "adamw_step", "advance_step", "check_finite", "scale_", "sgd_step", "write_scalars", "zero_"]

@@ -15,58 +15,21 @@ Mode: SPATIAL_PERSISTENT for NHWC, SPATIAL for NCHW (cuDNN's NCHW persistent red
 large activations); set_mode() forces one. bf16 fusion is off unless set_fuse_bf16(True): cuDNN documents its
 fused kernels for fp16.
 
-Outputs not given are allocated with cupy before the op (pass them in to reuse buffers, e.g. for CUDA graphs).
+Outputs not given are allocated with cupy once every argument has been validated (pass them in to reuse
+buffers, e.g. for CUDA graphs); the native core checks every argument and raises TypeError / ValueError naming it.
 """
 
 import numpy as np
 
 from . import reference
 from ._loader import _C
-from ._runtime import cuda_available
-from .kernels import empty, resolve_dtype, shape_of, stream
-
-_LAYOUTS = ("NCHW", "NHWC")
-
-
-def _channels(shape, layout, name="x") -> int:
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout: expected 'NCHW' or 'NHWC', got {layout!r}")
-    if len(shape) != 4:
-        raise ValueError(f"{name}: expected a 4-D activation ({'N, C, H, W' if layout == 'NCHW' else 'N, H, W, C'}),"
-                         f" got shape {tuple(shape)}")
-    return int(shape[1] if layout == "NCHW" else shape[3])
-
-
-def _stats(c):
-    import cupy
-
-    return cupy.empty((c,), dtype=cupy.float32)
-
-
-def _number(value, name) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            return float(value)  # numpy scalars
-        except (TypeError, ValueError):
-            raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
-    return float(value)
+from .kernels import stream
 
 
 def batch_norm_reserve_size(x_shape, *, layout, relu=False, has_z=False, dtype="fp16") -> int:
     """Bytes of reserve space batch_norm_train needs for this problem (0 when it takes the unfused path, never 0
     on the fused one)."""
-    _channels(x_shape, layout, "x_shape")
-    dt = resolve_dtype_name(dtype)
-    return int(_C.batch_norm_reserve_size(tuple(int(s) for s in x_shape), layout, dt, bool(relu), bool(has_z),
-                                          stream()))
-
-
-def resolve_dtype_name(dtype) -> str:
-    names = {"fp32": "fp32", "float32": "fp32", "tf32": "fp32", "fp16": "fp16", "float16": "fp16",
-             "bf16": "bf16", "bfloat16": "bf16"}
-    if dtype not in names:
-        raise ValueError(f"dtype: expected one of 'fp32', 'fp16', 'bf16', got {dtype!r}")
-    return names[dtype]
+    return int(_C.batch_norm_reserve_size(x_shape, layout, dtype, relu, has_z, stream()))
 
 
 def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momentum=0.1, eps=1e-5, z=None,
@@ -74,33 +37,16 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
     """Training forward: y = [relu](bn(x) [+ z]) with batch statistics; updates running_mean / running_var in place.
 
     Returns (y, save_mean, save_invstd, reserve): keep them for batch_norm_backward. `reserve` is None when the
-    path needs none; a given `reserve` (from an earlier call of the same shape) is reused.
+    path needs none (sized by batch_norm_reserve_size); a given `reserve` (from an earlier call of the same shape)
+    is reused.
     """
     if isinstance(x, np.ndarray):  # host arrays: the float64 reference
         return reference.norm.batch_norm_train(x, gamma, beta, running_mean, running_var, layout=layout,
                                                momentum=momentum, eps=eps, z=z, relu=relu, out=out,
                                                save_mean=save_mean, save_invstd=save_invstd, reserve=reserve,
                                                dtype=dtype)
-    dt = resolve_dtype(x, "x", dtype)
-    shape = shape_of(x)
-    c = _channels(shape, layout)
-    momentum = _number(momentum, "momentum")
-    eps = _number(eps, "eps")
-    if out is None:
-        out = empty(shape, dt)
-    if save_mean is None:
-        save_mean = _stats(c)
-    if save_invstd is None:
-        save_invstd = _stats(c)
-    if reserve is None and cuda_available():  # without a GPU the op only validates, then raises NoGPUError
-        nbytes = batch_norm_reserve_size(shape, layout=layout, relu=relu, has_z=z is not None, dtype=dt)
-        if nbytes:  # 0: the plain path. Never 0 on the fused path: the buffer is also backward's token of it
-            import cupy
-
-            reserve = cupy.empty(((nbytes + 3) // 4,), dtype=cupy.float32)  # opaque bytes (float32 for tensor_arg)
-    _C.batch_norm_train(x, gamma, beta, running_mean, running_var, z, out, save_mean, save_invstd, reserve, layout,
-                        dt, momentum, eps, bool(relu), stream())
-    return out, save_mean, save_invstd, reserve
+    return _C.batch_norm_train(x, gamma, beta, running_mean, running_var, z, out, save_mean, save_invstd, reserve,
+                               layout, dtype, momentum, eps, relu, stream())
 
 
 def batch_norm_infer(x, gamma, beta, running_mean, running_var, *, layout, eps=1e-5, z=None, relu=False, out=None,
@@ -109,15 +55,7 @@ def batch_norm_infer(x, gamma, beta, running_mean, running_var, *, layout, eps=1
     if isinstance(x, np.ndarray):  # host arrays: the float64 reference
         return reference.norm.batch_norm_infer(x, gamma, beta, running_mean, running_var, layout=layout, eps=eps, z=z,
                                                relu=relu, out=out, dtype=dtype)
-    dt = resolve_dtype(x, "x", dtype)
-    shape = shape_of(x)
-    _channels(shape, layout)
-    eps = _number(eps, "eps")
-    if out is None:
-        out = empty(shape, dt)
-    _C.batch_norm_infer(x, gamma, beta, running_mean, running_var, z, out, layout, dt, eps, bool(relu),
-                        stream())
-    return out
+    return _C.batch_norm_infer(x, gamma, beta, running_mean, running_var, z, out, layout, dtype, eps, relu, stream())
 
 
 def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, eps=1e-5, y=None, relu=False,
@@ -133,27 +71,8 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
         return reference.norm.batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, layout=layout, eps=eps,
                                                   y=y, relu=relu, has_z=has_z, reserve=reserve, dx=dx, dgamma=dgamma,
                                                   dbeta=dbeta, dz=dz, dtype=dtype, accumulate=accumulate)
-    dt = resolve_dtype(x, "x", dtype)
-    shape = shape_of(x)
-    c = _channels(shape, layout)
-    eps = _number(eps, "eps")
-    if accumulate and (dgamma is None or dbeta is None):
-        raise ValueError("accumulate: needs dgamma and dbeta to accumulate into")
-    if relu and y is None:
-        raise ValueError("y: the forward output is required with relu=True (the ReLU mask)")
-    if dx is None:
-        dx = empty(shape, dt)
-    if dgamma is None:
-        dgamma = _stats(c)
-    if dbeta is None:
-        dbeta = _stats(c)
-    if has_z and dz is None:
-        dz = empty(shape, dt)
-    if not has_z and dz is not None:
-        raise ValueError("dz: given but has_z is False")
-    _C.batch_norm_backward(x, dy, y, gamma, beta, save_mean, save_invstd, reserve, dx, dgamma, dbeta, dz, layout, dt,
-                           eps, bool(relu), bool(has_z), bool(accumulate), stream())
-    return dx, dgamma, dbeta, dz
+    return _C.batch_norm_backward(x, dy, y, gamma, beta, save_mean, save_invstd, reserve, dx, dgamma, dbeta, dz,
+                                  layout, dtype, eps, relu, has_z, accumulate, stream())
 
 
 def last_path() -> dict:

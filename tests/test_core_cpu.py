@@ -66,7 +66,8 @@ def test_wrong_dtype_is_a_type_error():
 
 
 def test_bf16_accepts_uint16_bit_patterns():
-    ptr, dtype, shape = _C._parse_tensor(FakeCudaArray((4, 5), "uint16"), "x", "bf16", check_device=False)
+    ptr, dtype, shape = _C._parse_tensor(FakeCudaArray((4, 5), "uint16", ptr=0x10000), "x", "bf16",
+                                         check_device=False)
     assert (ptr, dtype, shape) == (0x10000, "bfloat16", (4, 5))
 
 

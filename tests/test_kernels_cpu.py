@@ -3,7 +3,7 @@ every check runs before any device access, and names the argument."""
 
 import numpy as np
 import pytest
-from fake_arrays import FakeCudaArray, transposed
+from fake_arrays import FakeCudaArray, expect_device_stage, fake, transposed
 
 import resnet_native as rn
 from resnet_native import kernels
@@ -13,20 +13,9 @@ FIRST_NAME = {kernels.add: "a", kernels.add_relu: "a", kernels.relu_backward: "d
 SECOND_NAME = {kernels.add: "b", kernels.add_relu: "b", kernels.relu_backward: "y", kernels.add_relu_backward: "y"}
 
 
-def fake(shape, dtype="float32", ptr=0x100000):
-    return FakeCudaArray(shape, dtype, ptr=ptr)
-
-
 def distinct(*shapes_dtypes):
     """Fakes at non-overlapping addresses."""
-    return [fake(s, d, ptr=0x100000 * (i + 1)) for i, (s, d) in enumerate(shapes_dtypes)]
-
-
-def expect_device_stage():
-    """Valid arguments get past validation to the device check: no GPU here, or a fake host pointer there."""
-    if rn.cuda_available():
-        return pytest.raises(TypeError, match="host memory|not CUDA memory")
-    return pytest.raises(rn.NoGPUError)
+    return [fake(s, d) for s, d in shapes_dtypes]
 
 
 @pytest.mark.parametrize("op", BINARY)
@@ -66,7 +55,7 @@ def test_binary_ops_reject_host_and_strided_arrays(op):
     with pytest.raises(TypeError, match=rf"{SECOND_NAME[op]}: .*host memory"):
         op(b, host, out=out)
     with pytest.raises(TypeError, match="out: .*host memory"):
-        op(b, fake((4, 5), ptr=0x900000), out=host)
+        op(b, fake((4, 5)), out=host)
     strided = transposed((4, 5))
     with pytest.raises(ValueError, match=rf"{SECOND_NAME[op]}: expected a C-contiguous array"):
         op(b, strided, out=out)
@@ -79,7 +68,7 @@ def test_binary_ops_allow_exact_in_place_but_not_partial_overlap(op):
     a, b = distinct(((64,), "float32"), ((64,), "float32"))
     with expect_device_stage():
         op(a, b, out=a)  # in place: validation passes
-    shifted = fake((64,), ptr=a.__cuda_array_interface__["data"][0] + 8)
+    shifted = FakeCudaArray((64,), ptr=a.ptr + 8)
     with pytest.raises(ValueError, match="out partially overlaps"):
         op(a, b, out=shifted)
 
@@ -103,8 +92,8 @@ def test_cast_validates_shapes_dtypes_and_overlap():
     x, out = distinct(((6, 7), "float32"), ((6, 7), "int32"))
     with pytest.raises(TypeError, match="out: expected a float32, float16 or bf16"):
         kernels.cast(x, out)
-    x = fake((64,), "float32", ptr=0x200000)
-    overlapping = fake((64,), "float16", ptr=0x200000)
+    x = fake((64,), "float32")
+    overlapping = FakeCudaArray((64,), "float16", ptr=x.ptr)
     with pytest.raises(ValueError, match="out partially overlaps x"):
         kernels.cast(x, overlapping)
     x, out = distinct(((6, 7), "float32"), ((6, 7), "uint16"))

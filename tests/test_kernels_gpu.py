@@ -7,6 +7,7 @@ import pytest
 
 import resnet_native as rn
 from resnet_native import kernels
+from resnet_native.names import ARRAY_DTYPES
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -47,7 +48,7 @@ def to_host64(dev, dtype):
 
 
 def poisoned(shape, dtype):
-    out = kernels.empty(shape, dtype)
+    out = cp.empty(shape, ARRAY_DTYPES[dtype])
     out.fill(NAN_BITS[dtype] if dtype == "bf16" else np.nan)
     return out
 
@@ -270,3 +271,29 @@ def test_errors_with_real_device_arrays():
     with pytest.raises(ValueError, match="out partially overlaps a"):
         flat = cp.ones(21, cp.float32)
         kernels.add(flat[:20], flat[:20], out=flat[1:])
+
+
+class DLPackOnly:
+    """A cupy array seen only through DLPack (as torch or jax arrays are), as a DLPack 1.x producer or an older one
+    that does not know max_version."""
+
+    def __init__(self, array, versioned):
+        self.array, self.versioned = array, versioned
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        if "max_version" in kwargs and not self.versioned:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.array.__dlpack__(**kwargs)
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_dlpack_arrays_read_and_write_like_cupy_arrays(versioned, rng):
+    da, ha = quantize(rng.standard_normal((3, 1001)), "fp16")
+    db, hb = quantize(rng.standard_normal((3, 1001)), "fp16")
+    out = poisoned((3, 1001), "fp16")
+    result = kernels.add(DLPackOnly(da, versioned), DLPackOnly(db, versioned), out=DLPackOnly(out, versioned))
+    assert isinstance(result, DLPackOnly) and result.array is out
+    check(out, ha + hb, "fp16", f"add through DLPack (versioned={versioned})")

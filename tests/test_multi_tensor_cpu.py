@@ -2,23 +2,10 @@
 
 import numpy as np
 import pytest
-from fake_arrays import FakeCudaArray, transposed
+from fake_arrays import expect_device_stage, fake, transposed
 
-import resnet_native as rn
+from resnet_native import _C
 from resnet_native import multi_tensor as mt
-
-_next_ptr = [0x1000000]
-
-
-def fake(shape, dtype="float32"):
-    _next_ptr[0] += 0x1000000
-    return FakeCudaArray(shape, dtype, ptr=_next_ptr[0])
-
-
-def expect_device_stage():
-    if rn.cuda_available():
-        return pytest.raises(TypeError, match="host memory|not CUDA memory")
-    return pytest.raises(rn.NoGPUError)
 
 
 def test_tensor_list_validates_every_entry_naming_its_index():
@@ -73,24 +60,41 @@ def test_hyperparameters_are_checked_before_anything_runs():
 
 
 def test_found_inf_must_be_an_int32_device_array_of_one_element():
+    # found_inf is checked (by the native core) before the lists, so plain lists show which found_inf passes.
+    arrays = [fake((3,))]
     with pytest.raises(TypeError, match="found_inf: expected an int32 array"):
-        mt._found_inf(fake((1,), "float32"))
+        mt.check_finite(arrays, fake((1,), "float32"))
     with pytest.raises(ValueError, match=r"found_inf: expected shape \(1,\), got \(2,\)"):
-        mt._found_inf(fake((2,), "int32"))
-    with pytest.raises(TypeError, match="found_inf: expected a cupy int32 array"):
-        mt._found_inf(np.zeros(1, np.int32))
+        mt.check_finite(arrays, fake((2,), "int32"))
+    with pytest.raises(TypeError, match="found_inf: expected a CUDA array.*host memory"):
+        mt.check_finite(arrays, np.zeros(1, np.int32))
     with pytest.raises(TypeError, match="found_inf: expected a cupy int32 array of shape"):
-        mt._found_inf(None, required=True)
-    assert mt._found_inf(None) is None
+        mt.check_finite(arrays, None)
+    with pytest.raises(TypeError, match="grads: expected a resnet_native.multi_tensor.TensorList"):
+        mt.check_finite(arrays, fake((1,), "int32"))  # a good found_inf: on to the lists
+    with pytest.raises(TypeError, match="found_inf: expected an int32 array"):
+        mt.sgd_step(arrays, arrays, None, lr=0.1, momentum=0.0, found_inf=fake((1,), "float16"))
+    with pytest.raises(TypeError, match="params: expected a resnet_native.multi_tensor.TensorList"):
+        mt.sgd_step(arrays, arrays, None, lr=0.1, momentum=0.0, found_inf=None)  # None: no flag
 
 
 def test_scalars_are_numbers_or_device_arrays():
-    assert mt._scalar(3, "lr") == 3.0
-    assert mt._scalar(np.float32(0.5), "lr") == 0.5
-    assert mt._scalar(np.array(0.25), "lr") == 0.25  # host 0-d arrays are numbers
+    assert _C._parse_scalar(3, "lr") == 3.0
+    assert _C._parse_scalar(np.float32(0.5), "lr") == 0.5
+    assert _C._parse_scalar(np.array(0.25), "lr") == 0.25  # host 0-d arrays are numbers
     device = fake((1,))
-    assert mt._scalar(device, "lr") is device
+    assert _C._parse_scalar(device, "lr") == device.ptr  # read by the kernel, on the device
     with pytest.raises(TypeError, match="lr: expected a number or a float32 device array"):
-        mt._scalar("fast", "lr")
+        _C._parse_scalar("fast", "lr")
     with pytest.raises(TypeError, match="lr: expected a number .* got a bool"):
-        mt._scalar(True, "lr")
+        _C._parse_scalar(True, "lr")
+    with pytest.raises(ValueError, match=r"lr: expected shape \(1,\)"):
+        _C._parse_scalar(fake((2,)), "lr")
+    # The ops read their scalars the same way, before the lists.
+    arrays = [fake((3,))]
+    with pytest.raises(TypeError, match="lr: expected a number or a float32 device array"):
+        mt.sgd_step(arrays, arrays, None, lr="fast", momentum=0.0)
+    with pytest.raises(TypeError, match="factor: expected a number .* got a bool"):
+        mt.scale_(arrays, True)
+    with pytest.raises(TypeError, match="inv_scale: expected a float32 array, got float16"):
+        mt.adamw_step(arrays, arrays, arrays, arrays, lr=0.1, step=1, inv_scale=fake((1,), "float16"))

@@ -2,23 +2,9 @@
 
 import numpy as np
 import pytest
-from fake_arrays import FakeCudaArray, transposed
+from fake_arrays import expect_device_stage, fake, transposed
 
-import resnet_native as rn
 from resnet_native import norm
-
-_next_ptr = [0x1000000]
-
-
-def fake(shape, dtype="float32"):
-    _next_ptr[0] += 0x1000000  # every fake at its own address: no accidental aliasing
-    return FakeCudaArray(shape, dtype, ptr=_next_ptr[0])
-
-
-def expect_device_stage():
-    if rn.cuda_available():
-        return pytest.raises(TypeError, match="host memory|not CUDA memory")
-    return pytest.raises(rn.NoGPUError)
 
 
 def train_args(shape=(2, 8, 5, 5), layout="NCHW", dtype="float16", c=None):

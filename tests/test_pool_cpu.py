@@ -2,23 +2,9 @@
 validation with fake device arrays."""
 
 import pytest
-from fake_arrays import FakeCudaArray
+from fake_arrays import expect_device_stage, fake
 
-import resnet_native as rn
 from resnet_native import pool
-
-_next_ptr = [0x1000000]
-
-
-def fake(shape, dtype="float32"):
-    _next_ptr[0] += 0x1000000
-    return FakeCudaArray(shape, dtype, ptr=_next_ptr[0])
-
-
-def expect_device_stage():
-    if rn.cuda_available():
-        return pytest.raises(TypeError, match="host memory|not CUDA memory")
-    return pytest.raises(rn.NoGPUError)
 
 
 def floor_out(size, k, s, p):

@@ -27,6 +27,7 @@
 #include "../core/error.h"
 #include "../core/workspace.h"
 #include "bindings.h"
+#include "output_alloc.h"
 #include "tensor_arg.h"
 
 namespace py = pybind11;
@@ -96,38 +97,22 @@ void check_no_overlap(const TensorView& out, const NamedView& in) {
   }
 }
 
-const char* numpy_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return "float32";
-    case DType::F16:
-      return "float16";
-    case DType::BF16:
-      return "uint16";  // bf16 bit patterns: cupy has no bfloat16
-  }
-  return "float32";
-}
-
-// cupy.empty, imported on first use and kept (py::module_::import per call goes through __import__).
-const py::object& cupy_empty() {
-  static const py::object* empty = new py::object(py::module_::import("cupy").attr("empty"));  // never freed
-  return *empty;
-}
-
 TensorArgOptions host_only(int ndim) {
   return TensorArgOptions{ndim, false};
 }
 
 // An op's output argument. The constructor parses `out` when given and checks it against the expected shape and
 // the inputs (no overlap), before any device access; ready() then checks every view's device (the first device
-// access) and allocates `out` with cupy when it was None.
+// access) and allocates `out` (output_alloc.h) when it was None.
 class OutputArg {
  public:
   OutputArg(py::handle obj, DType dtype, std::vector<int64_t> shape, const char* what,
             std::initializer_list<NamedView> inputs)
       : obj_(obj), dtype_(dtype), shape_(std::move(shape)) {
     if (obj.is_none()) return;
-    view_ = tensor_arg(obj, "out", dtype, host_only(static_cast<int>(shape_.size())));
+    TensorArgOptions options = host_only(static_cast<int>(shape_.size()));
+    options.writable = true;
+    view_ = tensor_arg(obj, "out", dtype, options);
     check_shape_is(view_, "out", shape_, what);
     for (const NamedView& in : inputs) check_no_overlap(view_, in);
   }
@@ -137,9 +122,7 @@ class OutputArg {
     for (const NamedView& in : inputs) check_on_current_device(in.view, in.name);
     check_on_current_device(view_, "out");
     if (!obj_.is_none()) return py::reinterpret_borrow<py::object>(obj_);
-    py::tuple shape(shape_.size());
-    for (size_t i = 0; i < shape_.size(); ++i) shape[i] = shape_[i];
-    py::object result = cupy_empty()(shape, py::arg("dtype") = numpy_dtype(dtype_));
+    py::object result = new_device_array(shape_, dtype_, "out");
     view_ = tensor_arg(result, "out", dtype_, {static_cast<int>(shape_.size()), true});
     return result;
   }

@@ -9,8 +9,10 @@ void bind_enums(pybind11::module_& m);         // typed enums shared by every op
 void bind_core(pybind11::module_& m);          // errors, version, devices, handles, descriptors, workspace
 void bind_conv(pybind11::module_& m);          // convolution specs and ops
 void bind_algo_cache(pybind11::module_& m);    // algorithm cache, cached descriptors and plans, key test hooks
-void bind_kernels(pybind11::module_& m);       // elementwise kernels, cast, multi-tensor optimizer kernels
-void bind_norm(pybind11::module_& m);          // batch norm, max / global-average pooling
+void bind_kernels(pybind11::module_& m);       // elementwise kernels, cast, cudnnAddTensor
+void bind_multi_tensor(pybind11::module_& m);  // TensorTable and the multi-tensor optimizer kernels
+void bind_norm(pybind11::module_& m);          // batch norm
+void bind_pool(pybind11::module_& m);          // max / global-average pooling
 void bind_graph_engine(pybind11::module_& m);  // graph-engine plan cache and graph-building test hooks
 void bind_inference(pybind11::module_& m);     // the inference engine's uint8 input stage
 

@@ -10,7 +10,9 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_conv(m);
   rn::bind_algo_cache(m);
   rn::bind_kernels(m);
+  rn::bind_multi_tensor(m);
   rn::bind_norm(m);
+  rn::bind_pool(m);
   rn::bind_graph_engine(m);
   rn::bind_inference(m);
 }

@@ -1,121 +1,126 @@
+// tensor_arg: the readers of array_sources.h describe an object, and check_raw() below holds every description
+// to the same rules, in the order tensor_arg.h lists.
 #include "tensor_arg.h"
 
 #include <cuda_runtime_api.h>
 
+#include <limits>
 #include <string>
 
 #include "../core/device.h"
 #include "../core/error.h"
+#include "array_sources.h"
 
 namespace py = pybind11;
 
 namespace rn {
 namespace {
 
-// The DLPack ABI (dmlc/dlpack, v0.8 layout of the unversioned capsule), declared here for the fields we read.
-struct DLDevice {
-  int32_t device_type;
-  int32_t device_id;
-};
-struct DLDataType {
-  uint8_t code;
-  uint8_t bits;
-  uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;
-  uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-constexpr int32_t kDLCUDA = 2;
-constexpr int32_t kDLCUDAManaged = 13;
-constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4;
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-std::string arg_prefix(const char* name) {
-  return std::string(name) + ": ";
-}
+// ---- element type ----
 
-std::string type_name(py::handle obj) {
-  return py::str(py::type::of(obj).attr("__qualname__"));
-}
-
-std::string module_type_name(py::handle obj) {
-  py::object type = py::type::of(obj);
-  std::string module = py::hasattr(type, "__module__") ? std::string(py::str(type.attr("__module__"))) : "";
-  return (module.empty() || module == "builtins" ? "" : module + ".") + type_name(obj);
-}
-
-// Whether the element type named by a __cuda_array_interface__ typestr can hold `dtype`.
-bool typestr_matches(const std::string& typestr, DType dtype) {
-  if (typestr.size() < 3) return false;
-  const std::string kind_size = typestr.substr(1);
+bool kind_holds(ElementKind kind, DType dtype) {
   switch (dtype) {
     case DType::F32:
-      return kind_size == "f4";
+      return kind == ElementKind::F32;
     case DType::F16:
-      return kind_size == "f2";
+      return kind == ElementKind::F16;
     case DType::BF16:
-      return kind_size == "u2" || kind_size == "V2" || kind_size == "i2";
+      return kind == ElementKind::BF16 || kind == ElementKind::U16 || kind == ElementKind::I16 ||
+             kind == ElementKind::V2;
+    case DType::I32:
+      return kind == ElementKind::I32;
   }
   return false;
 }
 
-bool dlpack_dtype_matches(const DLDataType& t, DType dtype) {
-  if (t.lanes != 1) return false;
-  switch (dtype) {
-    case DType::F32:
-      return t.code == kDLFloat && t.bits == 32;
-    case DType::F16:
-      return t.code == kDLFloat && t.bits == 16;
-    case DType::BF16:
-      return (t.code == kDLBfloat || t.code == kDLUInt || t.code == kDLInt) && t.bits == 16;
-  }
-  return false;
+bool is_16_bit_integer(ElementKind kind) {
+  return kind == ElementKind::U16 || kind == ElementKind::I16 || kind == ElementKind::V2;
 }
 
-std::string dlpack_dtype_name(const DLDataType& t) {
-  const std::string kind = t.code == kDLFloat    ? "float"
-                           : t.code == kDLBfloat ? "bfloat"
-                           : t.code == kDLInt    ? "int"
-                           : t.code == kDLUInt   ? "uint"
-                                                 : "code" + std::to_string(t.code) + "_";
-  return kind + std::to_string(t.bits);
+DType resolve_dtype(const RawArray& raw, const char* name, const DTypeRequest& request) {
+  if (request.mode == DTypeRequest::Mode::Exact) {
+    if (!kind_holds(raw.kind, request.dtype)) {
+      const char* article = request.dtype == DType::I32 ? "an " : "a ";
+      throw TypeError(arg_prefix(name) + "expected " + article + dtype_name(request.dtype) + " array, got " +
+                      describe_dtype(raw) +
+                      (request.dtype == DType::BF16 ? " (bfloat16 is passed as uint16 bit patterns)" : ""));
+    }
+    return request.dtype;
+  }
+  if (raw.kind == ElementKind::F32) return DType::F32;
+  if (raw.kind == ElementKind::F16) return DType::F16;
+  if (raw.kind == ElementKind::BF16 || (request.uint16_is_bf16 && is_16_bit_integer(raw.kind))) return DType::BF16;
+  if (is_16_bit_integer(raw.kind)) {
+    throw TypeError(arg_prefix(name) +
+                    "a 16-bit integer array is taken as bf16 bits only when asked: pass dtype='bf16'");
+  }
+  throw TypeError(arg_prefix(name) + "expected a float32, float16 or bf16 (uint16) array, got " + describe_dtype(raw));
 }
 
-void check_rank_and_size(const TensorView& view, const char* name, const TensorArgOptions& options) {
-  if (options.ndim >= 0 && view.ndim != options.ndim) {
-    throw ValueError(arg_prefix(name) + "expected a " + std::to_string(options.ndim) + "-D array, got shape " +
-                     view.shape_str());
-  }
-  if (view.numel() == 0) {
-    throw ValueError(arg_prefix(name) + "empty arrays are not supported (shape " + view.shape_str() + ")");
+// ---- shape, strides, pointer ----
+
+void check_rank(const RawArray& raw, const char* name, const TensorArgOptions& options) {
+  if (raw.ndim == 0) throw ValueError(arg_prefix(name) + "0-D arrays are not supported (use shape (1,))");
+  if (options.ndim >= 0 && raw.ndim != options.ndim) {
+    const std::string what = options.dims ? "activation (" + std::string(options.dims) + ")" : "array";
+    throw ValueError(arg_prefix(name) + "expected a " + std::to_string(options.ndim) + "-D " + what + ", got shape " +
+                     shape_text(raw.shape.data(), raw.ndim));
   }
 }
 
-// strides (in bytes, possibly absent) describe a C-contiguous array?
-template <class StrideAt>
-bool is_c_contiguous(const TensorView& view, bool has_strides, StrideAt stride_at, int64_t unit) {
-  if (!has_strides) return true;
-  int64_t expected = unit;
-  for (int i = view.ndim - 1; i >= 0; --i) {
-    if (view.shape[i] != 1 && stride_at(i) != expected) return false;
-    expected *= view.shape[i];
+bool is_c_contiguous(const RawArray& raw, int itemsize) {
+  if (!raw.has_strides) return true;
+  int64_t expected = raw.strides_in_bytes ? itemsize : 1;
+  for (int i = raw.ndim - 1; i >= 0; --i) {
+    if (raw.shape[i] != 1 && raw.strides[i] != expected) return false;
+    expected *= raw.shape[i];  // bounded: the byte size was checked to fit int64
   }
   return true;
 }
 
+void check_pointer(const RawArray& raw, const char* name, size_t nbytes, int itemsize) {
+  if (raw.data == 0) throw ValueError(arg_prefix(name) + "the array's data pointer is NULL");
+  if (raw.data % static_cast<uintptr_t>(itemsize) != 0) {
+    throw ValueError(arg_prefix(name) + "the data pointer " + std::to_string(raw.data) + " is not aligned to the " +
+                     std::to_string(itemsize) + "-byte elements");
+  }
+  if (nbytes > UINTPTR_MAX - raw.data) {
+    throw ValueError(arg_prefix(name) + "the array's memory runs past the end of the address space");
+  }
+}
+
+TensorView check_raw(const RawArray& raw, const char* name, const DTypeRequest& request,
+                     const TensorArgOptions& options) {
+  TensorView view;
+  view.dtype = resolve_dtype(raw, name, request);
+  const int itemsize = dtype_size(view.dtype);
+  check_rank(raw, name, options);
+  check_extents(name, raw.shape.data(), raw.ndim, itemsize, options.int32_dims);
+  view.ndim = raw.ndim;
+  for (int i = 0; i < raw.ndim; ++i) view.shape[i] = raw.shape[i];
+  if (view.numel() == 0) {
+    throw ValueError(arg_prefix(name) + "empty arrays are not supported (shape " + view.shape_str() + ")");
+  }
+  if (!is_c_contiguous(raw, itemsize)) {
+    throw ValueError(arg_prefix(name) + "expected a C-contiguous array, got shape " + view.shape_str() +
+                     " with strides " + shape_text(raw.strides.data(), raw.ndim) +
+                     (raw.strides_in_bytes ? " (use cupy.ascontiguousarray)" : " (in elements)"));
+  }
+  check_pointer(raw, name, view.nbytes(), itemsize);
+  if (options.writable && raw.read_only) throw ValueError(arg_prefix(name) + "the array is read-only");
+  if (options.writable && raw.copied) {
+    throw ValueError(arg_prefix(name) + "__dlpack__ gave a copy of the array: an output must be its own memory");
+  }
+  view.data = reinterpret_cast<void*>(raw.data);
+  view.read_only = raw.read_only;
+  return view;
+}
+
 // One cudaPointerGetAttributes per operand and call. Not cached per pointer: memory is freed and its addresses
 // reused (by cupy's pool, or for host memory), so a cached answer could be stale.
-void check_pointer_device(const void* data, const char* name) {
+int check_pointer_device(const void* data, const char* name) {
   const int device = current_device();
   cudaPointerAttributes attributes{};
   const cudaError_t err = cudaPointerGetAttributes(&attributes, data);
@@ -130,187 +135,15 @@ void check_pointer_device(const void* data, const char* name) {
     throw ValueError(arg_prefix(name) + "array is on CUDA device " + std::to_string(attributes.device) +
                      " but the current device is " + std::to_string(device));
   }
-}
-
-// ---- cupy.ndarray fast path (see tensor_arg.h for why) ----
-
-// cupy.ndarray and the numpy dtype objects cupy arrays of the storage dtypes carry. Looked up in sys.modules
-// once cupy has been imported by the caller (never imported from here: ops on other arrays must not need
-// cupy); strong references, never released (cupy and numpy outlive every op).
-struct CupyTypes {
-  PyObject* ndarray = nullptr;
-  PyObject* float32 = nullptr;
-  PyObject* float16 = nullptr;
-  PyObject* uint16 = nullptr;
-  PyObject* int16 = nullptr;
-};
-
-// All of this runs under the GIL (every op is a pybind11 call that keeps it), which serialises the lookup.
-const CupyTypes* cupy_types() {
-  static const CupyTypes* found = nullptr;
-  if (found != nullptr) return found;
-  PyObject* modules = PyImport_GetModuleDict();  // borrowed
-  PyObject* cupy = PyDict_GetItemString(modules, "cupy");
-  PyObject* numpy = PyDict_GetItemString(modules, "numpy");
-  if (cupy == nullptr || numpy == nullptr) return nullptr;  // not imported (yet): the general parser serves
-  try {
-    py::object ndarray = py::reinterpret_borrow<py::object>(cupy).attr("ndarray");
-    if (!PyType_Check(ndarray.ptr())) return nullptr;
-    py::object dtype = py::reinterpret_borrow<py::object>(numpy).attr("dtype");
-    auto* types = new CupyTypes();
-    types->ndarray = ndarray.release().ptr();
-    types->float32 = dtype("float32").release().ptr();
-    types->float16 = dtype("float16").release().ptr();
-    types->uint16 = dtype("uint16").release().ptr();
-    types->int16 = dtype("int16").release().ptr();
-    found = types;
-  } catch (const py::error_already_set&) {
-    return nullptr;  // a half-imported or unusual cupy: the general parser serves (the error is cleared)
-  }
-  return found;
-}
-
-// numpy's builtin dtypes are singletons, so identity is the whole test; an equal dtype that is not the
-// singleton (there is none for these types in practice) just takes the general parser.
-bool is_storage_dtype(const CupyTypes& t, PyObject* numpy_dtype, DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return numpy_dtype == t.float32;
-    case DType::F16:
-      return numpy_dtype == t.float16;
-    case DType::BF16:
-      return numpy_dtype == t.uint16 || numpy_dtype == t.int16;
-  }
-  return false;
-}
-
-// obj.<name>, or a null object (Python error cleared) when the attribute cannot be read.
-py::object attribute_or_null(py::handle obj, PyObject* name) {
-  PyObject* value = PyObject_GetAttr(obj.ptr(), name);
-  if (value == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(value);
-}
-
-PyObject* interned(const char* text) {
-  return PyUnicode_InternFromString(text);  // a new reference, kept for the process (attribute names)
-}
-
-// The view of an exact cupy.ndarray that tensor_arg would accept, read from the attributes that cupy's
-// __cuda_array_interface__ is made of (dtype, shape, _c_contiguous -> strides None, data.ptr). Returns false,
-// with no Python error set, whenever the array is anything but that plain accepted case.
-bool from_cupy_ndarray(py::handle obj, DType dtype, const TensorArgOptions& options, TensorView* out) {
-  const CupyTypes* cupy = cupy_types();
-  if (cupy == nullptr || reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) != cupy->ndarray) return false;
-  static PyObject* const kDtype = interned("dtype");
-  static PyObject* const kCContiguous = interned("_c_contiguous");
-  static PyObject* const kShape = interned("shape");
-  static PyObject* const kData = interned("data");
-  static PyObject* const kPtr = interned("ptr");
-
-  const py::object numpy_dtype = attribute_or_null(obj, kDtype);
-  if (!numpy_dtype || !is_storage_dtype(*cupy, numpy_dtype.ptr(), dtype)) return false;
-  const py::object contiguous = attribute_or_null(obj, kCContiguous);
-  if (!contiguous || contiguous.ptr() != Py_True) return false;
-  const py::object shape = attribute_or_null(obj, kShape);
-  if (!shape || !PyTuple_CheckExact(shape.ptr())) return false;
-  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
-  if (ndim < 1 || ndim > TensorView::kMaxDims || (options.ndim >= 0 && ndim != options.ndim)) return false;
-  TensorView view;
-  view.dtype = dtype;
-  view.ndim = static_cast<int>(ndim);
-  for (Py_ssize_t i = 0; i < ndim; ++i) {
-    const long long extent = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
-    if (extent == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    view.shape[i] = extent;
-  }
-  if (view.numel() <= 0) return false;  // empty: the general parser names it
-  const py::object memory = attribute_or_null(obj, kData);
-  if (!memory) return false;
-  const py::object pointer = attribute_or_null(memory, kPtr);
-  if (!pointer || !PyLong_Check(pointer.ptr())) return false;
-  const unsigned long long address = PyLong_AsUnsignedLongLong(pointer.ptr());
-  if (address == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  view.data = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
-  *out = view;
-  return true;
-}
-
-// `interface_obj`: obj.__cuda_array_interface__, fetched once by the caller (cupy builds it anew on each read).
-TensorView from_cuda_array_interface(py::handle obj, const py::object& interface_obj, const char* name, DType dtype,
-                                     const TensorArgOptions& options) {
-  py::dict iface = interface_obj;
-  TensorView view;
-  view.dtype = dtype;
-  const std::string typestr = py::str(iface["typestr"]);
-  if (!typestr_matches(typestr, dtype)) {
-    py::object np_dtype = py::hasattr(obj, "dtype") ? py::object(obj.attr("dtype")) : py::str(typestr);
-    throw TypeError(arg_prefix(name) + "expected a " + dtype_name(dtype) + " array, got " +
-                    std::string(py::str(np_dtype)) +
-                    (dtype == DType::BF16 ? " (bfloat16 is passed as uint16 bit patterns)" : ""));
-  }
-  py::tuple shape = iface["shape"];
-  if (shape.size() > TensorView::kMaxDims) throw ValueError(arg_prefix(name) + "too many dimensions");
-  view.ndim = static_cast<int>(shape.size());
-  for (int i = 0; i < view.ndim; ++i) view.shape[i] = shape[i].cast<int64_t>();
-  check_rank_and_size(view, name, options);
-  py::object strides = iface.contains("strides") ? py::object(iface["strides"]) : py::none();
-  const bool has_strides = !strides.is_none();
-  py::tuple stride_tuple = has_strides ? py::tuple(strides) : py::tuple();
-  if (!is_c_contiguous(view, has_strides, [&](int i) { return stride_tuple[i].cast<int64_t>(); }, dtype_size(dtype))) {
-    throw ValueError(arg_prefix(name) + "expected a C-contiguous array, got shape " + view.shape_str() +
-                     " with strides " + std::string(py::str(strides)) + " (use cupy.ascontiguousarray)");
-  }
-  py::tuple data = iface["data"];
-  view.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
-  return view;
-}
-
-TensorView from_dlpack(py::handle obj, const char* name, DType dtype, const TensorArgOptions& options) {
-  py::tuple dev = obj.attr("__dlpack_device__")();
-  const int device_type = dev[0].cast<int>();
-  if (device_type != kDLCUDA && device_type != kDLCUDAManaged) {
-    throw TypeError(arg_prefix(name) + "expected a CUDA array, got a " + module_type_name(obj) +
-                    (device_type == 1 ? std::string(" in host memory (copy it with cupy.asarray)")
-                                      : " on DLPack device type " + std::to_string(device_type)));
-  }
-  // The capsule's own destructor calls the producer's deleter; the producer object (alive in the caller)
-  // keeps the memory valid for the duration of the op.
-  py::capsule capsule = obj.attr("__dlpack__")();
-  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  if (!managed) throw TypeError(arg_prefix(name) + "__dlpack__ did not return a 'dltensor' capsule");
-  const DLTensor& t = managed->dl_tensor;
-  TensorView view;
-  view.dtype = dtype;
-  if (!dlpack_dtype_matches(t.dtype, dtype)) {
-    throw TypeError(arg_prefix(name) + "expected a " + dtype_name(dtype) + " array, got " + dlpack_dtype_name(t.dtype));
-  }
-  if (t.ndim > TensorView::kMaxDims) throw ValueError(arg_prefix(name) + "too many dimensions");
-  view.ndim = t.ndim;
-  for (int i = 0; i < view.ndim; ++i) view.shape[i] = t.shape[i];
-  check_rank_and_size(view, name, options);
-  // DLPack strides count elements, not bytes.
-  if (!is_c_contiguous(view, t.strides != nullptr, [&](int i) { return t.strides[i]; }, 1)) {
-    throw ValueError(arg_prefix(name) + "expected a C-contiguous array, got shape " + view.shape_str() +
-                     " with non-contiguous strides");
-  }
-  view.data = static_cast<char*>(t.data) + t.byte_offset;
-  return view;
+  return device;
 }
 
 // The general parser: __cuda_array_interface__, else DLPack, else a TypeError saying what obj is.
-TensorView from_any_array(py::handle obj, const char* name, DType dtype, const TensorArgOptions& options) {
+void read_any_array(py::handle obj, const char* name, RawArray* raw) {
   // One read of the interface (like hasattr, an error while reading it counts as absent).
   py::object iface = py::getattr(obj, "__cuda_array_interface__", py::none());
-  if (!iface.is_none()) return from_cuda_array_interface(obj, iface, name, dtype, options);
-  if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) {
-    return from_dlpack(obj, name, dtype, options);
-  }
+  if (!iface.is_none()) return read_cuda_array_interface(obj, iface, name, raw);
+  if (py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__")) return read_dlpack(obj, name, raw);
   throw TypeError(arg_prefix(name) +
                   "expected a CUDA array (cupy.ndarray or any object with "
                   "__cuda_array_interface__ or DLPack), got " +
@@ -320,24 +153,95 @@ TensorView from_any_array(py::handle obj, const char* name, DType dtype, const T
 
 }  // namespace
 
-TensorView tensor_arg(py::handle obj, const char* name, DType dtype, TensorArgOptions options) {
-  if (obj.is_none()) throw TypeError(arg_prefix(name) + "expected a CUDA array, got None");
-  TensorView view;
-  if (!from_cupy_ndarray(obj, dtype, options, &view)) view = from_any_array(obj, name, dtype, options);
-  if (options.check_device) {
-    check_pointer_device(view.data, name);
-    view.device = current_device();
+// ---- shared with the readers ----
+
+std::string module_type_name(py::handle obj) {
+  py::object type = py::type::of(obj);
+  std::string module = py::hasattr(type, "__module__") ? std::string(py::str(type.attr("__module__"))) : "";
+  const std::string type_name = py::str(type.attr("__qualname__"));
+  return (module.empty() || module == "builtins" ? "" : module + ".") + type_name;
+}
+
+std::string describe_dtype(const RawArray& raw) {
+  if (raw.owner) {
+    PyObject* dtype = PyObject_GetAttrString(raw.owner.ptr(), "dtype");
+    if (dtype != nullptr) return py::str(py::reinterpret_steal<py::object>(dtype));
+    PyErr_Clear();
   }
+  return raw.dtype_text;
+}
+
+bool read_int64(py::handle item, int64_t* value, bool* overflow) {
+  PyObject* o = item.ptr();
+  if (PyBool_Check(o) || !(PyLong_Check(o) || PyIndex_Check(o))) return false;
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(o));
+  if (!index) {
+    PyErr_Clear();
+    return false;
+  }
+  int flag = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &flag);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  *overflow = flag != 0;
+  *value = flag != 0 ? 0 : v;
+  return true;
+}
+
+// ---- public ----
+
+TensorView tensor_arg(py::handle obj, const char* name, const DTypeRequest& dtype, TensorArgOptions options) {
+  if (obj.is_none()) throw TypeError(arg_prefix(name) + "expected a CUDA array, got None");
+  RawArray raw;
+  if (!read_cupy_ndarray(obj, &raw)) {
+    raw = RawArray();
+    read_any_array(obj, name, &raw);
+  }
+  TensorView view = check_raw(raw, name, dtype, options);
+  if (options.check_device) check_on_current_device(&view, name);
   return view;
 }
 
-void check_on_current_device(const TensorView& view, const char* name) {
-  if (view.defined()) check_pointer_device(view.data, name);
-}
-
-TensorView optional_tensor_arg(py::handle obj, const char* name, DType dtype, TensorArgOptions options) {
+TensorView optional_tensor_arg(py::handle obj, const char* name, const DTypeRequest& dtype, TensorArgOptions options) {
   if (obj.is_none()) return TensorView{};
   return tensor_arg(obj, name, dtype, options);
+}
+
+void check_on_current_device(TensorView* view, const char* name) {
+  if (view->defined() && view->data != nullptr) view->device = check_pointer_device(view->data, name);
+}
+
+void check_on_current_device(const TensorView& view, const char* name) {
+  if (view.defined() && view.data != nullptr) check_pointer_device(view.data, name);
+}
+
+void check_extents(const char* name, const int64_t* shape, int ndim, int itemsize, bool int32_dims) {
+  int64_t bytes = itemsize;
+  bool overflow = false;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) {
+      throw ValueError(arg_prefix(name) + "negative dimension in shape " + shape_text(shape, ndim));
+    }
+    if (int32_dims && shape[i] > kInt32Max) {
+      throw ValueError(arg_prefix(name) + "dimension " + std::to_string(i) + " of shape " + shape_text(shape, ndim) +
+                       " is larger than " + std::to_string(kInt32Max) + ", the most cuDNN and the kernels take");
+    }
+  }
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] == 0) return;  // empty: no byte size to overflow
+    overflow = overflow || __builtin_mul_overflow(bytes, shape[i], &bytes);
+  }
+  if (overflow) {
+    throw ValueError(arg_prefix(name) + "shape " + shape_text(shape, ndim) + " has more bytes than fit in int64");
+  }
+}
+
+std::string shape_text(const int64_t* shape, int ndim) {
+  std::string s = "(";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (ndim == 1 ? ",)" : ")");
 }
 
 void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected) {
@@ -345,11 +249,8 @@ void check_shape(const TensorView& t, const char* name, std::initializer_list<in
   int i = 0;
   for (int64_t e : expected) same = same && t.shape[i++] == e;
   if (!same) {
-    std::string want = "(";
-    i = 0;
-    for (int64_t e : expected) want += (i++ ? ", " : "") + std::to_string(e);
-    throw ValueError(arg_prefix(name) + "expected shape " + want + (expected.size() == 1 ? ",)" : ")") + ", got " +
-                     t.shape_str());
+    throw ValueError(arg_prefix(name) + "expected shape " + shape_text(expected.begin(), int(expected.size())) +
+                     ", got " + t.shape_str());
   }
 }
 
@@ -360,27 +261,6 @@ void check_same_shape(const TensorView& a, const char* a_name, const TensorView&
     throw ValueError(std::string(a_name) + " and " + b_name + " must have the same shape, got " + a.shape_str() +
                      " and " + b.shape_str());
   }
-}
-
-DType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32" || name == "tf32") return DType::F32;
-  if (name == "fp16" || name == "float16") return DType::F16;
-  if (name == "bf16" || name == "bfloat16") return DType::BF16;
-  throw ValueError("dtype: expected one of 'fp32', 'fp16', 'bf16', got '" + name + "'");
-}
-
-Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::FP32;
-  if (name == "tf32") return Precision::TF32;
-  if (name == "fp16") return Precision::FP16;
-  if (name == "bf16") return Precision::BF16;
-  throw ValueError("precision: expected one of 'fp32', 'tf32', 'fp16', 'bf16', got '" + name + "'");
-}
-
-Layout parse_layout(const std::string& name) {
-  if (name == "NCHW") return Layout::NCHW;
-  if (name == "NHWC") return Layout::NHWC;
-  throw ValueError("layout: expected 'NCHW' or 'NHWC', got '" + name + "'");
 }
 
 }  // namespace rn

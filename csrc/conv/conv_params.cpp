@@ -26,19 +26,6 @@ std::string join(const int32_t* values, int n) {
   return s;
 }
 
-Precision parse_precision_name(const std::string& name) {
-  for (uint8_t p = 0; p <= static_cast<uint8_t>(Precision::BF16); ++p) {
-    if (name == precision_name(static_cast<Precision>(p))) return static_cast<Precision>(p);
-  }
-  throw ValueError("unknown precision '" + name + "'");
-}
-
-Layout parse_layout_name(const std::string& name) {
-  if (name == "NCHW") return Layout::NCHW;
-  if (name == "NHWC") return Layout::NHWC;
-  throw ValueError("unknown layout '" + name + "'");
-}
-
 [[noreturn]] void malformed(const std::string& text, const std::string& why) {
   throw ValueError("malformed convolution key (" + why + "): '" + text + "'");
 }
@@ -109,8 +96,8 @@ ConvParams ConvParams::from_string(const std::string& text) {
   try {
     p.direction = static_cast<uint8_t>(parse_direction(values[0]));
     p.device = static_cast<int32_t>(parse_int(text, values[1], 0, INT32_MAX));
-    p.precision = static_cast<uint8_t>(parse_precision_name(values[2]));
-    p.layout = static_cast<uint8_t>(parse_layout_name(values[3]));
+    p.precision = static_cast<uint8_t>(parse_precision(values[2]));
+    p.layout = static_cast<uint8_t>(parse_layout(values[3]));
     p.engine = static_cast<uint8_t>(parse_engine(values[4]));
     p.epilogue = parse_epilogue(values[5]);
     p.deterministic = static_cast<uint8_t>(parse_int(text, values[6], 0, 1));

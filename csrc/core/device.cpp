@@ -24,10 +24,10 @@ DeviceState& state() {
     const cudaError_t err = cudaGetDeviceCount(&s->count);
     if (err != cudaSuccess) {
       s->count = 0;
-      s->reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+      s->reason = std::string("no CUDA GPU or driver (") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")";
       cudaGetLastError();  // Clear the sticky-free error so later calls start clean.
     } else if (s->count == 0) {
-      s->reason = "cudaGetDeviceCount reports 0 devices";
+      s->reason = "no CUDA GPU";
     }
     s->handles.resize(s->count);
   });

@@ -11,7 +11,8 @@ namespace rn {
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
 int device_count();
-// Why device_count() is 0 ("" when it is not).
+// Why device_count() is 0 ("" when it is not): "no CUDA GPU or driver (<the CUDA error>)" when the runtime
+// cannot use the driver, "no CUDA GPU" when the driver sees no device.
 std::string device_unavailable_reason();
 // The current CUDA device. Throws NoDeviceError (a clear Python RuntimeError) when there is no GPU.
 int current_device();

@@ -1,5 +1,6 @@
-// Element types and precision modes. A precision mode fixes the storage type of activations and weights, the
-// accumulation type, and which math cuDNN may use (strict FMA, TF32 tensor cores, fp16/bf16 tensor cores).
+// Element types, precision modes and layouts, with their names and the one parser of each name. A precision
+// mode fixes the storage type of activations and weights, the accumulation type, and which math cuDNN may use
+// (strict FMA, TF32 tensor cores, fp16/bf16 tensor cores). The names are the package's (resnet_native/names.py).
 #pragma once
 
 #include <cudnn.h>
@@ -9,7 +10,10 @@
 
 namespace rn {
 
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+// F32, F16 and BF16 are the storage dtypes of activations, weights and gradients (bf16 arrays are often uint16
+// arrays holding bf16 bits: cupy has no bfloat16). I32 is for flags such as the loss scaler's found_inf; it is
+// never a storage dtype and has no Python name (resnet_native._C.DType lists the storage dtypes only).
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3 };
 
 enum class Precision : uint8_t {
   FP32 = 0,  // fp32 storage, FMA math only (no tensor cores, no TF32)
@@ -21,9 +25,10 @@ enum class Precision : uint8_t {
 enum class Layout : uint8_t { NCHW = 0, NHWC = 1 };
 
 inline int dtype_size(DType t) {
-  return t == DType::F32 ? 4 : 2;
+  return t == DType::F32 || t == DType::I32 ? 4 : 2;
 }
 
+// The element type's NumPy-style name, as error messages show it: "float32", "float16", "bfloat16", "int32".
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -32,6 +37,23 @@ inline const char* dtype_name(DType t) {
       return "float16";
     case DType::BF16:
       return "bfloat16";
+    case DType::I32:
+      return "int32";
+  }
+  return "?";
+}
+
+// The package's name of a storage dtype ("fp32", "fp16", "bf16"; "int32" for I32).
+inline const char* dtype_short_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "fp32";
+    case DType::F16:
+      return "fp16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "int32";
   }
   return "?";
 }
@@ -44,6 +66,8 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
       return CUDNN_DATA_HALF;
     case DType::BF16:
       return CUDNN_DATA_BFLOAT16;
+    case DType::I32:
+      return CUDNN_DATA_INT32;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -83,5 +107,12 @@ inline const char* precision_name(Precision p) {
 inline const char* layout_name(Layout l) {
   return l == Layout::NCHW ? "NCHW" : "NHWC";
 }
+
+// The parsers of the names above; each raises ValueError ("dtype: expected one of ...") for anything else.
+// A storage dtype by any accepted spelling: "fp32"/"float32"/"tf32" (tf32 data is fp32 data), "fp16"/"float16",
+// "bf16"/"bfloat16".
+DType parse_dtype(const std::string& name);
+Precision parse_precision(const std::string& name);  // "fp32" | "tf32" | "fp16" | "bf16"
+Layout parse_layout(const std::string& name);        // "NCHW" | "NHWC"
 
 }  // namespace rn

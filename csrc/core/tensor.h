@@ -1,5 +1,8 @@
 // A non-owning view of a device array that crossed the Python boundary (see bindings/tensor_arg.h).
 // Views are always C-contiguous in their own shape: an NHWC activation is an array of shape (N, H, W, C).
+// tensor_arg() only builds views whose element count and byte size fit in int64 and whose address range does
+// not wrap, so numel() and nbytes() cannot overflow. nchw_dims() narrows to int: it is for views parsed with
+// TensorArgOptions::int32_dims (every dimension checked to fit), as cuDNN's 4-D descriptors take int.
 #pragma once
 
 #include <array>
@@ -18,6 +21,7 @@ struct TensorView {
   int ndim = 0;
   std::array<int64_t, kMaxDims> shape{};
   int device = -1;
+  bool read_only = false;  // the producer said so (__cuda_array_interface__ data[1], DLPack's READ_ONLY flag)
 
   int64_t numel() const {
     int64_t n = 1;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../core/dtype.h"
+#include "../core/error.h"
 
 namespace rn::kernels {
 
@@ -65,7 +66,8 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls f(TypeTag<T>{}) with T the C++ type stored for `dtype`.
+// Calls f(TypeTag<T>{}) with T the C++ type stored for `dtype`, one of the storage dtypes (the bindings never
+// pass an int32 array to a float kernel: its only use, found_inf, is typed int32_t*).
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
@@ -78,6 +80,8 @@ void dispatch_dtype(DType dtype, F&& f) {
     case DType::BF16:
       f(TypeTag<__nv_bfloat16>{});
       return;
+    case DType::I32:
+      throw TypeError("int32 arrays have no float kernel");
   }
 }
 

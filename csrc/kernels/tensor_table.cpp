@@ -115,4 +115,12 @@ void check_table_dtype(const TensorTable& table, const char* name, DType dtype) 
   }
 }
 
+void check_table_writable(const TensorTable& table, const char* name) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table.entries()[i].read_only) {
+      throw ValueError(std::string(name) + "[" + std::to_string(i) + "]: the array is read-only");
+    }
+  }
+}
+
 }  // namespace rn::kernels

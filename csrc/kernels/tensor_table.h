@@ -60,5 +60,7 @@ void check_table(const TensorTable& table, const char* name, const TensorTable* 
                  bool allow_absent);
 // TypeError unless every present entry of `table` has dtype `dtype`.
 void check_table_dtype(const TensorTable& table, const char* name, DType dtype);
+// ValueError if the op would write an entry its producer marked read-only.
+void check_table_writable(const TensorTable& table, const char* name);
 
 }  // namespace rn::kernels
