@@ -435,9 +435,9 @@ def test_normalize_u8_validates_images_table_and_output():
     images = _fake((2, 4, 5, 3), "uint8", 0x100000)
     lut = _fake((3, 256), "float16", 0x200000)
     out = _fake((2, 4, 5, 3), "float16", 0x300000)
-    with pytest.raises(TypeError, match="images: expected a CUDA uint8 array"):
+    with pytest.raises(TypeError, match="images: expected a CUDA array"):
         normalize_u8(np.zeros((2, 4, 5, 3), np.uint8), lut, out, layout="NHWC", dtype="fp16")
-    with pytest.raises(TypeError, match="images: expected a uint8 array, got element type '<f2'"):
+    with pytest.raises(TypeError, match="images: expected a uint8 array, got float16"):
         normalize_u8(_fake((2, 4, 5, 3), "float16", 0x100000), lut, out, layout="NHWC", dtype="fp16")
     with pytest.raises(ValueError, match=r"images: expected \(N, H, W, 3\)"):
         normalize_u8(_fake((2, 3, 4, 5), "uint8", 0x100000), lut, out, layout="NHWC", dtype="fp16")

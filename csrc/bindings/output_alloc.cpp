@@ -18,6 +18,8 @@ const char* array_dtype(DType dtype) {
       return "uint16";  // bf16 bit patterns: cupy has no bfloat16
     case DType::I32:
       return "int32";
+    case DType::U8:
+      return "uint8";
   }
   return "float32";
 }

@@ -31,6 +31,8 @@ bool kind_holds(ElementKind kind, DType dtype) {
              kind == ElementKind::V2;
     case DType::I32:
       return kind == ElementKind::I32;
+    case DType::U8:
+      return kind == ElementKind::U8;
   }
   return false;
 }
@@ -42,7 +44,7 @@ bool is_16_bit_integer(ElementKind kind) {
 DType resolve_dtype(const RawArray& raw, const char* name, const DTypeRequest& request) {
   if (request.mode == DTypeRequest::Mode::Exact) {
     if (!kind_holds(raw.kind, request.dtype)) {
-      const char* article = request.dtype == DType::I32 ? "an " : "a ";
+      const char* article = request.dtype == DType::I32 ? "an " : "a ";  // "an int32", "a uint8"
       throw TypeError(arg_prefix(name) + "expected " + article + dtype_name(request.dtype) + " array, got " +
                       describe_dtype(raw) +
                       (request.dtype == DType::BF16 ? " (bfloat16 is passed as uint16 bit patterns)" : ""));

@@ -59,7 +59,7 @@ DTypeRequest dtype_arg(py::handle obj, bool uint16_is_bf16) {
 DType exact_dtype_arg(py::handle obj) {
   DType dtype{};
   if (PyUnicode_Check(obj.ptr())) return parse_dtype(py::str(obj));
-  if (try_enum(obj, &dtype) && dtype != DType::I32) return dtype;
+  if (try_enum(obj, &dtype) && dtype != DType::I32 && dtype != DType::U8) return dtype;
   throw ValueError("dtype: expected one of 'fp32', 'fp16', 'bf16', got " + repr_text(obj));
 }
 

@@ -11,9 +11,10 @@
 namespace rn {
 
 // F32, F16 and BF16 are the storage dtypes of activations, weights and gradients (bf16 arrays are often uint16
-// arrays holding bf16 bits: cupy has no bfloat16). I32 is for flags such as the loss scaler's found_inf; it is
-// never a storage dtype and has no Python name (resnet_native._C.DType lists the storage dtypes only).
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3 };
+// arrays holding bf16 bits: cupy has no bfloat16). I32 is for flags such as the loss scaler's found_inf and U8 for
+// images (the inference engine's input stage); they are never storage dtypes and have no Python name
+// (resnet_native._C.DType lists the storage dtypes only).
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4 };
 
 enum class Precision : uint8_t {
   FP32 = 0,  // fp32 storage, FMA math only (no tensor cores, no TF32)
@@ -25,10 +26,11 @@ enum class Precision : uint8_t {
 enum class Layout : uint8_t { NCHW = 0, NHWC = 1 };
 
 inline int dtype_size(DType t) {
-  return t == DType::F32 || t == DType::I32 ? 4 : 2;
+  return t == DType::F32 || t == DType::I32 ? 4 : t == DType::U8 ? 1 : 2;
 }
 
-// The element type's NumPy-style name, as error messages show it: "float32", "float16", "bfloat16", "int32".
+// The element type's NumPy-style name, as error messages show it: "float32", "float16", "bfloat16", "int32",
+// "uint8".
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -39,11 +41,13 @@ inline const char* dtype_name(DType t) {
       return "bfloat16";
     case DType::I32:
       return "int32";
+    case DType::U8:
+      return "uint8";
   }
   return "?";
 }
 
-// The package's name of a storage dtype ("fp32", "fp16", "bf16"; "int32" for I32).
+// The package's name of a storage dtype ("fp32", "fp16", "bf16"; "int32" for I32, "uint8" for U8).
 inline const char* dtype_short_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -54,6 +58,8 @@ inline const char* dtype_short_name(DType t) {
       return "bf16";
     case DType::I32:
       return "int32";
+    case DType::U8:
+      return "uint8";
   }
   return "?";
 }
@@ -68,6 +74,8 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
       return CUDNN_DATA_BFLOAT16;
     case DType::I32:
       return CUDNN_DATA_INT32;
+    case DType::U8:
+      return CUDNN_DATA_UINT8;
   }
   return CUDNN_DATA_FLOAT;
 }

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "../core/dtype.h"
 #include "../core/error.h"
@@ -67,7 +68,7 @@ struct TypeTag {
 };
 
 // Calls f(TypeTag<T>{}) with T the C++ type stored for `dtype`, one of the storage dtypes (the bindings never
-// pass an int32 array to a float kernel: its only use, found_inf, is typed int32_t*).
+// pass an int32 or uint8 array to a float kernel: found_inf is typed int32_t*, images const uint8_t*).
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
@@ -81,7 +82,8 @@ void dispatch_dtype(DType dtype, F&& f) {
       f(TypeTag<__nv_bfloat16>{});
       return;
     case DType::I32:
-      throw TypeError("int32 arrays have no float kernel");
+    case DType::U8:
+      throw TypeError(std::string(dtype_name(dtype)) + " arrays have no float kernel");
   }
 }
 

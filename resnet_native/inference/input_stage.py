@@ -21,7 +21,6 @@ import numpy as np
 
 from .._loader import _C
 from .._runtime import op_stream
-from ..names import DTYPE_ALIASES
 
 # kinds of input (see the module docstring)
 COPY, CAST, NORMALIZE = "copy", "cast", "normalize"
@@ -57,28 +56,15 @@ def as_device_array(x, name: str = "x"):
                     f"array, got {type(x).__module__}.{type(x).__qualname__}")
 
 
-def normalize_u8(images, lut, out, *, layout: str, dtype: str) -> None:
-    """out = lut[c][images[n, h, w, c]] in `layout`, on cupy's current stream (no allocation, no sync).
+def normalize_u8(images, lut, out, *, layout: str, dtype: str):
+    """out = lut[c][images[n, h, w, c]] in `layout`, on cupy's current stream (no allocation when out is given, no
+    sync); returns out.
 
-    images: a C-contiguous uint8 (N, H, W, 3) device array (cupy, or any __cuda_array_interface__ object);
-    lut: (3, 256) in the storage dtype `dtype` (data.augment.normalization_lut(dtype) on the device); out:
-    (N, H, W, 3) for NHWC or (N, 3, H, W) for NCHW in that dtype.
+    images: a C-contiguous uint8 (N, H, W, 3) device array (cupy, __cuda_array_interface__ or DLPack); lut: (3, 256)
+    in the storage dtype `dtype` (data.augment.normalization_lut(dtype) on the device); out: (N, H, W, 3) for NHWC
+    or (N, 3, H, W) for NCHW in that dtype.
     """
-    iface = getattr(images, "__cuda_array_interface__", None)
-    if not isinstance(iface, dict):
-        raise TypeError(f"images: expected a CUDA uint8 array with __cuda_array_interface__, got "
-                        f"{type(images).__module__}.{type(images).__qualname__}")
-    if iface.get("typestr") != "|u1":
-        raise TypeError(f"images: expected a uint8 array, got element type {iface.get('typestr')!r}")
-    shape = tuple(iface["shape"])
-    if len(shape) != 4 or shape[3] != 3:
-        raise ValueError(f"images: expected (N, H, W, 3) RGB pixels in HWC order, got shape {shape}")
-    strides = iface.get("strides")
-    if strides is not None and tuple(strides) != (shape[1] * shape[2] * 3, shape[2] * 3, 3, 1):
-        raise ValueError(f"images: expected a C-contiguous array, got strides {tuple(strides)} "
-                         "(use cupy.ascontiguousarray)")
-    n, h, w, _ = shape
-    _C.normalize_u8(int(iface["data"][0]), n, h, w, lut, out, layout, DTYPE_ALIASES.get(dtype, dtype), op_stream())
+    return _C.normalize_u8(images, lut, out, layout, dtype, op_stream())
 
 
 class InputStage:
