@@ -5,6 +5,7 @@ padding and splitting of odd batches; input forms; the fused-or-unfused choice k
 and descriptors, workspace holds and device memory flat after 100 engines come and go."""
 
 import gc
+import os
 import json
 
 import conv_reference as ref
@@ -240,4 +241,6 @@ def test_descriptors_memory_and_holds_stay_flat_over_100_engines(rng):
     assert after_live == live
     assert after_holds == holds
     assert after_used == used
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") != "1":
+        pytest.skip("the device's free memory is shared with other pytest-xdist workers; run this test alone")
     assert abs(after_free - free) <= 64 * 2**20, (free, after_free)

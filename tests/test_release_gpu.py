@@ -53,16 +53,17 @@ def test_release_predicts_like_its_model(trained_run, tmp_path):
     np.testing.assert_array_equal(exact.predict(images), np.argmax(want, axis=1))
 
     # Served by its InferenceEngine (BN folded into the convolutions, fed the uint8 pixels): the same function in
-    # other fp16 roundings, so the logits agree within fp16's tolerance and the classes wherever the top two
-    # logits are not within that tolerance of each other.
+    # other fp16 roundings. The logits agree within fp16's tolerance, and the classes wherever the top two logits
+    # are further apart than twice the largest logit error (no rounding of that size can swap them).
     clf = CIFAR10Classifier("T", models_dir=tmp_path / "cifar10_models")
     assert clf.engine is not None
     got = clf.logits(images)
-    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), np.abs(got - want).max()
+    error = np.abs(got - want).max()
+    assert error <= 1e-2 * np.abs(want).max(), error
     top2 = np.sort(want, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 2e-2 * np.abs(want).max()
+    clear = top2[:, 1] - top2[:, 0] > 2 * error
     np.testing.assert_array_equal(clf.predict(images)[clear], np.argmax(want, axis=1)[clear])
-    assert clear.mean() > 0.9
+    assert clear.sum() >= 100  # the comparison is not vacuous
     want = got  # the single-image forms below must give the engine's batch answers
 
     # Single-image forms give the batch's answers.
@@ -75,9 +76,16 @@ def test_release_predicts_like_its_model(trained_run, tmp_path):
 
     # On the whole test set the release scores what training recorded for these weights: exactly through the eval
     # graph (1e-3: ten images, in case the optimizer's fused fp16 weight copies round differently from a fresh
-    # cast), and through the engine within the images whose top two logits fp16 rounding can swap (2e-3).
-    acc_exact = float((exact.predict(data.test_images) == data.test_labels).mean())
+    # cast); through the engine, the accuracies can differ only on the images whose top two eval-graph logits are
+    # within twice the largest logit error of each other.
+    exact_logits = exact.logits(data.test_images)
+    acc_exact = float((np.argmax(exact_logits, axis=1) == data.test_labels).mean())
     assert abs(acc_exact - metrics["test_accuracy"]) <= 1e-3, (acc_exact, metrics["test_accuracy"])
-    acc = float((clf.predict(data.test_images) == data.test_labels).mean())
-    assert abs(acc - metrics["test_accuracy"]) <= 2e-3, (acc, metrics["test_accuracy"])
+    engine_logits = clf.logits(data.test_images)
+    error = np.abs(engine_logits - exact_logits).max()
+    assert error <= 1e-2 * np.abs(exact_logits).max(), error
+    top2 = np.sort(exact_logits, axis=1)[:, -2:]
+    swappable = float((top2[:, 1] - top2[:, 0] <= 2 * error).mean())
+    acc = float((np.argmax(engine_logits, axis=1) == data.test_labels).mean())
+    assert abs(acc - acc_exact) <= swappable, (acc, acc_exact, swappable)
     assert acc > SHORT_RUN_MIN_TEST_ACC  # the short run's bar (see test_train_gpu.py)
