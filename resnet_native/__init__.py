@@ -9,6 +9,7 @@ from ._loader import _C, CUDNN_LIBRARY, build_info
 from ._runtime import cuda_available, current_stream, require_gpu
 from .classifier import CIFAR10Classifier  # released CIFAR-10 models (resnet_native.release)
 from .conv import ConvSpec, _drop_cached_descriptors, conv2d, conv_output_shape  # noqa: F401
+from .inference import InferenceEngine  # the serving engine (resnet_native.inference)
 from .models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
 from .optim import SGD, AdamW, GradScaler  # resnet_native.optim: also schedules
 from .step import TrainStep
@@ -84,5 +85,6 @@ __all__ = [
     "workspace_stats",
     "ResNet", "ResNet18", "ResNet34", "ResNet50", "ResNet101", "ResNet152", "SGD", "AdamW", "GradScaler",
     "TrainStep",
+    "InferenceEngine",
     "CIFAR10Classifier",
 ]

@@ -5,8 +5,8 @@ padding and splitting of odd batches; input forms; the fused-or-unfused choice k
 and descriptors, workspace holds and device memory flat after 100 engines come and go."""
 
 import gc
-import os
 import json
+import os
 
 import conv_reference as ref
 import numpy as np
