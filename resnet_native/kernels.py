@@ -21,39 +21,36 @@ from ._runtime import op_stream
 stream = op_stream
 
 
+def _elementwise(name: str, native, arrays: tuple, out, dtype):
+    """One elementwise op: the float64 reference `name` when every array is on the host, else the native op."""
+    if all(isinstance(a, np.ndarray) for a in arrays):  # host arrays: the float64 reference
+        return getattr(reference.kernels, name)(*arrays, out=out, dtype=dtype)
+    return native(*arrays, out, dtype, stream())
+
+
 def add(a, b, *, out=None, dtype=None):
     """out = a + b."""
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.add(a, b, out=out, dtype=dtype)
-    return _C.add(a, b, out, dtype, stream())
+    return _elementwise("add", _C.add, (a, b), out, dtype)
 
 
 def add_relu(a, b, *, out=None, dtype=None):
     """out = max(a + b, 0): the residual join of a ResNet block."""
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.add_relu(a, b, out=out, dtype=dtype)
-    return _C.add_relu(a, b, out, dtype, stream())
+    return _elementwise("add_relu", _C.add_relu, (a, b), out, dtype)
 
 
 def relu(x, *, out=None, dtype=None):
     """out = max(x, 0) (NaN propagates)."""
-    if isinstance(x, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.relu(x, out=out, dtype=dtype)
-    return _C.relu(x, out, dtype, stream())
+    return _elementwise("relu", _C.relu, (x,), out, dtype)
 
 
 def relu_backward(dy, y, *, out=None, dtype=None):
     """out = dy * (y > 0), with y the saved ReLU output."""
-    if isinstance(dy, np.ndarray) and isinstance(y, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.relu_backward(dy, y, out=out, dtype=dtype)
-    return _C.relu_backward(dy, y, out, dtype, stream())
+    return _elementwise("relu_backward", _C.relu_backward, (dy, y), out, dtype)
 
 
 def add_relu_backward(dy, y, *, out=None, dtype=None):
     """The gradient of both summands of add_relu: dy * (y > 0), with y the saved add_relu output."""
-    if isinstance(dy, np.ndarray) and isinstance(y, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.add_relu_backward(dy, y, out=out, dtype=dtype)
-    return _C.relu_backward(dy, y, out, dtype, stream())
+    return _elementwise("add_relu_backward", _C.relu_backward, (dy, y), out, dtype)
 
 
 def add_tensor_cudnn(a, b, *, out=None, layout="NCHW", dtype=None):

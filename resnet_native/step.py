@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from ._loader import _C
+from .cuda_graph import WorkspaceHold, capture_graph
 from .losses import SoftmaxCrossEntropy
 
 
@@ -39,19 +39,10 @@ class _CapturedStep:
         self.pool = pool  # the cupy MemoryPool its warm-up and capture allocated from
         self.keep = keep  # the layers' buffers at capture time (a cache eviction must not free them)
         self.counted = counted  # modules whose host-side num_batches_tracked a replay advances
-        self._holds_workspace = True
-        _C._workspace_graph_hold(True)
+        self.workspace_hold = WorkspaceHold()  # released by release(), or when the entry is collected
 
     def release(self):
-        if self._holds_workspace:
-            self._holds_workspace = False
-            _C._workspace_graph_hold(False)
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:  # interpreter teardown
-            pass
+        self.workspace_hold.release()
 
 
 class TrainStep:
@@ -185,20 +176,8 @@ class TrainStep:
         tracked = [m.num_batches_tracked for m in counted]
         scaler_state = getattr(self.scaler, "_unscaled", None)
         try:
-            with cupy.cuda.using_allocator(pool.malloc):
-                stream.begin_capture()
-                try:
-                    loss, correct = self._device_half(static_x, static_labels)
-                except BaseException:
-                    try:
-                        stream.end_capture()  # leave capture mode; the op's error is the one to report
-                    except Exception:
-                        pass
-                    raise
-                graph = stream.end_capture()
-            graph.upload(stream)
+            graph, (loss, correct), _ = capture_graph(lambda: self._device_half(static_x, static_labels), stream, pool)
         except Exception as e:  # an op that cannot be captured: say so, and train eagerly
-            _C._clear_cuda_error()  # a failed capture leaves an error the next launch would report
             self.capture_error = f"{type(e).__name__}: {e}"
             warnings.warn(f"TrainStep: CUDA-graph capture failed, the step stays eager ({self.capture_error})",
                           RuntimeWarning, stacklevel=3)

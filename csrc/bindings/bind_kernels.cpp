@@ -22,13 +22,22 @@ namespace {
 
 enum class Binary { Add, AddRelu, ReluBackward };
 
-// out = op(first, second): add / add_relu (a, b) and the ReLU mask (dy, y).
+// The Python names of a binary op's operands: add / add_relu take (a, b), the ReLU mask (dy, y).
+struct OperandNames {
+  const char* first;
+  const char* second;
+};
+
+OperandNames operand_names(Binary kind) {
+  return kind == Binary::ReluBackward ? OperandNames{"dy", "y"} : OperandNames{"a", "b"};
+}
+
+// out = op(first, second).
 py::object binary_op(const char* op, Binary kind, py::handle first_obj, py::handle second_obj, py::handle out_obj,
                      py::handle dtype_obj, uintptr_t stream) {
   const DTypeRequest request = dtype_arg(dtype_obj);
   const bool mask = kind == Binary::ReluBackward;
-  const char* first_name = mask ? "dy" : "a";
-  const char* second_name = mask ? "y" : "b";
+  const auto [first_name, second_name] = operand_names(kind);
   OpArgs args(op);
   const TensorView& first = args.input(first_obj, first_name, request);
   const TensorView& second = args.input(second_obj, second_name, first.dtype);
@@ -47,17 +56,24 @@ py::object binary_op(const char* op, Binary kind, py::handle first_obj, py::hand
   return args.object(out);
 }
 
+// What the one-input ops do once x and out are parsed: out checked against x (same shape; in place or disjoint),
+// the device check (which allocates a missing out), then run() in the op's error context; returns out.
+template <typename Run>
+py::object finish_unary(OpArgs& args, const TensorView& x, const TensorView& out, Run&& run) {
+  check_same_shape(out, "out", x, "x");
+  check_in_place_or_disjoint(out, "out", x, "x");
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  run();
+  return args.object(out);
+}
+
 py::object relu_op(py::handle x_obj, py::handle out_obj, py::handle dtype_obj, uintptr_t stream) {
   const DTypeRequest request = dtype_arg(dtype_obj);
   OpArgs args("relu");
   const TensorView& x = args.input(x_obj, "x", request);
   const TensorView& out = args.output(out_obj, "out", x.dtype, shape_of(x));
-  check_same_shape(out, "out", x, "x");
-  check_in_place_or_disjoint(out, "out", x, "x");
-  args.prepare_device();
-  OpContext context(&OpArgs::describe, &args);
-  kernels::relu(x, out, stream_arg(stream));
-  return args.object(out);
+  return finish_unary(args, x, out, [&] { kernels::relu(x, out, stream_arg(stream)); });
 }
 
 // Both dtypes inferred, a 16-bit integer array meaning bf16 (cast's only use of one).
@@ -67,12 +83,7 @@ py::object cast_op(py::handle x_obj, py::handle out_obj, uintptr_t stream) {
   TensorArgOptions writable;
   writable.writable = true;
   const TensorView& out = args.input(out_obj, "out", DTypeRequest::infer(/*uint16_is_bf16=*/true), writable);
-  check_same_shape(out, "out", x, "x");
-  check_in_place_or_disjoint(out, "out", x, "x");
-  args.prepare_device();
-  OpContext context(&OpArgs::describe, &args);
-  kernels::cast(x, out, stream_arg(stream));
-  return args.object(out);
+  return finish_unary(args, x, out, [&] { kernels::cast(x, out, stream_arg(stream)); });
 }
 
 py::object add_tensor_cudnn_op(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::handle layout_obj,
@@ -97,29 +108,23 @@ py::object add_tensor_cudnn_op(py::handle a_obj, py::handle b_obj, py::handle ou
   return args.object(out);
 }
 
+// The binding of one binary op: (first, second, out, dtype, stream), the operands named by operand_names().
+void def_binary(py::module_& m, const char* name, Binary kind, const char* doc) {
+  m.def(
+      name,
+      [name, kind](py::handle first, py::handle second, py::handle out, py::handle dtype, uintptr_t stream) {
+        return binary_op(name, kind, first, second, out, dtype, stream);
+      },
+      py::arg(operand_names(kind).first), py::arg(operand_names(kind).second), py::arg("out"), py::arg("dtype"),
+      py::arg("stream"), doc);
+}
+
 }  // namespace
 
 void bind_kernels(py::module_& m) {
-  m.def(
-      "add",
-      [](py::handle a, py::handle b, py::handle out, py::handle dtype, uintptr_t stream) {
-        return binary_op("add", Binary::Add, a, b, out, dtype, stream);
-      },
-      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("dtype"), py::arg("stream"), "out = a + b; returns out");
-  m.def(
-      "add_relu",
-      [](py::handle a, py::handle b, py::handle out, py::handle dtype, uintptr_t stream) {
-        return binary_op("add_relu", Binary::AddRelu, a, b, out, dtype, stream);
-      },
-      py::arg("a"), py::arg("b"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
-      "out = max(a + b, 0); returns out");
-  m.def(
-      "relu_backward",
-      [](py::handle dy, py::handle y, py::handle out, py::handle dtype, uintptr_t stream) {
-        return binary_op("relu_backward", Binary::ReluBackward, dy, y, out, dtype, stream);
-      },
-      py::arg("dy"), py::arg("y"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
-      "out = dy * (y > 0); returns out");
+  def_binary(m, "add", Binary::Add, "out = a + b; returns out");
+  def_binary(m, "add_relu", Binary::AddRelu, "out = max(a + b, 0); returns out");
+  def_binary(m, "relu_backward", Binary::ReluBackward, "out = dy * (y > 0); returns out");
   m.def("relu", &relu_op, py::arg("x"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
         "out = max(x, 0); returns out");
   m.def("cast", &cast_op, py::arg("x"), py::arg("out"), py::arg("stream"),

@@ -69,6 +69,25 @@ const TensorView& output_like_x(OpArgs& args, const BnInput& in, py::handle obj,
   return v;
 }
 
+// The arrays both forwards read, as Python passed them.
+struct ForwardObjects {
+  py::handle x, gamma, beta, running_mean, running_var, z;
+};
+
+// x (which fixes the dtype and C), gamma, beta, the running statistics (updated in place when training) and the
+// optional residual z, validated in that order into `a` (whose layout is set).
+BnInput forward_inputs(OpArgs& args, BatchNormForwardArgs& a, const ForwardObjects& o, py::handle dtype_obj,
+                       bool training) {
+  const BnInput in = bn_input(args, o.x, a.layout, dtype_obj);
+  a.x = in.x;
+  a.gamma = channel_param(args, o.gamma, "gamma", in.c);
+  a.beta = channel_param(args, o.beta, "beta", in.c);
+  a.running_mean = channel_param(args, o.running_mean, "running_mean", in.c, /*written=*/training);
+  a.running_var = channel_param(args, o.running_var, "running_var", in.c, /*written=*/training);
+  a.z = like_x(args, in, o.z, "z", /*optional=*/true);
+  return in;
+}
+
 std::string bn_note(Layout layout, bool relu) {
   return std::string("layout=") + layout_name(layout) + (relu ? ", relu" : "");
 }
@@ -87,13 +106,8 @@ py::tuple batch_norm_train_op(py::handle x_obj, py::handle gamma_obj, py::handle
   a.eps = eps_arg(eps_obj);
   a.relu = relu;
   OpArgs args("batch_norm_train");
-  const BnInput in = bn_input(args, x_obj, a.layout, dtype_obj);
-  a.x = in.x;
-  a.gamma = channel_param(args, gamma_obj, "gamma", in.c);
-  a.beta = channel_param(args, beta_obj, "beta", in.c);
-  a.running_mean = channel_param(args, running_mean_obj, "running_mean", in.c, /*written=*/true);
-  a.running_var = channel_param(args, running_var_obj, "running_var", in.c, /*written=*/true);
-  a.z = like_x(args, in, z_obj, "z", /*optional=*/true);
+  const BnInput in = forward_inputs(args, a, {x_obj, gamma_obj, beta_obj, running_mean_obj, running_var_obj, z_obj},
+                                    dtype_obj, /*training=*/true);
   // The outputs are references into `args`: a missing one gets its memory in prepare_device().
   const TensorView& y = output_like_x(args, in, out_obj, "out");
   const TensorView& save_mean = channel_output(args, save_mean_obj, "save_mean", in.c);
@@ -128,13 +142,8 @@ py::object batch_norm_infer_op(py::handle x_obj, py::handle gamma_obj, py::handl
   a.eps = eps_arg(eps_obj);
   a.relu = relu;
   OpArgs args("batch_norm_infer");
-  const BnInput in = bn_input(args, x_obj, a.layout, dtype_obj);
-  a.x = in.x;
-  a.gamma = channel_param(args, gamma_obj, "gamma", in.c);
-  a.beta = channel_param(args, beta_obj, "beta", in.c);
-  a.running_mean = channel_param(args, running_mean_obj, "running_mean", in.c);
-  a.running_var = channel_param(args, running_var_obj, "running_var", in.c);
-  a.z = like_x(args, in, z_obj, "z", /*optional=*/true);
+  const BnInput in = forward_inputs(args, a, {x_obj, gamma_obj, beta_obj, running_mean_obj, running_var_obj, z_obj},
+                                    dtype_obj, /*training=*/false);
   const TensorView& y = output_like_x(args, in, out_obj, "out");
   check_disjoint(y, "out", {{in.x, "x"}, {a.z, "z"}});
   args.set_note(bn_note(a.layout, relu));

@@ -40,22 +40,19 @@ std::array<int, 4> query_output_dims(cudnnConvolutionDescriptor_t conv, cudnnTen
   return dims;
 }
 
-// The fields a descriptor group depends on; everything else (direction, engine, mode, caps) is zeroed.
+// The fields a descriptor group depends on (precision, layout, shapes, pad / stride / dilation, groups): the key
+// with every field that only selects or limits an algorithm zeroed. Zeroing those (rather than copying the
+// geometry) keeps any geometry field added to ConvParams in the group key.
 ConvParams geometry_of(const ConvParams& p) {
-  ConvParams g;
-  g.precision = p.precision;
-  g.layout = p.layout;
-  for (int i = 0; i < 4; ++i) {
-    g.x[i] = p.x[i];
-    g.w[i] = p.w[i];
-    g.y[i] = p.y[i];
-  }
-  for (int i = 0; i < 2; ++i) {
-    g.pad[i] = p.pad[i];
-    g.stride[i] = p.stride[i];
-    g.dilation[i] = p.dilation[i];
-  }
-  g.groups = p.groups;
+  ConvParams g = p;
+  g.device = 0;
+  g.direction = 0;
+  g.engine = 0;
+  g.epilogue = 0;
+  g.deterministic = 0;
+  g.algo_mode = 0;
+  g.fixed_algo = 0;
+  g.workspace_cap = 0;
   return g;
 }
 

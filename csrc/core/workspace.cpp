@@ -130,15 +130,8 @@ void WorkspacePool::free_retired() {
 }
 
 WorkspaceStats WorkspacePool::stats() const {
-  WorkspaceStats s;
-  s.size = size_;
-  s.peak_request = peak_request_;
-  s.limit = limit_;
-  s.grows = grows_;
-  s.requests = requests_;
-  s.graph_holds = graph_holds_;
-  s.retired = retired_bytes_;
-  return s;
+  // In WorkspaceStats' member order: size, peak_request, limit, grows, requests, graph_holds, retired.
+  return WorkspaceStats{size_, peak_request_, limit_, grows_, requests_, graph_holds_, retired_bytes_};
 }
 
 void set_out_of_memory_hook(std::function<void()> hook) {

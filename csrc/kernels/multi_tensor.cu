@@ -66,35 +66,70 @@ void launch(const DeviceChunks& chunks, const Body& body, const int32_t* skip_if
   RN_CUDA_CHECK_LAUNCH();
 }
 
-struct SgdBody {
-  DeviceTensorList params, grads, bufs, copies;
-  bool has_bufs, has_copies;
-  ScalarArg lr_arg, inv_scale_arg, momentum_arg;
-  SgdOptions o;
+// What both optimizer updates share: fp32 master parameters, gradients in any storage dtype, optional model copies
+// rewritten with each updated value, and the learning rate and gradient scale (device or host scalars).
+struct UpdateBody {
+  DeviceTensorList params, grads, copies;
+  bool has_copies;
+  ScalarArg lr_arg, inv_scale_arg;
   // Per-thread state.
-  float lr, inv_scale, momentum;
+  float lr, inv_scale;
   float* p;
   uint64_t g;
   int32_t g_dtype;
-  float* buf;
   uint64_t copy;
   int32_t copy_dtype;
 
-  __device__ void begin() {
+  __device__ void begin_update() {
     lr = read_scalar(lr_arg);
     inv_scale = read_scalar(inv_scale_arg);
-    momentum = read_scalar(momentum_arg);
   }
-  __device__ void bind(int32_t t) {
+  __device__ void bind_update(int32_t t) {
     p = reinterpret_cast<float*>(params.ptrs[t]);
     g = grads.ptrs[t];
     g_dtype = grads.dtypes[t];
-    buf = has_bufs ? reinterpret_cast<float*>(bufs.ptrs[t]) : nullptr;
     copy = has_copies ? copies.ptrs[t] : 0;
     copy_dtype = has_copies ? copies.dtypes[t] : 0;
   }
+  // Element i of the gradient, unscaled.
+  __device__ float scaled_grad(int64_t i) const { return load_element(g, g_dtype, i) * inv_scale; }
+  // The updated parameter value of element i, written to the master and the model copy.
+  __device__ void store(int64_t i, float w) {
+    p[i] = w;
+    if (copy != 0) store_element(copy, copy_dtype, i, w);
+  }
+  __device__ void end() {}
+};
+
+void set_update_args(UpdateBody& body, const TensorTable& params, const TensorTable& grads, const TensorTable* copies,
+                     ScalarArg lr, ScalarArg inv_scale) {
+  body.params = params.list();
+  body.grads = grads.list();
+  body.has_copies = copies != nullptr;
+  if (copies) body.copies = copies->list();
+  body.lr_arg = lr;
+  body.inv_scale_arg = inv_scale;
+}
+
+struct SgdBody : UpdateBody {
+  DeviceTensorList bufs;
+  bool has_bufs;
+  ScalarArg momentum_arg;
+  SgdOptions o;
+  // Per-thread state.
+  float momentum;
+  float* buf;
+
+  __device__ void begin() {
+    begin_update();
+    momentum = read_scalar(momentum_arg);
+  }
+  __device__ void bind(int32_t t) {
+    bind_update(t);
+    buf = has_bufs ? reinterpret_cast<float*>(bufs.ptrs[t]) : nullptr;
+  }
   __device__ void apply(int64_t i) {
-    float d = load_element(g, g_dtype, i) * inv_scale;
+    float d = scaled_grad(i);
     float w = p[i];
     if (o.weight_decay != 0.0f) d += o.weight_decay * w;
     if (buf != nullptr) {
@@ -103,28 +138,20 @@ struct SgdBody {
       d = o.nesterov ? d + momentum * b : b;
     }
     w -= lr * d;
-    p[i] = w;
-    if (copy != 0) store_element(copy, copy_dtype, i, w);
+    store(i, w);
   }
-  __device__ void end() {}
 };
 
-struct AdamWBody {
-  DeviceTensorList params, grads, exp_avgs, exp_avg_sqs, copies;
-  bool has_copies;
-  ScalarArg lr_arg, inv_scale_arg, step_arg, beta1_arg;
+struct AdamWBody : UpdateBody {
+  DeviceTensorList exp_avgs, exp_avg_sqs;
+  ScalarArg step_arg, beta1_arg;
   AdamWOptions o;
   // Per-thread state.
-  float lr, inv_scale, beta1, decay, step_size, bias_correction2_sqrt;
-  float *p, *m, *v;
-  uint64_t g;
-  int32_t g_dtype;
-  uint64_t copy;
-  int32_t copy_dtype;
+  float beta1, decay, step_size, bias_correction2_sqrt;
+  float *m, *v;
 
   __device__ void begin() {
-    lr = read_scalar(lr_arg);
-    inv_scale = read_scalar(inv_scale_arg);
+    begin_update();
     beta1 = read_scalar(beta1_arg);
     const double step = read_scalar(step_arg);
     // Bias corrections in double, as PyTorch computes them on the host.
@@ -135,27 +162,20 @@ struct AdamWBody {
     decay = 1.0f - lr * o.weight_decay;
   }
   __device__ void bind(int32_t t) {
-    p = reinterpret_cast<float*>(params.ptrs[t]);
+    bind_update(t);
     m = reinterpret_cast<float*>(exp_avgs.ptrs[t]);
     v = reinterpret_cast<float*>(exp_avg_sqs.ptrs[t]);
-    g = grads.ptrs[t];
-    g_dtype = grads.dtypes[t];
-    copy = has_copies ? copies.ptrs[t] : 0;
-    copy_dtype = has_copies ? copies.dtypes[t] : 0;
   }
   __device__ void apply(int64_t i) {
-    const float d = load_element(g, g_dtype, i) * inv_scale;
+    const float d = scaled_grad(i);
     const float w = p[i] * decay;
     const float mi = m[i] + (1.0f - beta1) * (d - m[i]);
     const float vi = o.beta2 * v[i] + (1.0f - o.beta2) * d * d;
     m[i] = mi;
     v[i] = vi;
     const float denom = sqrtf(vi) / bias_correction2_sqrt + o.eps;
-    const float updated = w - step_size * mi / denom;
-    p[i] = updated;
-    if (copy != 0) store_element(copy, copy_dtype, i, updated);
+    store(i, w - step_size * mi / denom);
   }
-  __device__ void end() {}
 };
 
 struct FiniteBody {
@@ -213,15 +233,10 @@ void sgd_step(const TensorTable& params, const TensorTable& grads, const TensorT
               ScalarArg lr, ScalarArg inv_scale, ScalarArg momentum, const int32_t* found_inf,
               const SgdOptions& options, cudaStream_t stream) {
   SgdBody body{};
-  body.params = params.list();
-  body.grads = grads.list();
+  set_update_args(body, params, grads, copies, lr, inv_scale);
   // A device momentum may change between replays of a captured graph: then the buffers are always used.
   body.has_bufs = bufs != nullptr && (momentum.ptr != nullptr || momentum.value != 0.0f);
   if (body.has_bufs) body.bufs = bufs->list();
-  body.has_copies = copies != nullptr;
-  if (copies) body.copies = copies->list();
-  body.lr_arg = lr;
-  body.inv_scale_arg = inv_scale;
   body.momentum_arg = momentum;
   body.o = options;
   launch(params.chunks(), body, found_inf, stream);
@@ -232,14 +247,9 @@ void adamw_step(const TensorTable& params, const TensorTable& grads, const Tenso
                 ScalarArg step, ScalarArg beta1, const int32_t* found_inf, const AdamWOptions& options,
                 cudaStream_t stream) {
   AdamWBody body{};
-  body.params = params.list();
-  body.grads = grads.list();
+  set_update_args(body, params, grads, copies, lr, inv_scale);
   body.exp_avgs = exp_avgs.list();
   body.exp_avg_sqs = exp_avg_sqs.list();
-  body.has_copies = copies != nullptr;
-  if (copies) body.copies = copies->list();
-  body.lr_arg = lr;
-  body.inv_scale_arg = inv_scale;
   body.step_arg = step;
   body.beta1_arg = beta1;
   body.o = options;

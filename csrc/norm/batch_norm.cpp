@@ -1,10 +1,6 @@
 #include "batch_norm.h"
 
 #include <algorithm>
-#include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "../core/descriptor.h"
 #include "../core/device.h"
@@ -12,128 +8,24 @@
 #include "../core/workspace.h"
 #include "../kernels/cudnn_tensor_4d.h"
 #include "../kernels/elementwise.h"
+#include "batch_norm_path.h"
 
 namespace rn {
 namespace {
 
-std::atomic<int> g_mode_policy{static_cast<int>(BatchNormModePolicy::Auto)};
-std::atomic<bool> g_fuse_bf16{false};
+using bn_path::decide_fusion;
+using bn_path::filled_by_fused_forward;
+using bn_path::Fusion;
+using bn_path::is_refusal;
+using bn_path::mode_name;
+using bn_path::ops_name;
+using bn_path::preferred_mode;
+using bn_path::problem_key;
+using bn_path::ProblemKey;
+using bn_path::record_forward;
+using bn_path::remember_refusal;
+
 thread_local BatchNormPath t_last_path;
-
-// Shapes for which cuDNN refused a fused call: (forward?, dtype, n, c, h, w, has_z) -> status name.
-using RefusalKey = std::tuple<bool, int, int, int, int, int, bool>;
-std::mutex g_refusals_mutex;
-std::map<RefusalKey, std::string>& refusals() {
-  static auto* map = new std::map<RefusalKey, std::string>();
-  return *map;
-}
-
-RefusalKey refusal_key(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z) {
-  return {forward, static_cast<int>(dtype), d[0], d[1], d[2], d[3], has_z};
-}
-
-// How cuDNN says no to a fused call or the persistent mode. cuDNN 9 groups statuses by thousands: 2xxx bad
-// parameter, 3xxx not supported. A bad-parameter status counts too: the fused ops and the persistent mode are
-// documented for narrow sets of configurations, and the plain spatial call (which reports a real argument
-// error) runs next anyway.
-bool is_refusal(cudnnStatus_t status) {
-  const int group = static_cast<int>(status) / 1000;
-  return group == 2 || group == 3;
-}
-
-const char* mode_name(cudnnBatchNormMode_t mode) {
-  return mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT ? "persistent" : "spatial";
-}
-
-const char* ops_name(cudnnBatchNormOps_t ops) {
-  switch (ops) {
-    case CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION:
-      return "BN_ADD_ACTIVATION";
-    case CUDNN_BATCHNORM_OPS_BN_ACTIVATION:
-      return "BN_ACTIVATION";
-    default:
-      return "BN";
-  }
-}
-
-cudnnBatchNormMode_t preferred_mode(Layout layout) {
-  switch (static_cast<BatchNormModePolicy>(g_mode_policy.load())) {
-    case BatchNormModePolicy::Persistent:
-      return CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
-    case BatchNormModePolicy::Spatial:
-      return CUDNN_BATCHNORM_SPATIAL;
-    case BatchNormModePolicy::Auto:
-      break;
-  }
-  return layout == Layout::NHWC ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
-}
-
-struct Fusion {
-  bool fused = false;
-  cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
-  std::string why_not;  // when !fused
-};
-
-Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
-                     cudnnBatchNormMode_t mode) {
-  Fusion f;
-  if (!relu && has_z) {
-    f.why_not = "an add without ReLU (cuDNN has no BN_ADD op)";
-  } else if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
-    f.why_not = "spatial mode";
-  } else if (layout != Layout::NHWC) {
-    f.why_not = "NCHW layout";
-  } else if (dtype == DType::F32) {
-    f.why_not = "fp32 activations";
-  } else if (dtype == DType::BF16 && !g_fuse_bf16.load()) {
-    f.why_not = "bf16 fusion disabled (cuDNN documents fp16)";
-  } else if (d[1] % 4 != 0) {
-    f.why_not = "C not a multiple of 4";
-  } else {
-    std::lock_guard<std::mutex> lock(g_refusals_mutex);
-    const auto it = refusals().find(refusal_key(forward, dtype, d, has_z));
-    if (it != refusals().end()) f.why_not = "cuDNN refused this shape (" + it->second + ")";
-  }
-  f.fused = f.why_not.empty();
-  f.ops = !relu   ? CUDNN_BATCHNORM_OPS_BN
-          : has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
-                  : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
-  return f;
-}
-
-// Which reserve buffers were last filled by a fused forward call, and for which problem. The fused backward
-// reads the ReLU mask cuDNN left in the reserve, so it may run only after a fused forward of the same problem
-// into that same buffer; anything else (a refusal, a policy change, a buffer reused) takes the unfused backward,
-// which needs only y.
-struct ReserveRecord {
-  RefusalKey problem;
-  bool fused;
-};
-std::map<const void*, ReserveRecord>& reserve_records() {
-  static auto* map = new std::map<const void*, ReserveRecord>();
-  return *map;
-}
-constexpr size_t kMaxReserveRecords = 1 << 14;  // a few per BN layer; cleared wholesale past this
-
-void record_forward(const TensorView& reserve, const RefusalKey& problem, bool fused) {
-  if (!reserve.defined()) return;
-  std::lock_guard<std::mutex> lock(g_refusals_mutex);
-  auto& records = reserve_records();
-  if (records.size() >= kMaxReserveRecords) records.clear();
-  records[reserve.data] = {problem, fused};
-}
-
-bool filled_by_fused_forward(const TensorView& reserve, const RefusalKey& problem) {
-  if (!reserve.defined()) return false;
-  std::lock_guard<std::mutex> lock(g_refusals_mutex);
-  const auto it = reserve_records().find(reserve.data);
-  return it != reserve_records().end() && it->second.fused && it->second.problem == problem;
-}
-
-void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnStatus_t status) {
-  std::lock_guard<std::mutex> lock(g_refusals_mutex);
-  refusals()[refusal_key(forward, dtype, d, has_z)] = cudnn_status_name(status);
-}
 
 // The activation tensor descriptor (x, y, z, dy, dx, dz all share it) and the derived 1xCx1x1 fp32 one.
 struct BnDescriptors {
@@ -308,24 +200,6 @@ cudnnBatchNormMode_t run_with_mode_fallback(cudnnBatchNormMode_t mode, const cha
 
 }  // namespace
 
-void set_batch_norm_mode_policy(BatchNormModePolicy policy) {
-  g_mode_policy.store(static_cast<int>(policy));
-}
-BatchNormModePolicy batch_norm_mode_policy() {
-  return static_cast<BatchNormModePolicy>(g_mode_policy.load());
-}
-void set_batch_norm_fuse_bf16(bool enabled) {
-  g_fuse_bf16.store(enabled);
-}
-bool batch_norm_fuse_bf16() {
-  return g_fuse_bf16.load();
-}
-
-void clear_batch_norm_refusals() {
-  std::lock_guard<std::mutex> lock(g_refusals_mutex);
-  refusals().clear();
-}
-
 size_t batch_norm_reserve_size(Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
                                cudaStream_t stream) {
   const cudnnBatchNormMode_t mode = preferred_mode(layout);
@@ -348,7 +222,7 @@ void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t strea
   const bool has_z = a.z.defined();
   const cudnnHandle_t handle = cudnn_handle(stream);
   const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
-  const RefusalKey problem = refusal_key(true, dtype, d, has_z);
+  const ProblemKey problem = problem_key(true, dtype, d, has_z);
   Fusion fusion = decide_fusion(true, a.layout, dtype, d, a.relu, has_z, mode);
   if (fusion.fused) {
     bool no_workspace = false;
@@ -394,7 +268,7 @@ void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
   const cudnnHandle_t handle = cudnn_handle(stream);
   const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
   Fusion fusion = decide_fusion(false, a.layout, dtype, d, a.relu, a.has_z, mode);
-  if (fusion.fused && !filled_by_fused_forward(a.reserve, refusal_key(true, dtype, d, a.has_z))) {
+  if (fusion.fused && !filled_by_fused_forward(a.reserve, problem_key(true, dtype, d, a.has_z))) {
     fusion.fused = false;
     fusion.why_not =
         a.reserve.defined() ? "the forward call that filled `reserve` did not run fused" : "no reserve space given";

@@ -33,22 +33,20 @@ namespace rn {
 enum class BatchNormModePolicy : uint8_t { Auto = 0, Persistent = 1, Spatial = 2 };
 
 // Views are validated by the bindings: activations share x's shape and dtype, parameters are fp32 (C,).
-struct BatchNormTrainArgs {
+// What both forwards take; inference takes nothing else.
+struct BatchNormForwardArgs {
   Layout layout = Layout::NCHW;
   TensorView x, z, y;  // z undefined when absent
-  TensorView gamma, beta, running_mean, running_var, save_mean, save_invstd;
-  TensorView reserve;  // opaque, at least batch_norm_reserve_size() bytes; undefined when that is 0
-  double momentum = 0.1;
-  double eps = 1e-5;
-  bool relu = false;
-};
-
-struct BatchNormInferArgs {
-  Layout layout = Layout::NCHW;
-  TensorView x, z, y;
   TensorView gamma, beta, running_mean, running_var;
   double eps = 1e-5;
   bool relu = false;
+};
+using BatchNormInferArgs = BatchNormForwardArgs;
+
+struct BatchNormTrainArgs : BatchNormForwardArgs {
+  TensorView save_mean, save_invstd;
+  TensorView reserve;  // opaque, at least batch_norm_reserve_size() bytes; undefined when that is 0
+  double momentum = 0.1;
 };
 
 struct BatchNormBackwardArgs {

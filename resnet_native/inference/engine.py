@@ -10,7 +10,8 @@ What building an engine does, once:
     engine's own cupy memory pool; smaller batch sizes use their leading bytes;
   - per batch size, the forward runs eagerly: algorithm search on cache misses, and per convolution fused and
     unfused are timed once and the faster kept in the algorithm cache (tuning.py); then the workspace pool is
-    reserved for the largest need and each forward is captured in a CUDA graph (capture.py).
+    reserved for the largest need and each forward is captured in a CUDA graph (resnet_native/cuda_graph.py) on a
+    fresh stream, allocating from the engine's pool.
 With algorithm_cache=path the cache file is loaded first (when it exists) and saved after building, so a restart
 on the same GPU and cuDNN neither searches nor times again.
 
@@ -36,9 +37,9 @@ import numpy as np
 
 from .. import conv, kernels
 from .._runtime import require_gpu
+from ..cuda_graph import WorkspaceHold, capture_graph
 from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice
 from .buffers import plan_buffers
-from .capture import WorkspaceHold, capture_graph
 from .fold import conv_step_params
 from .input_stage import InputStage, as_device_array
 from .plan import build_plan
@@ -276,10 +277,14 @@ class InferenceEngine(contextlib.AbstractContextManager):
         return workspace
 
     def _capture_all(self) -> None:
+        import cupy
+
         self._hold = WorkspaceHold()
         try:
             for batch in self.batch_sizes:
-                graph, allocated = capture_graph(self._forwards[batch].run, self._pool)
+                stream = cupy.cuda.Stream(non_blocking=True)
+                graph, _, allocated = capture_graph(self._forwards[batch].run, stream, self._pool)
+                stream.synchronize()
                 self._graphs[batch] = graph
                 self.capture_allocated_bytes += allocated
         except Exception as e:  # an op that cannot be captured: say so, and run eagerly

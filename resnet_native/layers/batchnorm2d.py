@@ -89,20 +89,11 @@ class BatchNorm2d(Module):
             check_same_shape("z", z, "x", x)
         y = self._buffers.get("y", x.shape, x.dtype)
         dt = native_dtype(x)
+        # The arguments both forwards take: x, the parameters and running statistics, and the settings.
+        operands = (x, self.weight.data, self.bias.data, self.running_mean, self.running_var)
+        settings = dict(layout=self.layout, eps=self.eps, z=z, relu=self.relu, out=y, dtype=dt)
         if not train:
-            norm.batch_norm_infer(
-                x,
-                self.weight.data,
-                self.bias.data,
-                self.running_mean,
-                self.running_var,
-                layout=self.layout,
-                eps=self.eps,
-                z=z,
-                relu=self.relu,
-                out=y,
-                dtype=dt,
-            )
+            norm.batch_norm_infer(*operands, **settings)
             self._saved = None
             return y
         c = (self.num_features,)
@@ -111,21 +102,8 @@ class BatchNorm2d(Module):
         save_invstd = self._buffers.get("save_invstd", c, master)
         reserve = self._buffers.find("reserve", x.shape)
         y, save_mean, save_invstd, reserve = norm.batch_norm_train(
-            x,
-            self.weight.data,
-            self.bias.data,
-            self.running_mean,
-            self.running_var,
-            layout=self.layout,
-            momentum=self.momentum,
-            eps=self.eps,
-            z=z,
-            relu=self.relu,
-            out=y,
-            save_mean=save_mean,
-            save_invstd=save_invstd,
-            reserve=reserve,
-            dtype=dt,
+            *operands, momentum=self.momentum, save_mean=save_mean, save_invstd=save_invstd, reserve=reserve,
+            **settings
         )
         self._buffers.store(
             "reserve", x.shape, reserve

@@ -18,7 +18,12 @@ class _ResidualBlock(Module):
 
     expansion = 1
 
-    def _finish_init(self, inplanes, outplanes, stride, layout, conv_args, fused_residual):
+    def __init__(self, inplanes, planes, stride=1, *, layout="NHWC", precision="fp32", engine=None, algo="find",
+                 fused_residual=True, rng=None):
+        super().__init__()
+        conv_args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
+        outplanes = planes * self.expansion
+        self._build_main_path(inplanes, planes, stride, conv_args, fused_residual)
         self.fused_residual = bool(fused_residual)
         if not self.fused_residual:
             self.add_module("add", Add(relu=True))
@@ -31,6 +36,10 @@ class _ResidualBlock(Module):
                     BatchNorm2d(outplanes, layout=layout),
                 ),
             )
+
+    def _build_main_path(self, inplanes, planes, stride, conv_args, fused_residual):
+        """Add the main path's conv/bn modules (in forward order); the last bn takes the residual."""
+        raise NotImplementedError
 
     def _main_pairs(self):
         """[(conv, bn)] of the main path, in order; the last bn is the residual one."""
@@ -71,28 +80,14 @@ class BasicBlock(_ResidualBlock):
 
     expansion = 1
 
-    def __init__(
-        self,
-        inplanes,
-        planes,
-        stride=1,
-        *,
-        layout="NHWC",
-        precision="fp32",
-        engine=None,
-        algo="find",
-        fused_residual=True,
-        rng=None,
-    ):
-        super().__init__()
-        args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
-        self.conv1 = self.add_module("conv1", Conv2d(inplanes, planes, 3, stride, 1, **args))
+    def _build_main_path(self, inplanes, planes, stride, conv_args, fused_residual):
+        layout = conv_args["layout"]
+        self.conv1 = self.add_module("conv1", Conv2d(inplanes, planes, 3, stride, 1, **conv_args))
         self.bn1 = self.add_module("bn1", BatchNorm2d(planes, layout=layout, relu=True))
-        self.conv2 = self.add_module("conv2", Conv2d(planes, planes, 3, 1, 1, **args))
+        self.conv2 = self.add_module("conv2", Conv2d(planes, planes, 3, 1, 1, **conv_args))
         self.bn2 = self.add_module(
             "bn2", BatchNorm2d(planes, layout=layout, relu=fused_residual, residual=fused_residual)
         )
-        self._finish_init(inplanes, planes * self.expansion, stride, layout, args, fused_residual)
 
     def _main_pairs(self):
         return [(self.conv1, self.bn1), (self.conv2, self.bn2)]
@@ -104,32 +99,17 @@ class Bottleneck(_ResidualBlock):
 
     expansion = 4
 
-    def __init__(
-        self,
-        inplanes,
-        planes,
-        stride=1,
-        *,
-        layout="NHWC",
-        precision="fp32",
-        engine=None,
-        algo="find",
-        fused_residual=True,
-        rng=None,
-    ):
-        super().__init__()
-        args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
-        width = planes
-        self.conv1 = self.add_module("conv1", Conv2d(inplanes, width, 1, 1, 0, **args))
+    def _build_main_path(self, inplanes, planes, stride, conv_args, fused_residual):
+        layout, width = conv_args["layout"], planes
+        self.conv1 = self.add_module("conv1", Conv2d(inplanes, width, 1, 1, 0, **conv_args))
         self.bn1 = self.add_module("bn1", BatchNorm2d(width, layout=layout, relu=True))
-        self.conv2 = self.add_module("conv2", Conv2d(width, width, 3, stride, 1, **args))
+        self.conv2 = self.add_module("conv2", Conv2d(width, width, 3, stride, 1, **conv_args))
         self.bn2 = self.add_module("bn2", BatchNorm2d(width, layout=layout, relu=True))
-        self.conv3 = self.add_module("conv3", Conv2d(width, planes * self.expansion, 1, 1, 0, **args))
+        self.conv3 = self.add_module("conv3", Conv2d(width, planes * self.expansion, 1, 1, 0, **conv_args))
         self.bn3 = self.add_module(
             "bn3",
             BatchNorm2d(planes * self.expansion, layout=layout, relu=fused_residual, residual=fused_residual),
         )
-        self._finish_init(inplanes, planes * self.expansion, stride, layout, args, fused_residual)
 
     def _main_pairs(self):
         return [(self.conv1, self.bn1), (self.conv2, self.bn2), (self.conv3, self.bn3)]

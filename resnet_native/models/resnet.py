@@ -74,19 +74,7 @@ class ResNet(Module):
             blocks = []
             for j in range(count):
                 stride = 2 if (i > 0 and j == 0) else 1
-                blocks.append(
-                    block(
-                        inplanes,
-                        planes,
-                        stride,
-                        layout=layout,
-                        precision=precision,
-                        engine=engine,
-                        algo=algo,
-                        fused_residual=fused_residual,
-                        rng=rng,
-                    )
-                )
+                blocks.append(block(inplanes, planes, stride, fused_residual=fused_residual, **conv_args))
                 inplanes = planes * block.expansion
             self.stages.append(self.add_module(f"layer{i + 1}", Sequential(*blocks)))
         self.avgpool = self.add_module("avgpool", GlobalAvgPool(layout=layout))

@@ -46,22 +46,10 @@ class AdamW(Optimizer):
         multi_tensor.advance_step(self._device_step, found_inf)
         super().launch_step(found_inf, inv_scale)
 
-    def _launch(self, group, found_inf, inv_scale):
-        multi_tensor.adamw_step(
-            group.params,
-            group.grads,
-            group.state["exp_avg"],
-            group.state["exp_avg_sq"],
-            lr=self.hyperparameter_on_device(0),
-            beta1=self.hyperparameter_on_device(1),
-            beta2=self.betas[1],
-            eps=self.eps,
-            weight_decay=self.weight_decay,
-            step=self._device_step,
-            inv_scale=inv_scale,
-            found_inf=found_inf,
-            model_copies=group.copies,
-        )
+    def _launch(self, group, shared):
+        multi_tensor.adamw_step(group.params, group.grads, group.state["exp_avg"], group.state["exp_avg_sq"],
+                                beta1=self.hyperparameter_on_device(1), beta2=self.betas[1], eps=self.eps,
+                                weight_decay=self.weight_decay, step=self._device_step, **shared)
 
     def set_momentum(self, value: float) -> None:
         self.betas = (float(value), self.betas[1])

@@ -163,9 +163,13 @@ class Optimizer:
         (GradScaler's 1/scale, fused into the update instead of a separate pass)."""
         self._require_ready()
         for g in self._groups:
-            self._launch(g, found_inf, 1.0 if inv_scale is None else inv_scale)
+            shared = dict(lr=self.hyperparameter_on_device(0), inv_scale=1.0 if inv_scale is None else inv_scale,
+                          found_inf=found_inf, model_copies=g.copies)
+            self._launch(g, shared)
 
-    def _launch(self, group, found_inf, inv_scale):
+    def _launch(self, group, shared: dict):
+        """One group's fused update; `shared` holds the keyword arguments every multi_tensor update takes (the
+        device learning rate, inv_scale, found_inf, model_copies)."""
         raise NotImplementedError
 
     def set_momentum(self, value: float) -> None:

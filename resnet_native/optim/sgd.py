@@ -27,25 +27,15 @@ class SGD(Optimizer):
     def device_hyperparameters(self) -> tuple:
         return (self.lr, self.momentum)
 
-    def _launch(self, group, found_inf, inv_scale):
+    def _launch(self, group, shared):
         # PyTorch starts the momentum buffer at the first gradient, undamped; the kernel needs telling only
         # when dampening makes that differ from updating a zero buffer.
         first = {"first_step": True} if self.dampening and self.step_count == 1 else {}
-        multi_tensor.sgd_step(
-            group.params,
-            group.grads,
-            group.state["momentum_buffer"],
-            lr=self.hyperparameter_on_device(0),
-            # A momentum of 0 stays a host number: the kernel then skips the buffers altogether.
-            momentum=self.hyperparameter_on_device(1) if self.momentum else 0.0,
-            weight_decay=self.weight_decay,
-            nesterov=self.nesterov,
-            dampening=self.dampening,
-            inv_scale=inv_scale,
-            found_inf=found_inf,
-            model_copies=group.copies,
-            **first,
-        )
+        # A momentum of 0 stays a host number: the kernel then skips the buffers altogether.
+        momentum = self.hyperparameter_on_device(1) if self.momentum else 0.0
+        multi_tensor.sgd_step(group.params, group.grads, group.state["momentum_buffer"], momentum=momentum,
+                              weight_decay=self.weight_decay, nesterov=self.nesterov, dampening=self.dampening,
+                              **first, **shared)
 
     def set_momentum(self, value: float) -> None:
         self.momentum = float(value)

@@ -23,6 +23,28 @@ BackendDescriptor engine_of(cudnnBackendDescriptor_t config) {
   return engine;
 }
 
+// `count` new descriptors of `type`, and their raw handles in `raw` (for a get-attribute call to fill).
+std::vector<BackendDescriptor> make_backends(cudnnBackendDescriptorType_t type, int64_t count,
+                                             std::vector<cudnnBackendDescriptor_t>& raw) {
+  std::vector<BackendDescriptor> descriptors;
+  descriptors.reserve(count);
+  raw.clear();
+  for (int64_t i = 0; i < count; ++i) {
+    descriptors.push_back(make_backend(type));
+    raw.push_back(descriptors.back().get());
+  }
+  return descriptors;
+}
+
+// The finalized engine `engine_id` of `graph`.
+BackendDescriptor make_engine(cudnnBackendDescriptor_t graph, int64_t engine_id) {
+  BackendDescriptor engine = make_backend(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  set_descriptor(engine.get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
+  set_int64(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, engine_id);
+  finalize(engine.get());
+  return engine;
+}
+
 uint32_t notes_of(cudnnBackendDescriptor_t engine) {
   cudnnBackendNumericalNote_t notes[kMaxNotes];
   int64_t count = 0;
@@ -78,13 +100,8 @@ std::vector<BackendDescriptor> heuristic_configs(cudnnBackendDescriptor_t graph,
   int64_t available = 0;
   RN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
                                           &available, nullptr));
-  std::vector<BackendDescriptor> configs;
   std::vector<cudnnBackendDescriptor_t> raw;
-  configs.reserve(available);
-  for (int64_t i = 0; i < available; ++i) {
-    configs.push_back(make_backend(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-    raw.push_back(configs.back().get());
-  }
+  std::vector<BackendDescriptor> configs = make_backends(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, available, raw);
   if (available == 0) return configs;
   int64_t returned = 0;
   RN_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -99,13 +116,8 @@ EngineInfo inspect_config(cudnnBackendDescriptor_t config) {
   info.engine_id = get_int64(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX);
   info.notes = notes_of(engine.get());
 
-  std::vector<BackendDescriptor> choices;
   std::vector<cudnnBackendDescriptor_t> raw;
-  choices.reserve(kMaxKnobs);
-  for (int i = 0; i < kMaxKnobs; ++i) {
-    choices.push_back(make_backend(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
-    raw.push_back(choices.back().get());
-  }
+  const std::vector<BackendDescriptor> choices = make_backends(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, kMaxKnobs, raw);
   int64_t count = 0;
   RN_CUDNN_CHECK(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                           kMaxKnobs, &count, raw.data()));
@@ -121,19 +133,12 @@ EngineInfo inspect_config(cudnnBackendDescriptor_t config) {
 }
 
 uint32_t engine_notes(cudnnBackendDescriptor_t graph, int64_t engine_id) {
-  BackendDescriptor engine = make_backend(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  set_descriptor(engine.get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
-  set_int64(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, engine_id);
-  finalize(engine.get());
-  return notes_of(engine.get());
+  return notes_of(make_engine(graph, engine_id).get());
 }
 
 BuiltConfig build_config(cudnnBackendDescriptor_t graph, int64_t engine_id, const KnobChoices& knobs) {
   BuiltConfig built;
-  BackendDescriptor engine = make_backend(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  set_descriptor(engine.get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
-  set_int64(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, engine_id);
-  finalize(engine.get());
+  BackendDescriptor engine = make_engine(graph, engine_id);
   const cudnnBackendDescriptor_t engine_raw = engine.get();
   built.parts.push_back(std::move(engine));
 

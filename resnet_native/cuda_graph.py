@@ -1,0 +1,62 @@
+"""Capturing work into a CUDA graph: the one capture the training step (step.py) and the inference engine
+(inference/engine.py) share.
+
+capture_graph(fn, stream, pool) runs fn once on `stream` in capture mode with cupy's allocator pointed at `pool`, a
+cupy MemoryPool the caller keeps for as long as the graph lives: an allocation made during the capture (none is
+expected: every output is preallocated) is then never handed to other arrays while the graph still writes it. The
+pool's usage before and after is compared, and the difference returned. fn must already have run eagerly with the
+same arrays: algorithm searches synchronise, and are refused during capture. A capture that fails (fn, ending the
+capture, or uploading the graph) leaves capture mode, clears the CUDA error it leaves behind (the next launch would
+report it otherwise) and raises; when fn failed, fn's error is the one raised.
+
+While any captured graph lives, the cuDNN workspace pool must keep its buffers (a growth retires the old buffer
+instead of freeing it, and release_workspace refuses): a WorkspaceHold is one such hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, NamedTuple
+
+from ._loader import _C
+
+
+class WorkspaceHold:
+    """One hold on the workspace pool, released once: by release(), or when the object is collected."""
+
+    def __init__(self):
+        _C._workspace_graph_hold(True)
+        self._release = weakref.finalize(self, _C._workspace_graph_hold, False)
+
+    def release(self) -> None:
+        self._release()  # a finalizer runs at most once
+
+
+class CapturedGraph(NamedTuple):
+    graph: Any  # the uploaded cupy.cuda.Graph
+    result: Any  # what fn returned during the capture (arrays the replays write)
+    allocated_bytes: int  # allocated from the pool during the capture
+
+
+def capture_graph(fn, stream, pool) -> CapturedGraph:
+    """fn() captured on `stream` (a cupy Stream) with its allocations from `pool`, then uploaded to the device."""
+    import cupy
+
+    before = pool.used_bytes()
+    try:
+        with stream, cupy.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            try:
+                result = fn()
+            except BaseException:
+                with contextlib.suppress(Exception):  # leave capture mode; fn's error is the one to report
+                    stream.end_capture()
+                raise
+            graph = stream.end_capture()
+            allocated = pool.used_bytes() - before
+        graph.upload(stream)
+    except BaseException:
+        _C._clear_cuda_error()
+        raise
+    return CapturedGraph(graph, result, allocated)
