@@ -17,8 +17,8 @@ import sys
 import cupy as cp
 
 import resnet_native as rn
+from resnet_native.cuda_graph import capture_graph
 from resnet_native.inference import InferenceEngine
-from resnet_native.inference.capture import capture_graph
 
 
 def replay_ms(graph, stream, iters: int, repeats: int = 5) -> float:
@@ -52,7 +52,8 @@ def profile(model_name: str, batch: int, dtype: str, iters: int) -> dict:
     rows = []
     with stream:
         for step, call in zip(engine.plan.steps, forward.calls, strict=True):
-            graph, _ = capture_graph(call, pool)
+            graph = capture_graph(call, stream, pool).graph
+            stream.synchronize()
             row = {"step": step.name, "kind": step.kind, "ms": replay_ms(graph, stream, iters)}
             if step.kind == "conv":
                 c, h, w = engine.plan.values[step.x].shape
