@@ -74,11 +74,6 @@ KERNEL_DTYPES = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 # Host data in the storage types
 
 
-def to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 def to_layout(a: np.ndarray, layout: str) -> np.ndarray:
     """NCHW activation / KCRS filter -> the layout's order."""
     return a if layout == "NCHW" else np.ascontiguousarray(a.transpose(0, 2, 3, 1))
@@ -88,6 +83,8 @@ def to_device(a: np.ndarray, precision: str):
     import cupy as cp
 
     if precision == "bf16":
+        from resnet_native.reference.bf16 import to_bf16_bits
+
         return cp.asarray(to_bf16_bits(a))
     return cp.asarray(a.astype(np.float16 if precision == "fp16" else np.float32))
 

@@ -9,6 +9,10 @@
 - cupy_at: a real cupy.ndarray over a fake device address (building one and reading its attributes needs no
   GPU; its __cuda_array_interface__ does, since it names cupy's current stream).
 - fake(): a FakeCudaArray at an address no other fake uses; transposed(): one with non-contiguous strides.
+- InterfaceOnly / DLPackOnly: a real (device) array seen through one protocol only, as another library's arrays
+  are (the GPU tests' way to reach the general parser or the DLPack reader with real memory).
+
+A dtype is a NumPy dtype or a precision name ('fp32', 'tf32', 'fp16', 'bf16': its storage dtype, bf16 as uint16).
 
 Validation must finish before any device access, so ops called with these get as far as the device check:
 NoGPUError without a GPU, and a TypeError (the pointer is not device memory) with one.
@@ -18,6 +22,8 @@ import ctypes
 import itertools
 
 import numpy as np
+
+from resnet_native.names import PRECISION_STORAGE
 
 # Fakes live far above any real allocation, 4 GiB apart: distinct fakes never overlap.
 FAKE_BASE = 1 << 44
@@ -31,6 +37,13 @@ def next_address() -> int:
 _MISSING = object()
 
 
+def numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a dtype or of a precision name (its storage dtype)."""
+    if isinstance(dtype, str) and dtype in PRECISION_STORAGE:
+        return PRECISION_STORAGE[dtype]
+    return np.dtype(dtype)
+
+
 class FakeCudaArray:
     """An array known only through its __cuda_array_interface__ dict (version 3, C-contiguous unless strides).
 
@@ -40,7 +53,7 @@ class FakeCudaArray:
 
     def __init__(self, shape, /, dtype="float32", strides=None, ptr=None, *, readonly=False, drop=(), **fields):
         self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
+        self.dtype = numpy_dtype(dtype)
         self.ptr = next_address() if ptr is None else ptr
         interface = {
             "shape": self.shape,
@@ -74,7 +87,7 @@ def expect_device_stage():
 
 def transposed(shape, dtype="float32"):
     """A fake array with the strides of a transposed (non-contiguous) view."""
-    contiguous = np.empty(shape[::-1], dtype=dtype).strides
+    contiguous = np.empty(shape[::-1], dtype=numpy_dtype(dtype)).strides
     return FakeCudaArray(shape, dtype, strides=tuple(reversed(contiguous)))
 
 
@@ -203,3 +216,30 @@ def duck_like(array, address=None):
     """A FakeCudaArray describing the same memory as a (fake) cupy array: the general parser's input for it."""
     strides = None if array.flags.c_contiguous else tuple(array.strides)
     return FakeCudaArray(array.shape, array.dtype, strides=strides, ptr=array.data.ptr if address is None else address)
+
+
+# ---- real arrays through one protocol -----------------------------------------------------------------------------
+class InterfaceOnly:
+    """A real array seen only through its own __cuda_array_interface__ (the general parser's input); it keeps the
+    array alive and exposes its dtype, which error messages name."""
+
+    def __init__(self, array):
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+        self.dtype = array.dtype
+        self.array = array
+
+
+class DLPackOnly:
+    """A real array seen only through DLPack (as torch or jax arrays are): a DLPack 1.x producer, or with
+    versioned=False an older one that does not know max_version."""
+
+    def __init__(self, array, versioned=True):
+        self.array, self.versioned = array, versioned
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        if "max_version" in kwargs and not self.versioned:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.array.__dlpack__(**kwargs)

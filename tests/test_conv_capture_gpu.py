@@ -16,6 +16,8 @@ import contextlib
 import conv_reference as ref
 import numpy as np
 import pytest
+from device_values import check_close, host_values, poisoned, random_device, shape_in
+from fake_arrays import InterfaceOnly
 
 import resnet_native as rn
 from resnet_native import conv as rconv
@@ -46,43 +48,28 @@ COMBO_IDS = [f"{d}-{layout}-{precision}" for d, layout, precision in COMBOS]
 # Helpers
 
 
-def in_layout(shape_nchw, layout):
-    n, c, h, w = shape_nchw
-    return shape_nchw if layout == "NCHW" else (n, h, w, c)
-
-
 def spec_for(engine, layout, precision, algo):
     return rconv.ConvSpec(stride=STRIDE, padding=PAD, layout=layout, precision=precision, algo=algo, engine=engine)
-
-
-def storage_for_device(stored, layout):
-    return cp.asarray(stored if stored.ndim == 1 else ref.to_layout(stored, layout))
 
 
 def new_inputs(rng, direction, precision, layout):
     """({name: device array in the layout}, {name: float64 NCHW values it holds})."""
     arrays, values = {}, {}
     for name, shape in INPUTS[direction].items():
-        stored, values[name] = ref.random_values(rng, shape, precision)
-        arrays[name] = storage_for_device(stored, layout)
+        arrays[name], values[name] = random_device(rng, shape, precision, layout)
     return arrays, values
 
 
 def refill(rng, arrays, direction, precision, layout):
     """New random contents in the same device buffers (same pointers); returns the new float64 values."""
-    values = {}
-    for name, shape in INPUTS[direction].items():
-        stored, values[name] = ref.random_values(rng, shape, precision)
-        arrays[name][...] = storage_for_device(stored, layout)
+    fresh, values = new_inputs(rng, direction, precision, layout)
+    for name, array in fresh.items():
+        arrays[name][...] = array
     return values
 
 
-def new_output(direction, precision, layout):
-    return cp.asarray(ref.to_layout(ref.nan_storage(OUTPUT[direction], precision), layout))
-
-
 def poison(out, precision):
-    out[...] = cp.asarray(ref.nan_storage(out.shape, precision))
+    out[...] = poisoned(out.shape, precision)
 
 
 def run(direction, spec, layout, a, out):
@@ -91,30 +78,18 @@ def run(direction, spec, layout, a, out):
     if direction == "fused_forward":
         return rconv.conv2d(a["x"], a["w"], spec, bias=a["bias"], z=a["z"], activation="relu", out=out)
     if direction == "backward_data":
-        return rconv.conv2d_backward_data(a["dy"], a["w"], spec, in_layout(X, layout), out=out)
-    return rconv.conv2d_backward_filter(a["x"], a["dy"], spec, in_layout(W, layout), out=out)
+        return rconv.conv2d_backward_data(a["dy"], a["w"], spec, shape_in(X, layout), out=out)
+    return rconv.conv2d_backward_filter(a["x"], a["dy"], spec, shape_in(W, layout), out=out)
 
 
 def expected(direction, v):
     if direction == "forward":
         return ref.conv2d(v["x"], v["w"], STRIDE, PAD)
     if direction == "fused_forward":
-        return np.maximum(ref.conv2d(v["x"], v["w"], STRIDE, PAD) + v["z"] + v["bias"][None, :, None, None], 0.0)
+        return ref.conv2d(v["x"], v["w"], STRIDE, PAD, bias=v["bias"], z=v["z"], activation="relu")
     if direction == "backward_data":
         return ref.conv2d_backward_data(v["dy"], v["w"], X, STRIDE, PAD)
     return ref.conv2d_backward_filter(v["x"], v["dy"], W, STRIDE, PAD)
-
-
-def host_values(array, precision, layout):
-    """float64 NCHW values of a device array; asserts every element was written (no NaN poison left)."""
-    values = ref.from_layout(ref.from_storage(cp.asnumpy(array), precision), layout)
-    assert np.isfinite(values).all(), f"{np.count_nonzero(~np.isfinite(values))} elements not written"
-    return values
-
-
-def check_close(actual, wanted, precision, what):
-    err = ref.relative_error(actual, wanted)
-    assert err <= ref.TOLERANCE[precision], f"{what}: relative error {err:.3g} > {ref.TOLERANCE[precision]:.3g}"
 
 
 def live_variant_packs():
@@ -146,7 +121,7 @@ def test_reused_variant_pack_follows_pointer_changes(rng, direction, layout, pre
     b, b_values = new_inputs(rng, direction, precision, layout)
     first = next(iter(INPUTS[direction]))  # one operand from b, the others from a
     mixed, mixed_values = dict(a, **{first: b[first]}), dict(a_values, **{first: b_values[first]})
-    out_a, out_b = new_output(direction, precision, layout), new_output(direction, precision, layout)
+    out_a, out_b = (poisoned(OUTPUT[direction], precision, layout) for _ in range(2))
     steps = [
         ("first call", a, a_values, out_a),
         ("same pointers again", a, a_values, out_a),
@@ -158,12 +133,12 @@ def test_reused_variant_pack_follows_pointer_changes(rng, direction, layout, pre
     for what, arrays, values, out in steps:
         poison(out, precision)
         assert run(direction, spec, layout, arrays, out) is out
-        check_close(host_values(out, precision, layout), expected(direction, values), precision, what)
+        check_close(out, expected(direction, values), precision, what, layout)
     # Same pointers as the last call, new contents: the reused pack reads what the buffers hold now.
     new_values = refill(rng, a, direction, precision, layout)
     poison(out_b, precision)
     run(direction, spec, layout, a, out_b)
-    check_close(host_values(out_b, precision, layout), expected(direction, new_values), precision, "new contents")
+    check_close(out_b, expected(direction, new_values), precision, "new contents", layout)
     # One plan, holding exactly one pack: packs built per call would leave none alive, leaked ones more.
     assert rn._C.graph_num_plans() == 1
     assert live_variant_packs() == packs_before + 1
@@ -180,7 +155,7 @@ def test_reused_variant_pack_follows_pointer_changes(rng, direction, layout, pre
 def test_captured_convolution_replays_to_the_reference(rng, engine, direction, layout, precision):
     spec = spec_for(engine, layout, precision, "find")
     arrays, values = new_inputs(rng, direction, precision, layout)
-    out = new_output(direction, precision, layout)
+    out = poisoned(OUTPUT[direction], precision, layout)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         run(direction, spec, layout, arrays, out)  # the search (it synchronises) runs here, outside the capture
@@ -188,15 +163,15 @@ def test_captured_convolution_replays_to_the_reference(rng, engine, direction, l
         stream.synchronize()
         graph = capture(stream, lambda: run(direction, spec, layout, arrays, out))
         # Captured work is recorded, not run: the output still holds the poison.
-        assert not np.isfinite(ref.from_storage(cp.asnumpy(out), precision)).any()
+        assert not np.isfinite(host_values(out)).any()
         for replay in range(2):
             if replay:  # the graph reads the buffers' contents at replay time
                 values = refill(rng, arrays, direction, precision, layout)
                 poison(out, precision)
             graph.launch(stream)
             stream.synchronize()
-            check_close(host_values(out, precision, layout), expected(direction, values), precision,
-                        f"{engine} {direction} replay {replay}")
+            check_close(out, expected(direction, values), precision, f"{engine} {direction} replay {replay}",
+                        layout)
 
 
 @pytest.mark.parametrize("engine", ["legacy", "graph"])
@@ -204,7 +179,7 @@ def test_search_during_capture_is_refused_and_runs_after(rng, engine):
     rconv.clear_algorithm_cache()  # the key must be unknown, so that the call would search
     spec = spec_for(engine, "NHWC", "fp16", "find")
     arrays, values = new_inputs(rng, "forward", "fp16", "NHWC")
-    out = new_output("forward", "fp16", "NHWC")
+    out = poisoned(OUTPUT["forward"], "fp16", "NHWC")
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
@@ -213,23 +188,14 @@ def test_search_during_capture_is_refused_and_runs_after(rng, engine):
                 run("forward", spec, "NHWC", arrays, out)
         finally:
             stream.end_capture()
-        assert rconv.last_algorithm(in_layout(X, "NHWC"), in_layout(W, "NHWC"), spec) is None
+        assert rconv.last_algorithm(shape_in(X, "NHWC"), shape_in(W, "NHWC"), spec) is None
         run("forward", spec, "NHWC", arrays, out)  # outside the capture the search runs
-        check_close(host_values(out, "fp16", "NHWC"), expected("forward", values), "fp16", "after the refusal")
-    assert rconv.last_algorithm(in_layout(X, "NHWC"), in_layout(W, "NHWC"), spec)["mode"] == "find"
+        check_close(out, expected("forward", values), "fp16", "after the refusal", "NHWC")
+    assert rconv.last_algorithm(shape_in(X, "NHWC"), shape_in(W, "NHWC"), spec)["mode"] == "find"
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # tensor_arg's direct read of cupy arrays
-
-
-class Described:
-    """The same memory as a cupy array, but only through its __cuda_array_interface__ (the general parser)."""
-
-    def __init__(self, array):
-        self.__cuda_array_interface__ = array.__cuda_array_interface__
-        self.dtype = array.dtype  # error messages name the dtype as cupy does
-        self.keep = array
 
 
 def outcome(obj, name, dtype, ndim):
@@ -254,7 +220,7 @@ def test_cupy_arrays_parse_as_their_array_interface_describes():
     ]
     accepted = 0
     for array, dtype, ndim in cases:
-        direct, general = outcome(array, "x", dtype, ndim), outcome(Described(array), "x", dtype, ndim)
+        direct, general = outcome(array, "x", dtype, ndim), outcome(InterfaceOnly(array), "x", dtype, ndim)
         assert direct == general, (array.shape, array.strides, array.dtype)
         if not isinstance(direct[0], type):
             accepted += 1

@@ -20,6 +20,7 @@ from resnet_native.data.augment import (
     normalization_lut,
     sample_epoch,
 )
+from resnet_native.reference.bf16 import from_bf16_bits, to_bf16_bits
 
 CUTOUT = AugmentConfig(crop_padding=4, flip=True, cutout=16)
 
@@ -137,12 +138,13 @@ def test_normalization_table():
     exact = (np.arange(256)[None] / 255.0 - np.array(MEAN)[:, None]) / np.array(STD)[:, None]
     np.testing.assert_allclose(normalization_lut("fp32"), exact, rtol=1e-7, atol=1e-7)
     np.testing.assert_allclose(normalization_lut("fp16").astype(np.float64), exact, rtol=1e-3, atol=1e-3)
-    bf = aug.bf16_bits_to_float32(normalization_lut("bf16")).astype(np.float64)
+    bf = from_bf16_bits(normalization_lut("bf16")).astype(np.float64)
     np.testing.assert_allclose(bf, exact, rtol=8e-3, atol=8e-3)
-    # bf16 rounding is to nearest-even of the float32 value.
-    assert aug._float32_to_bf16_bits(np.float32(1.0 + 2**-8)).item() == 0x3F80  # tie -> even (down)
-    assert aug._float32_to_bf16_bits(np.float32(1.0 + 3 * 2**-8)).item() == 0x3F82  # tie -> even (up)
-    assert aug._float32_to_bf16_bits(np.float32(-2.5)).item() == 0xC020
+    # The bf16 table is the package's bf16 rounding (to nearest even, of the float32 value) of the exact values.
+    np.testing.assert_array_equal(normalization_lut("bf16"), to_bf16_bits(exact))
+    assert to_bf16_bits(np.float32(1.0 + 2**-8)).item() == 0x3F80  # tie -> even (down)
+    assert to_bf16_bits(np.float32(1.0 + 3 * 2**-8)).item() == 0x3F82  # tie -> even (up)
+    assert to_bf16_bits(np.float32(-2.5)).item() == 0xC020
 
 
 def test_normalize_on_host_matches_the_formula(rng):

@@ -8,10 +8,11 @@ import gc
 import json
 import os
 
-import conv_reference as ref
 import numpy as np
 import pytest
-from test_inference_cpu import randomized_state
+from device_values import poisoned, to_device
+from fake_arrays import DLPackOnly
+from test_inference_plan_cpu import randomized_state
 
 import resnet_native as rn
 from resnet_native import conv
@@ -36,7 +37,7 @@ def _model(rng, depth=18, stem="cifar", dtype="fp16", layout="NHWC", num_classes
 
 def _batch(rng, n, size, layout, dtype):
     shape = (n, size, size, 3) if layout == "NHWC" else (n, 3, size, size)
-    return cp.asarray(ref.to_storage(rng.standard_normal(shape), dtype))
+    return to_device(rng.standard_normal(shape), dtype)[0]  # values in the layout's order, as stored
 
 
 def _images(rng, n, size=32):
@@ -118,7 +119,7 @@ def test_eager_and_graphed_engines_agree_bit_for_bit(rng):
 def test_uint8_images_give_the_normalised_inputs_bit_for_bit(rng, dtype, layout):
     images = _images(rng, 5)
     expected = normalize_on_gpu(images, layout=layout, dtype=dtype)
-    out = cp.full(expected.shape, 0x7FFF if dtype == "bf16" else np.nan, dtype=expected.dtype)
+    out = poisoned(expected.shape, dtype)
     normalize_u8(images, cp.asarray(normalization_lut(dtype)), out, layout=layout, dtype=dtype)
     cp.testing.assert_array_equal(out.view(cp.uint8), expected.view(cp.uint8))
 
@@ -147,25 +148,12 @@ def test_odd_batches_are_padded_or_split(rng):
             engine(x[:9])
 
 
-class _DLPackOnly:
-    """A device array reachable only through DLPack."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, *args, **kwargs):
-        return self._array.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
-
-
 def test_input_forms_streams_and_errors(rng):
     model = _model(rng)
     x16 = _batch(rng, 4, 32, "NHWC", "fp16")
     with InferenceEngine(model, batch_sizes=(4,), deterministic=True) as engine:
         expected = engine(x16)
-        cp.testing.assert_array_equal(engine(_DLPackOnly(x16)), expected)
+        cp.testing.assert_array_equal(engine(DLPackOnly(x16)), expected)
         cp.testing.assert_array_equal(engine(cp.asnumpy(x16)), expected)
         cp.testing.assert_array_equal(engine(x16.astype(cp.float32)), expected)  # cast: fp16 values are exact
         cp.testing.assert_array_equal(engine(cp.concatenate([x16, x16], axis=3)[..., :3]), expected)  # strided

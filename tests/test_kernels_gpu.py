@@ -4,76 +4,24 @@ in-place aliasing and a non-default stream."""
 
 import numpy as np
 import pytest
+from device_values import check_close, host_values, poisoned, to_device
+from fake_arrays import DLPackOnly
 
 import resnet_native as rn
-from resnet_native import kernels
+from resnet_native import kernels, reference
 from resnet_native.names import ARRAY_DTYPES
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 DTYPES = ["fp32", "fp16", "bf16"]
-TOL = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}
 SIZES = [1, 7, 1023, 1_000_003]
-NAN_BITS = {"fp32": None, "fp16": None, "bf16": 0x7FC0}
 
 
-# ---- bf16 on the host: uint16 bit patterns -------------------------------------------------------------------------
-def f32_to_bf16_bits(a):
-    """float32 -> bf16 bits, round to nearest even (finite and inf inputs)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_bits_to_f32(b):
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def quantize(host, dtype):
-    """(device array, the exact float64 values it holds)."""
-    host = np.asarray(host, dtype=np.float64)
-    if dtype == "fp32":
-        h = host.astype(np.float32)
-        return cp.asarray(h), h.astype(np.float64)
-    if dtype == "fp16":
-        h = host.astype(np.float16)
-        return cp.asarray(h), h.astype(np.float64)
-    bits = f32_to_bf16_bits(host.astype(np.float32))
-    return cp.asarray(bits), bf16_bits_to_f32(bits).astype(np.float64)
-
-
-def to_host64(dev, dtype):
-    h = cp.asnumpy(dev)
-    return bf16_bits_to_f32(h).astype(np.float64) if dtype == "bf16" else h.astype(np.float64)
-
-
-def poisoned(shape, dtype):
-    out = cp.empty(shape, ARRAY_DTYPES[dtype])
-    out.fill(NAN_BITS[dtype] if dtype == "bf16" else np.nan)
-    return out
-
-
-def rel_err(got, want):
-    scale = np.linalg.norm(want)
-    assert scale > 0, "reference is all zeros: the test data is degenerate"
-    return np.linalg.norm(got - want) / scale
-
-
-def check(got_dev, want, dtype, what):
-    got = to_host64(got_dev, dtype)
-    assert not np.isnan(got).any(), f"{what}: some elements were never written (NaN poison left)"
-    err = rel_err(got, want)
-    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]}"
-
-
-def reference(op, u, v):
-    if op == "add":
-        return u + v
-    if op == "add_relu":
-        return np.maximum(u + v, 0.0)
-    if op == "relu":
-        return np.maximum(u, 0.0)
-    return np.where(v > 0, u, 0.0)  # relu_backward / add_relu_backward: (dy, y)
+def expected(op, u, v):
+    """The float64 reference of `op` on the exact input values (the result not rounded to the storage dtype)."""
+    fn = getattr(reference.kernels, op)
+    return fn(u) if op == "relu" else fn(u, v)
 
 
 def operands(op, shape, dtype, rng):
@@ -83,8 +31,8 @@ def operands(op, shape, dtype, rng):
         v = np.maximum(v, 0.0)  # y is a ReLU output: about half zeros
     # A positive first element keeps every result nonzero somewhere, even for n == 1.
     u.flat[0], v.flat[0] = abs(u.flat[0]) + 0.5, abs(v.flat[0]) + 0.5
-    du, hu = quantize(u, dtype)
-    dv, hv = quantize(v, dtype)
+    du, hu = to_device(u, dtype)
+    dv, hv = to_device(v, dtype)
     return du, hu, dv, hv
 
 
@@ -106,7 +54,7 @@ def test_op_matches_reference(op, n, dtype, rng):
     out = poisoned((n,), dtype)
     result = run(op, du, dv, dtype, out)
     assert result is out
-    check(out, reference(op, hu, hv), dtype, f"{op} n={n}")
+    check_close(out, expected(op, hu, hv), dtype, f"{op} n={n}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -116,7 +64,7 @@ def test_op_allocates_output_and_keeps_4d_shapes(op, dtype, rng):
     du, hu, dv, hv = operands(op, shape, dtype, rng)
     out = run(op, du, dv, dtype, None)
     assert out.shape == shape and out.dtype == du.dtype
-    check(out, reference(op, hu, hv), dtype, f"{op} 4-D")
+    check_close(out, expected(op, hu, hv), dtype, f"{op} 4-D")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,13 +78,13 @@ def test_misaligned_views_take_the_scalar_path(op, n, dtype, rng):
     out_base = poisoned((n + 1,), dtype)
     out = out_base[1:]
     run(op, u, v, dtype, out)
-    check(out, reference(op, hu[1:], hv[1:]), dtype, f"{op} misaligned n={n}")
+    check_close(out, expected(op, hu[1:], hv[1:]), dtype, f"{op} misaligned n={n}")
     # Only the output misaligned: inputs aligned.
     du2, hu2, dv2, hv2 = operands(op, (n,), dtype, rng)
     out_base = poisoned((n + 1,), dtype)
     run(op, du2, dv2, dtype, out_base[1:])
-    check(out_base[1:], reference(op, hu2, hv2), dtype, f"{op} misaligned out n={n}")
-    head = to_host64(out_base[:1], dtype)
+    check_close(out_base[1:], expected(op, hu2, hv2), dtype, f"{op} misaligned out n={n}")
+    head = host_values(out_base[:1])
     assert np.isnan(head).all(), "the element before the output view was overwritten"
 
 
@@ -145,14 +93,14 @@ def test_misaligned_views_take_the_scalar_path(op, n, dtype, rng):
 def test_in_place_on_either_input(op, dtype, rng):
     n = 100_003
     du, hu, dv, hv = operands(op, (n,), dtype, rng)
-    want = reference(op, hu, hv)
+    want = expected(op, hu, hv)
     run(op, du, dv, dtype, du)  # out is the first input
-    check(du, want, dtype, f"{op} in place (first input)")
+    check_close(du, want, dtype, f"{op} in place (first input)")
     if op != "relu":
         du, hu, dv, hv = operands(op, (n,), dtype, rng)
-        want = reference(op, hu, hv)
+        want = expected(op, hu, hv)
         run(op, du, dv, dtype, dv)  # out is the second input
-        check(dv, want, dtype, f"{op} in place (second input)")
+        check_close(dv, want, dtype, f"{op} in place (second input)")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -167,11 +115,8 @@ def test_runs_on_the_current_cupy_stream(dtype, rng):
         got = out.get(stream=stream)
         got2 = out2.get(stream=stream)
         stream.synchronize()
-    want = np.maximum(hu + hv, 0.0)
-    got = bf16_bits_to_f32(got).astype(np.float64) if dtype == "bf16" else got.astype(np.float64)
-    got2 = bf16_bits_to_f32(got2).astype(np.float64) if dtype == "bf16" else got2.astype(np.float64)
-    assert rel_err(got, want) <= TOL[dtype]
-    assert np.array_equal(got2, got)  # y > 0 ? y : 0 == y for a ReLU output
+    check_close(got, expected("add_relu", hu, hv), dtype, "add_relu on a side stream")
+    assert np.array_equal(host_values(got2), host_values(got))  # y > 0 ? y : 0 == y for a ReLU output
 
 
 def test_nan_and_inf_propagate_like_pytorch():
@@ -185,14 +130,9 @@ def test_nan_and_inf_propagate_like_pytorch():
 
 
 # ---- cast ----------------------------------------------------------------------------------------------------------
-def cast_reference_bits(values64, src, dst):
-    """The exact bits cast() must produce, from the float64 values that `src` storage holds exactly."""
-    f32 = values64.astype(np.float32)  # exact: every fp16 / bf16 value is an fp32 value
-    if dst == "fp32":
-        return f32
-    if dst == "fp16":
-        return f32.astype(np.float16)
-    return f32_to_bf16_bits(f32)
+def cast_expected(source, dst):
+    """What cast() must write, bit for bit, from a host storage array `source` (uint16: bf16) to dtype `dst`."""
+    return reference.kernels.cast(source, np.empty(source.shape, ARRAY_DTYPES[dst]))
 
 
 def cast_source(n, rng):
@@ -207,10 +147,10 @@ def cast_source(n, rng):
 @pytest.mark.parametrize("dst", DTYPES)
 @pytest.mark.parametrize("src", DTYPES)
 def test_cast_is_round_to_nearest_even_bit_for_bit(src, dst, n, rng):
-    dx, hx = quantize(cast_source(n, rng), src)
+    dx, _ = to_device(cast_source(n, rng), src)
     out = poisoned((n,), dst)
+    want = cast_expected(cp.asnumpy(dx), dst)
     kernels.cast(dx, out)
-    want = cast_reference_bits(hx, src, dst)
     got = cp.asnumpy(out)
     if dst == "fp32":
         assert np.array_equal(got, want), f"{src}->{dst}: {np.count_nonzero(got != want)} elements differ"
@@ -223,16 +163,16 @@ def test_cast_is_round_to_nearest_even_bit_for_bit(src, dst, n, rng):
 @pytest.mark.parametrize("src", DTYPES)
 def test_cast_of_misaligned_views(src, dst, rng):
     n = 100_001
-    dx, hx = quantize(cast_source(n + 1, rng), src)
+    dx, _ = to_device(cast_source(n + 1, rng), src)
     out_base = poisoned((n + 1,), dst)
     kernels.cast(dx[1:], out_base[1:])
-    want = np.asarray(cast_reference_bits(hx[1:], src, dst))
+    want = cast_expected(cp.asnumpy(dx)[1:], dst)
     got = cp.asnumpy(out_base[1:])
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 def test_cast_in_place_same_dtype_is_a_no_op(rng):
-    dx, hx = quantize(rng.standard_normal(1001), "fp16")
+    dx, hx = to_device(rng.standard_normal(1001), "fp16")
     kernels.cast(dx, dx)
     assert np.array_equal(cp.asnumpy(dx).astype(np.float64), hx)
 
@@ -242,8 +182,8 @@ def test_cast_in_place_same_dtype_is_a_no_op(rng):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_add_tensor_cudnn_matches_reference(layout, dtype, rng):
     shape = (2, 6, 5, 7) if layout == "NCHW" else (2, 5, 7, 6)
-    da, ha = quantize(rng.standard_normal(shape), dtype)
-    db, hb = quantize(rng.standard_normal(shape), dtype)
+    da, ha = to_device(rng.standard_normal(shape), dtype)  # shapes and values in the layout's order
+    db, hb = to_device(rng.standard_normal(shape), dtype)
     out = poisoned(shape, dtype)
     try:
         kernels.add_tensor_cudnn(da, db, out=out, layout=layout, dtype=dtype)
@@ -251,13 +191,14 @@ def test_add_tensor_cudnn_matches_reference(layout, dtype, rng):
         if dtype == "bf16" and ("NOT_SUPPORTED" in e.status or "BAD_PARAM" in e.status):
             pytest.skip(f"cudnnAddTensor does not take bf16 here: {e.status}")
         raise
-    check(out, ha + hb, dtype, "add_tensor_cudnn")
+    a_plus_b = reference.kernels.add(ha, hb)
+    check_close(out, a_plus_b, dtype, "add_tensor_cudnn")
     a_before = cp.asnumpy(da).copy()
     kernels.add_tensor_cudnn(da, db, out=db, layout=layout, dtype=dtype)  # out is b
-    check(db, ha + hb, dtype, "add_tensor_cudnn out=b")
+    check_close(db, a_plus_b, dtype, "add_tensor_cudnn out=b")
     assert np.array_equal(cp.asnumpy(da), a_before)
     kernels.add_tensor_cudnn(da, out, out=da, layout=layout, dtype=dtype)  # out is a: a + (a + b)
-    check(da, 2 * ha + hb, dtype, "add_tensor_cudnn out=a")
+    check_close(da, reference.kernels.add(ha, a_plus_b), dtype, "add_tensor_cudnn out=a")
 
 
 def test_errors_with_real_device_arrays():
@@ -273,27 +214,11 @@ def test_errors_with_real_device_arrays():
         kernels.add(flat[:20], flat[:20], out=flat[1:])
 
 
-class DLPackOnly:
-    """A cupy array seen only through DLPack (as torch or jax arrays are), as a DLPack 1.x producer or an older one
-    that does not know max_version."""
-
-    def __init__(self, array, versioned):
-        self.array, self.versioned = array, versioned
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
-    def __dlpack__(self, **kwargs):
-        if "max_version" in kwargs and not self.versioned:
-            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
-        return self.array.__dlpack__(**kwargs)
-
-
 @pytest.mark.parametrize("versioned", [True, False])
 def test_dlpack_arrays_read_and_write_like_cupy_arrays(versioned, rng):
-    da, ha = quantize(rng.standard_normal((3, 1001)), "fp16")
-    db, hb = quantize(rng.standard_normal((3, 1001)), "fp16")
+    da, ha = to_device(rng.standard_normal((3, 1001)), "fp16")
+    db, hb = to_device(rng.standard_normal((3, 1001)), "fp16")
     out = poisoned((3, 1001), "fp16")
     result = kernels.add(DLPackOnly(da, versioned), DLPackOnly(db, versioned), out=DLPackOnly(out, versioned))
     assert isinstance(result, DLPackOnly) and result.array is out
-    check(out, ha + hb, "fp16", f"add through DLPack (versioned={versioned})")
+    check_close(out, reference.kernels.add(ha, hb), "fp16", f"add through DLPack (versioned={versioned})")

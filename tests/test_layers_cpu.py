@@ -7,16 +7,7 @@ import pytest
 
 from resnet_native import conv
 from resnet_native import reference as ref
-from resnet_native.layers import (
-    Add,
-    BatchNorm2d,
-    Conv2d,
-    GlobalAvgPool,
-    Linear,
-    MaxPool2d,
-    ReLU,
-    SoftmaxCrossEntropy,
-)
+from resnet_native.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 from resnet_native.layers.placement import host
 from resnet_native.params import Parameter, ParameterArena
 

@@ -8,44 +8,18 @@ NaN and the test fail. Tolerances (norm-wise relative): fp32 1e-5, tf32 1e-3, fp
 import cupy as cp
 import numpy as np
 import pytest
+from device_values import TOLERANCE, check_close, host_values, to_device
 
 import resnet_native as rn
 from resnet_native import reference as ref
 from resnet_native.conv import ConvSpec
-from resnet_native.layers import (
-    Add,
-    BatchNorm2d,
-    Conv2d,
-    GlobalAvgPool,
-    Linear,
-    MaxPool2d,
-    ReLU,
-    SoftmaxCrossEntropy,
-)
+from resnet_native.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 
 pytestmark = pytest.mark.gpu
-
-TOL = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
-
-
-def to_device(values, precision):
-    """(device array in the storage dtype of `precision`, the float64 values it holds)."""
-    stored = np.ascontiguousarray(ref.to_storage(values, precision))
-    return cp.asarray(stored), ref.from_storage(stored)
-
-
-def host(array):
-    """float64 NumPy copy of a device array (bf16 bits decoded)."""
-    return ref.from_storage(cp.asnumpy(array))
 
 
 def act_shape(layout, n, c, h, w):
     return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-
-
-def check(name, actual, expected, tol):
-    err = ref.relative_error(host(actual), expected)
-    assert err <= tol, f"{name}: relative error {err:.3g} > {tol:g}"
 
 
 # ------------------------------------------------------------------------------------------------ Conv2d
@@ -61,21 +35,21 @@ def test_conv2d(rng, layout, precision):
     y = conv.forward(x, train=True)
     w = conv.weight.low if precision in ("fp16", "bf16") else conv.weight.data
     assert w.dtype == x.dtype
-    w64 = host(w)
+    w64 = host_values(w)
     spec = ConvSpec(stride=2, padding=1, layout=layout)  # the float64 reference's: fp32 math on the stored values
-    tol = TOL[precision]
+    tol = TOLERANCE[precision]
     assert y.shape == act_shape(layout, 4, 16, 5, 5) and y.dtype == x.dtype
-    check("y", y, ref.conv.conv2d(x64, w64, spec), tol)
+    check_close(y, ref.conv.conv2d(x64, w64, spec), tol, "y")
     dy, dy64 = to_device(rng.standard_normal(y.shape), precision)
     dx = conv.backward(dy)
     assert dx.shape == x.shape and dx.dtype == x.dtype
-    check("dx", dx, ref.conv.conv2d_backward_data(dy64, w64, spec, x.shape), tol)
+    check_close(dx, ref.conv.conv2d_backward_data(dy64, w64, spec, x.shape), tol, "dx")
     dw = ref.conv.conv2d_backward_filter(x64, dy64, spec, conv.weight.shape)
     assert conv.weight.grad.dtype == np.float32
-    check("weight.grad", conv.weight.grad, dw, tol)
+    check_close(conv.weight.grad, dw, tol, "weight.grad")
     conv.forward(x, train=True)
     conv.backward(dy)
-    check("weight.grad after two backward passes", conv.weight.grad, 2 * dw, tol)
+    check_close(conv.weight.grad, 2 * dw, tol, "weight.grad after two backward passes")
 
 
 def test_conv2d_stem_and_state_dict_layout(rng):
@@ -118,37 +92,32 @@ def test_batchnorm2d(rng, layout, precision, relu, residual):
     y = bn.forward(x, train=True, z=z)
     if layout == "NHWC" and precision == "fp16" and relu:
         assert rn.norm.last_path()["fused"], rn.norm.last_path()  # cuDNN's fused BN (+add) + ReLU kernel ran
-    tol = TOL[precision]
+    tol = TOLERANCE[precision]
     rm, rv = np.zeros(c), np.ones(c)
     y_ref, mean, invstd, _ = ref.norm.batch_norm_train(
         x64, gamma, beta, rm, rv, layout=layout, momentum=0.2, z=z64, relu=relu
     )
-    check("y", y, y_ref, tol)
-    check("running_mean", bn.running_mean, rm, 1e-4)
-    check("running_var", bn.running_var, rv, 1e-4)
+    check_close(y, y_ref, tol, "y")
+    check_close(bn.running_mean, rm, 1e-4, "running_mean")
+    check_close(bn.running_var, rv, 1e-4, "running_var")
     assert bn.num_batches_tracked == 1
     dy, dy64 = to_device(rng.standard_normal(shape), precision)
     out = bn.backward(dy)
     dx, dz = out if residual else (out, None)
     # The ReLU mask is taken from the device's own output, as the layer does.
     dx_ref, dg_ref, db_ref, dz_ref = ref.norm.batch_norm_backward(
-        x64, dy64, gamma, beta, mean, invstd, layout=layout, y=host(y), relu=relu, has_z=residual
+        x64, dy64, gamma, beta, mean, invstd, layout=layout, y=host_values(y), relu=relu, has_z=residual
     )
-    check("dx", dx, dx_ref, tol)
-    check("weight.grad", bn.weight.grad, dg_ref, max(tol, 1e-5))
-    check("bias.grad", bn.bias.grad, db_ref, max(tol, 1e-5))
+    check_close(dx, dx_ref, tol, "dx")
+    check_close(bn.weight.grad, dg_ref, max(tol, 1e-5), "weight.grad")
+    check_close(bn.bias.grad, db_ref, max(tol, 1e-5), "bias.grad")
     if residual:
         assert dz.dtype == x.dtype
-        check("dz", dz, dz_ref, tol)
+        check_close(dz, dz_ref, tol, "dz")
     y_eval = bn.forward(x, train=False, z=z)
-    check(
-        "eval y",
-        y_eval,
-        ref.norm.batch_norm_infer(
-            x64, gamma, beta, host(bn.running_mean), host(bn.running_var), layout=layout, z=z64, relu=relu
-        ),
-        tol,
-    )
+    running = host_values(bn.running_mean), host_values(bn.running_var)
+    expect = ref.norm.batch_norm_infer(x64, gamma, beta, *running, layout=layout, z=z64, relu=relu)
+    check_close(y_eval, expect, tol, "eval y")
 
 
 # ------------------------------------------------------------------------------------------------ elementwise
@@ -160,20 +129,20 @@ def test_relu_and_add(rng, precision):
     x, x64 = to_device(rng.standard_normal(shape), precision)
     b, b64 = to_device(rng.standard_normal(shape), precision)
     dy, dy64 = to_device(rng.standard_normal(shape), precision)
-    tol = TOL[precision]
+    tol = TOLERANCE[precision]
     relu = ReLU()
     y = relu.forward(x, train=True)
-    check("relu", y, np.maximum(x64, 0), 0.0)
-    check("relu backward", relu.backward(dy), dy64 * (x64 > 0), 0.0)
+    check_close(y, ref.kernels.relu(x64), 0.0, "relu")
+    check_close(relu.backward(dy), ref.kernels.relu_backward(dy64, ref.kernels.relu(x64)), 0.0, "relu backward")
     for fused in (False, True):
         add = Add(relu=fused)
         y = add.forward(x, b, train=True)
-        expect = np.maximum(x64 + b64, 0) if fused else x64 + b64
-        check(f"add (relu={fused})", y, expect, tol)
+        check_close(y, (ref.kernels.add_relu if fused else ref.kernels.add)(x64, b64), tol, f"add (relu={fused})")
         da, db = add.backward(dy)
-        mask = host(y) > 0 if fused else 1.0
-        check(f"add backward (relu={fused})", da, dy64 * mask, 0.0)
-        check(f"add backward (relu={fused})", db, dy64 * mask, 0.0)
+        # The gradient of each summand: dy through the mask of the layer's own output (no mask without ReLU).
+        expect = ref.kernels.add_relu_backward(dy64, host_values(y)) if fused else dy64
+        check_close(da, expect, 0.0, f"add backward (relu={fused})")
+        check_close(db, expect, 0.0, f"add backward (relu={fused})")
 
 
 # ------------------------------------------------------------------------------------------------ pooling
@@ -185,11 +154,11 @@ def test_maxpool2d(rng, layout, precision):
     x, x64 = to_device(rng.standard_normal(act_shape(layout, 2, 16, 11, 10)), precision)
     y = pool.forward(x, train=True)
     assert y.shape == act_shape(layout, 2, 16, 6, 5)
-    check("y", y, ref.pool.max_pool2d(x64, kernel=3, stride=2, padding=1, layout=layout), 0.0)
+    check_close(y, ref.pool.max_pool2d(x64, kernel=3, stride=2, padding=1, layout=layout), 0.0, "y")
     dy, dy64 = to_device(rng.standard_normal(y.shape), precision)
     dx = pool.backward(dy)
-    expect = ref.pool.max_pool2d_backward(dy64, x64, host(y), kernel=3, stride=2, padding=1, layout=layout)
-    check("dx", dx, expect, TOL[precision])
+    expect = ref.pool.max_pool2d_backward(dy64, x64, host_values(y), kernel=3, stride=2, padding=1, layout=layout)
+    check_close(dx, expect, TOLERANCE[precision], "dx")
 
 
 @pytest.mark.parametrize(
@@ -200,9 +169,10 @@ def test_global_avg_pool(rng, layout, precision):
     x, x64 = to_device(rng.standard_normal(act_shape(layout, 3, 24, 7, 5)), precision)
     y = gap.forward(x, train=True)
     assert y.shape == (3, 24) and y.dtype == x.dtype
-    check("y", y, ref.pool.global_avg_pool(x64, layout=layout), TOL[precision])
+    check_close(y, ref.pool.global_avg_pool(x64, layout=layout), TOLERANCE[precision], "y")
     dy, dy64 = to_device(rng.standard_normal((3, 24)), precision)
-    check("dx", gap.backward(dy), ref.pool.global_avg_pool_backward(dy64, x.shape, layout=layout), TOL[precision])
+    expect = ref.pool.global_avg_pool_backward(dy64, x.shape, layout=layout)
+    check_close(gap.backward(dy), expect, TOLERANCE[precision], "dx")
 
 
 # ------------------------------------------------------------------------------------------------ Linear, los
@@ -213,15 +183,15 @@ def test_linear(rng, precision):
     fc = Linear(12, 7, rng=rng).cuda()
     x, x64 = to_device(rng.standard_normal((5, 12)), precision)
     y = fc.forward(x, train=True)
-    w64, b64 = host(fc.weight.data), host(fc.bias.data)
+    w64, b64 = host_values(fc.weight.data), host_values(fc.bias.data)
     assert y.dtype == np.float32 and y.shape == (5, 7)
-    check("y", y, x64 @ w64.T + b64, 1e-5)
+    check_close(y, x64 @ w64.T + b64, 1e-5, "y")
     dy = rng.standard_normal((5, 7)).astype(np.float32)
     dx = fc.backward(cp.asarray(dy))
     assert dx.dtype == x.dtype and dx.shape == x.shape
-    check("dx", dx, dy.astype(np.float64) @ w64, TOL[precision])
-    check("weight.grad", fc.weight.grad, dy.T.astype(np.float64) @ x64, 1e-5)
-    check("bias.grad", fc.bias.grad, dy.sum(0, dtype=np.float64), 1e-5)
+    check_close(dx, dy.astype(np.float64) @ w64, TOLERANCE[precision], "dx")
+    check_close(fc.weight.grad, dy.T.astype(np.float64) @ x64, 1e-5, "weight.grad")
+    check_close(fc.bias.grad, dy.sum(0, dtype=np.float64), 1e-5, "bias.grad")
 
 
 @pytest.mark.parametrize("smoothing,label_dtype", [(0.0, np.int32), (0.1, np.int64)])
@@ -238,11 +208,7 @@ def test_softmax_cross_entropy(rng, smoothing, label_dtype):
     target[np.arange(n), labels] += 1 - smoothing
     assert abs(float(loss) - float(-(target * logp).sum(1).mean())) <= 1e-5 * abs(float(loss))
     assert int(correct) == int((z.argmax(1) == labels).sum())
-    check("dlogits", lossf.backward(), (np.exp(logp) - target) / n, 1e-5)
+    check_close(lossf.backward(), (np.exp(logp) - target) / n, 1e-5, "dlogits")
     lossf.forward(cp.asarray(z), cp.asarray(labels), train=True)
-    check(
-        "scaled dlogits",
-        lossf.backward(cp.asarray([256.0], dtype=cp.float32)),
-        256 * (np.exp(logp) - target) / n,
-        1e-5,
-    )
+    scaled = lossf.backward(cp.asarray([256.0], dtype=cp.float32))
+    check_close(scaled, 256 * (np.exp(logp) - target) / n, 1e-5, "scaled dlogits")

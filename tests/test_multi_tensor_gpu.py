@@ -4,9 +4,11 @@ on found_inf, low-precision model copies, check_finite, zero_, scale_."""
 
 import numpy as np
 import pytest
-from test_kernels_gpu import f32_to_bf16_bits, quantize, rel_err, to_host64
+from device_values import check_close, host_values, poisoned, to_device
 
 from resnet_native import multi_tensor as mt
+from resnet_native import reference
+from resnet_native.reference import to_storage
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -19,6 +21,11 @@ FP32_TOL = 1e-5
 def fp32(value) -> float:
     """A hyperparameter as the kernels see it (fp32), as a Python float for float64 reference math."""
     return float(np.float32(value))
+
+
+def host_list(arrays):
+    """The reference's TensorList of float64 host arrays, which its steps update in place (None: no list)."""
+    return None if arrays is None else reference.multi_tensor.TensorList(arrays)
 
 
 def host_params(rng, shapes=SHAPES):
@@ -34,7 +41,7 @@ def grads_of(rng, shapes, dtypes, scale=1.0):
     gradient the optimizer should see (the loss scale)."""
     devs, hosts = [], []
     for s, dt in zip(shapes, dtypes, strict=True):
-        d, h = quantize(rng.standard_normal(s) * scale, dt)
+        d, h = to_device(rng.standard_normal(s) * scale, dt)
         devs.append(d)
         hosts.append(h)
     return devs, hosts
@@ -42,18 +49,7 @@ def grads_of(rng, shapes, dtypes, scale=1.0):
 
 def assert_close_lists(got_devs, want_hosts, tol, what):
     for i, (d, w) in enumerate(zip(got_devs, want_hosts, strict=True)):
-        got = cp.asnumpy(d).astype(np.float64)
-        assert not np.isnan(got).any(), f"{what}[{i}] has NaN"
-        err = rel_err(got, w)
-        assert err <= tol, f"{what}[{i}] shape {w.shape}: relative error {err:.3g} > {tol}"
-
-
-def sgd_reference(p, g, buf, lr, momentum, weight_decay, nesterov, dampening, first):
-    d = g + weight_decay * p if weight_decay else g.copy()
-    if momentum:
-        buf = d.copy() if first else momentum * buf + (1 - dampening) * d
-        d = d + momentum * buf if nesterov else buf
-    return p - lr * d, buf
+        check_close(d, w, tol, f"{what}[{i}] shape {w.shape}")
 
 
 GRAD_DTYPES = {
@@ -75,7 +71,7 @@ def test_sgd_matches_reference_over_steps(momentum, nesterov, weight_decay, damp
     hp = host_params(rng)
     params = device_f32(hp)
     bufs = [cp.zeros(s, cp.float32) for s in SHAPES] if momentum else None
-    hbufs = [np.zeros(s) for s in SHAPES]
+    hbufs = [np.zeros(s) for s in SHAPES] if momentum else None
     p_list = mt.TensorList(params)
     b_list = mt.TensorList(bufs) if bufs else None
     lrs = [0.1, 0.05, cp.asarray(np.array([0.02], np.float32))]  # the last one read on the device
@@ -85,22 +81,13 @@ def test_sgd_matches_reference_over_steps(momentum, nesterov, weight_decay, damp
         mt.sgd_step(p_list, g_list, b_list, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                     dampening=dampening, first_step=first_step and step == 0)
         lr_value = float(np.float32(lr if isinstance(lr, float) else cp.asnumpy(lr)[0]))
-        for i in range(len(SHAPES)):
-            # Zero-initialised buffers: without first_step, step 0 is buf = (1 - dampening) * g.
-            hp[i], hbufs[i] = sgd_reference(hp[i], hg[i], hbufs[i], fp32(lr_value), fp32(momentum),
-                                            fp32(weight_decay), nesterov, fp32(dampening),
-                                            first=first_step and step == 0)
+        # Zero-initialised buffers: without first_step, step 0 is buf = (1 - dampening) * g.
+        reference.multi_tensor.sgd_step(host_list(hp), host_list(hg), host_list(hbufs), lr=fp32(lr_value),
+                                        momentum=fp32(momentum), weight_decay=fp32(weight_decay), nesterov=nesterov,
+                                        dampening=fp32(dampening), first_step=first_step and step == 0)
     assert_close_lists(params, hp, FP32_TOL, "params")
     if bufs:
         assert_close_lists(bufs, hbufs, FP32_TOL, "momentum_bufs")
-
-
-def adamw_reference(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step):
-    p = p * (1 - lr * weight_decay)
-    m = beta1 * m + (1 - beta1) * g
-    v = beta2 * v + (1 - beta2) * g * g
-    denom = np.sqrt(v) / np.sqrt(1 - beta2**step) + eps
-    return p - lr / (1 - beta1**step) * m / denom, m, v
 
 
 @pytest.mark.parametrize("step_on_device", [False, True])
@@ -120,9 +107,9 @@ def test_adamw_matches_reference_over_steps(weight_decay, grads_kind, step_on_de
         step_dev += 1
         mt.adamw_step(p_list, mt.TensorList(grads, dtype=dtypes), m_list, v_list, lr=lr, beta1=beta1, beta2=beta2,
                       eps=eps, weight_decay=weight_decay, step=step_dev if step_on_device else step)
-        for i in range(len(SHAPES)):
-            hp[i], hm[i], hv[i] = adamw_reference(hp[i], hg[i], hm[i], hv[i], fp32(lr), fp32(beta1), fp32(beta2),
-                                                  fp32(eps), fp32(weight_decay), step)
+        reference.multi_tensor.adamw_step(host_list(hp), host_list(hg), host_list(hm), host_list(hv), lr=fp32(lr),
+                                          beta1=fp32(beta1), beta2=fp32(beta2), eps=fp32(eps),
+                                          weight_decay=fp32(weight_decay), step=step)
     assert_close_lists(params, hp, FP32_TOL, "params")
     assert_close_lists(ms, hm, FP32_TOL, "exp_avgs")
     assert_close_lists(vs, hv, FP32_TOL, "exp_avg_sqs")
@@ -137,9 +124,7 @@ def test_inv_scale_unscales_gradients_and_copies_follow_the_masters(optimizer, r
     hstate = [[np.zeros(s) for s in SHAPES] for _ in range(2)]
     # Copies: fp16, bf16 and, for two parameters, none (None entries).
     copy_dtypes = ["fp16", "bf16", None, "fp16", "bf16", None, "fp16", "bf16"]
-    copies = [None if dt is None else cp.full(s, 0x7FC0 if dt == "bf16" else np.nan,
-                                              cp.uint16 if dt == "bf16" else cp.float16)
-              for s, dt in zip(SHAPES, copy_dtypes, strict=True)]
+    copies = [None if dt is None else poisoned(s, dt) for s, dt in zip(SHAPES, copy_dtypes, strict=True)]
     c_list = mt.TensorList(copies, dtype=[dt for dt in copy_dtypes])
     inv_scale = cp.asarray(np.array([1.0 / scale], np.float32))  # read on the device
     for step in (1, 2):
@@ -148,16 +133,16 @@ def test_inv_scale_unscales_gradients_and_copies_follow_the_masters(optimizer, r
         if optimizer == "sgd":
             mt.sgd_step(mt.TensorList(params), g_list, mt.TensorList(state[0]), lr=0.1, momentum=0.9,
                         weight_decay=1e-3, inv_scale=inv_scale, model_copies=c_list)
-            for i in range(len(SHAPES)):
-                hp[i], hstate[0][i] = sgd_reference(hp[i], hg[i] / scale, hstate[0][i], fp32(0.1), fp32(0.9),
-                                                    fp32(1e-3), False, 0.0, False)
+            reference.multi_tensor.sgd_step(host_list(hp), host_list(hg), host_list(hstate[0]), lr=fp32(0.1),
+                                            momentum=fp32(0.9), weight_decay=fp32(1e-3), inv_scale=1.0 / scale)
         else:
             mt.adamw_step(mt.TensorList(params), g_list, mt.TensorList(state[0]), mt.TensorList(state[1]), lr=1e-2,
                           step=step, inv_scale=1.0 / scale, model_copies=c_list)
-            for i in range(len(SHAPES)):
-                hp[i], hstate[0][i], hstate[1][i] = adamw_reference(
-                    hp[i], hg[i] / scale, hstate[0][i], hstate[1][i], fp32(1e-2), fp32(0.9), fp32(0.999), fp32(1e-8),
-                    fp32(0.01), step)
+            # The kernel's default hyperparameters, as fp32.
+            reference.multi_tensor.adamw_step(host_list(hp), host_list(hg), host_list(hstate[0]),
+                                              host_list(hstate[1]), lr=fp32(1e-2), beta1=fp32(0.9), beta2=fp32(0.999),
+                                              eps=fp32(1e-8), weight_decay=fp32(0.01), step=step,
+                                              inv_scale=1.0 / scale)
     assert_close_lists(params, hp, FP32_TOL, "params")
     masters = [cp.asnumpy(p) for p in params]
     for i, (copy, dt) in enumerate(zip(copies, copy_dtypes, strict=True)):
@@ -165,7 +150,7 @@ def test_inv_scale_unscales_gradients_and_copies_follow_the_masters(optimizer, r
             continue
         got = cp.asnumpy(copy)
         # Exactly the rounded masters (round to nearest even).
-        want = masters[i].astype(np.float16) if dt == "fp16" else f32_to_bf16_bits(masters[i])
+        want = to_storage(masters[i], dt)
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"copy {i} ({dt})"
 
 
@@ -206,7 +191,7 @@ def test_check_finite_sets_the_flag_and_never_clears_it(bad, bad_dtype, rng):
     # One bad element deep inside the last chunk of a multi-chunk tensor of the chosen dtype.
     index = max(i for i, dt in enumerate(dtypes) if dt == bad_dtype and np.prod(SHAPES[i]) > 40_000)
     flat = grads[index].reshape(-1)
-    value = f32_to_bf16_bits(np.array([bad], np.float32))[0] if bad_dtype == "bf16" else bad
+    value = to_storage(np.array([bad]), bad_dtype)[0]
     flat[flat.size - 2] = value
     mt.check_finite(g_list, found_inf)
     assert int(found_inf[0]) == 1
@@ -220,21 +205,21 @@ def test_zero_and_scale_cover_every_tensor_in_place(rng):
     # Magnitudes in [0.25, 4]: scaling by 0.5 and -4 stays exact in every dtype (no subnormals, no overflow).
     arrays, hosts = [], []
     for shape, dt in zip(SHAPES, dtypes, strict=True):
-        d, h = quantize(rng.uniform(0.25, 4.0, shape) * rng.choice([-1.0, 1.0], shape), dt)
+        d, h = to_device(rng.uniform(0.25, 4.0, shape) * rng.choice([-1.0, 1.0], shape), dt)
         arrays.append(d)
         hosts.append(h)
     pointers = [a.data.ptr for a in arrays]
     lst = mt.TensorList(arrays, dtype=dtypes)
     mt.scale_(lst, 0.5)
-    for a, h, dt in zip(arrays, hosts, dtypes, strict=True):
-        assert np.array_equal(to_host64(a, dt), h * 0.5)  # halving is exact
+    for a, h in zip(arrays, hosts, strict=True):
+        assert np.array_equal(host_values(a), h * 0.5)  # halving is exact
     factor = cp.asarray(np.array([-4.0], np.float32))
     mt.scale_(lst, factor)
-    for a, h, dt in zip(arrays, hosts, dtypes, strict=True):
-        assert np.array_equal(to_host64(a, dt), h * -2.0)
+    for a, h in zip(arrays, hosts, strict=True):
+        assert np.array_equal(host_values(a), h * -2.0)
     mt.zero_(lst)
-    for a, dt in zip(arrays, dtypes, strict=True):
-        assert not to_host64(a, dt).any()
+    for a in arrays:
+        assert not host_values(a).any()
     assert [a.data.ptr for a in arrays] == pointers  # no reallocation
     assert lst.num_chunks >= sum(-(-int(np.prod(s)) // 32768) for s in SHAPES)
 
@@ -249,8 +234,8 @@ def test_runs_on_the_current_cupy_stream(rng):
         mt.sgd_step(mt.TensorList(params), mt.TensorList(grads), None, lr=0.5, momentum=0.0)
         got = [p.get(stream=stream) for p in params]
         stream.synchronize()
-    for g_host, p_host, h_grad in zip(got, hp, hg, strict=True):
-        assert rel_err(g_host.astype(np.float64), p_host - 0.5 * h_grad) <= FP32_TOL
+    reference.multi_tensor.sgd_step(host_list(hp), host_list(hg), None, lr=0.5, momentum=0.0)
+    assert_close_lists(got, hp, FP32_TOL, "params updated on a side stream")
 
 
 def test_errors_with_real_device_arrays(rng):
@@ -308,5 +293,4 @@ def test_matches_torch_optim(optimizer, rng):
                         nesterov=optimizer == "sgd_nesterov")
     torch.cuda.synchronize()
     for i, (p, tp) in enumerate(zip(params, tparams, strict=True)):
-        err = rel_err(cp.asnumpy(p).astype(np.float64), tp.detach().cpu().numpy().astype(np.float64))
-        assert err <= FP32_TOL, f"param {i}: relative error vs torch {err:.3g}"
+        check_close(p, tp.detach().cpu().numpy(), FP32_TOL, f"param {i} against torch")

@@ -38,11 +38,16 @@ def _numeric_grad(f, x, eps=1e-6):
 # ----------------------------------------------------------------------------------------------- convolution
 
 
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
 def _direct_conv_nchw(x, w, stride, pad, dil, groups):
     n, c, h, wd = x.shape
     k, cg, r, s = w.shape
-    p = (h + 2 * pad - dil * (r - 1) - 1) // stride + 1
-    q = (wd + 2 * pad - dil * (s - 1) - 1) // stride + 1
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(pad), _pair(dil)
+    p = (h + 2 * ph - dh * (r - 1) - 1) // sh + 1
+    q = (wd + 2 * pw - dw * (s - 1) - 1) // sw + 1
     kg = k // groups
     y = np.zeros((n, k, p, q))
     for ni in range(n):
@@ -54,7 +59,7 @@ def _direct_conv_nchw(x, w, stride, pad, dil, groups):
                     for ci in range(cg):
                         for ri in range(r):
                             for si in range(s):
-                                hh, ww = pi * stride - pad + ri * dil, qi * stride - pad + si * dil
+                                hh, ww = pi * sh - ph + ri * dh, qi * sw - pw + si * dw
                                 if 0 <= hh < h and 0 <= ww < wd:
                                     acc += x[ni, g * cg + ci, hh, ww] * w[ki, ci, ri, si]
                     y[ni, ki, pi, qi] = acc
@@ -62,10 +67,11 @@ def _direct_conv_nchw(x, w, stride, pad, dil, groups):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("stride,pad,dil,groups", [(1, 1, 1, 1), (2, 1, 1, 2), (1, 2, 2, 1), (2, 0, 1, 1)])
-def test_conv_reference_matches_direct_loops_and_is_adjoint(rng, layout, stride, pad, dil, groups):
+@pytest.mark.parametrize("stride,pad,dil,groups,rs", [(1, 1, 1, 1, (3, 3)), (2, 1, 1, 2, (3, 3)), (1, 2, 2, 1, (3, 3)),
+                                                      (2, 0, 1, 1, (3, 3)), ((2, 1), (1, 2), (2, 1), 2, (3, 2))])
+def test_conv_reference_matches_direct_loops_and_is_adjoint(rng, layout, stride, pad, dil, groups, rs):
     x = rng.standard_normal((2, 4, 7, 6))
-    w = rng.standard_normal((6, 4 // groups, 3, 3))
+    w = rng.standard_normal((6, 4 // groups, *rs))
     spec = ConvSpec(stride=stride, padding=pad, dilation=dil, groups=groups, layout=layout)
     xl, wl = _from_nchw(x, layout), _from_nchw(w, layout)
     y = R.conv.conv2d(xl, wl, spec)
@@ -265,6 +271,12 @@ def test_cast_reference_rounds_to_nearest_even():
     assert np.isinf(half[4])  # bf16 131072 overflows fp16
     with pytest.raises(ValueError, match="out and x must have the same shape"):
         R.kernels.cast(x, np.empty(4, np.float32))
+
+
+def test_bf16_ties_go_to_the_even_neighbour():
+    a = np.array([1.0, 1.0 + 2**-8, 1.0 + 2**-7 + 2**-8, 1.0 + 2**-7 + 2**-9, -2.5], dtype=np.float32)
+    assert bf16.to_bf16_bits(a).tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020]
+    assert bf16.from_bf16_bits(bf16.to_bf16_bits(a)).tolist() == [1.0, 1.0, 1.0 + 2**-6, 1.0 + 2**-7, -2.5]
 
 
 def test_bf16_rounds_to_nearest_even_and_keeps_nan():

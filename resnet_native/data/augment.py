@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..names import LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
+from ..reference.bf16 import to_bf16_bits
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -125,24 +126,13 @@ def cutout_box(cy: int, cx: int, size: int, height: int = 32, width: int = 32) -
 # Normalisation table
 
 
-def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even float32 -> bfloat16, as uint16 bits (finite inputs)."""
-    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
-    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
 def normalization_lut(dtype: str, mean=MEAN, std=STD) -> np.ndarray:
     """(3, 256) table: lut[c, v] = (v / 255 - mean[c]) / std[c], computed in float64, stored in the dtype's
     storage type (bf16: uint16 bits, rounded via float32)."""
     values = (np.arange(256, dtype=np.float64)[None, :] / 255.0 - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]
     st = storage_dtype(dtype)
     if st == np.uint16:
-        return _float32_to_bf16_bits(values.astype(np.float32))
+        return to_bf16_bits(values)
     return values.astype(st)
 
 
