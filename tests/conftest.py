@@ -32,6 +32,13 @@ def cifar_path():
     return None
 
 
+def child_env(**extra):
+    """Environment for a child Python run from another directory: the resnet_native this process imported
+    (installed, or built in place) first on its path, so the child never picks up an unbuilt source tree."""
+    path = [str(pathlib.Path(rn.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
+
+
 NO_GPU = "no CUDA GPU or driver"
 _gpu_skip_reason = pytest.StashKey[str]()  # set at collection: the skip reason of gpu tests, or None
 

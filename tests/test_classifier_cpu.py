@@ -1,7 +1,5 @@
 """CIFAR10Classifier's input forms and outputs, with a stub network standing in for the GPU model."""
 
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -129,13 +127,13 @@ def test_models_dir_from_environment(release_dir, monkeypatch):
     assert CIFAR10Classifier("A", model=StubNet()).version_dir == release_dir
 
 
-def test_serving_does_not_import_the_trainer():
-    repo = str(pathlib.Path(__file__).resolve().parent.parent)
+def test_serving_does_not_import_the_trainer(tmp_path):
+    from conftest import child_env
+
     script = ("import sys, resnet_native\n"
               "from resnet_native.classifier import CIFAR10Classifier\n"
               "print(sorted(m for m in sys.modules if m.startswith(('resnet_native.train', 'resnet_native.release'))))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=repo)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -195,7 +195,9 @@ def test_missing_cudnn_names_the_install_command(tmp_path):
 @pytest.mark.skipif(rn.cuda_available(), reason="the summary line is printed where GPU tests skip")
 def test_gpu_skips_are_summarised_once_under_q(tmp_path):
     # Run from elsewhere, with the resnet_native this test imported first on the path (installed or in-place).
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(rn.__file__).parent.parent)}
+    from conftest import child_env
+
+    env = child_env()
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              str(REPO / "tests" / "test_pool_gpu.py")], cwd=tmp_path, capture_output=True, text=True,
                             timeout=300, env=env)

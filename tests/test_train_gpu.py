@@ -7,7 +7,6 @@ accuracy. To measure the spread of the short run's accuracy over seeds (what SHO
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -112,14 +111,9 @@ def test_resume_after_epoch_one_equals_uninterrupted(uninterrupted, cifar, confi
 
 def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
     """The commands the README shows, in fresh processes: recipe B (AdamW, one-cycle, AutoAugment workers)."""
-    from conftest import cifar_path
+    from conftest import child_env, cifar_path
 
-    import resnet_native
-
-    # The child processes run in tmp_path: make sure they import this checkout of the package.
-    repo = str(pathlib.Path(resnet_native.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    env = child_env(PYTHONUNBUFFERED="1")
     run = tmp_path / "runs" / "b"
     cmd = [sys.executable, "-m", "resnet_native.train", "--recipe", "B", "--epochs", "2", "--subset", "2048",
            "--data", str(cifar_path()), "--cache-dir", str(cache_dir), "--out", str(run), "--no-progress",
