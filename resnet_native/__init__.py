@@ -11,6 +11,7 @@ from .classifier import CIFAR10Classifier  # released CIFAR-10 models (resnet_na
 from .conv import ConvSpec, _drop_cached_descriptors, conv2d, conv_output_shape  # noqa: F401
 from .inference import InferenceEngine  # the serving engine (resnet_native.inference)
 from .models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
+from .onnx_export import export_onnx  # ONNX export (needs the extra: pip install "resnet_native[onnx]")
 from .optim import SGD, AdamW, GradScaler  # resnet_native.optim: also schedules
 from .step import TrainStep
 
@@ -87,4 +88,5 @@ __all__ = [
     "TrainStep",
     "InferenceEngine",
     "CIFAR10Classifier",
+    "export_onnx",
 ]

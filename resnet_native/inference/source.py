@@ -19,6 +19,8 @@ class ModelSource:
     stem: str
     num_classes: int
     description: str
+    name: str = "resnet"  # the architecture's name ('resnet18', ...)
+    config: dict | None = None  # a release's config.yaml (classes, input normalisation, version); None for a model
 
 
 def model_source(model_or_release, models_dir=None) -> ModelSource:
@@ -28,7 +30,7 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
     if isinstance(model_or_release, ResNet):
         m = model_or_release
         state = {k: np.asarray(v) for k, v in m.state_dict().items()}
-        return ModelSource(state, m.stem, int(m.num_classes), f"ResNet-{m.depth}")
+        return ModelSource(state, m.stem, int(m.num_classes), f"ResNet-{m.depth}", f"resnet{m.depth}")
     if isinstance(model_or_release, (str, os.PathLike)):
         from ..classifier import load_release_config, load_weights, resolve_version_dir
 
@@ -39,7 +41,8 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
         if not isinstance(model, dict) or "stem" not in model or "num_classes" not in model:
             raise ValueError(f"{folder}/config.yaml: expected a 'model' section with 'stem' and 'num_classes'")
         state = {k: np.asarray(v) for k, v in load_weights(folder).items()}
-        return ModelSource(state, str(model["stem"]), int(model["num_classes"]),
-                           f"release {folder.name} ({model.get('name', 'resnet')})")
+        name = str(model.get("name", "resnet"))
+        return ModelSource(state, str(model["stem"]), int(model["num_classes"]), f"release {folder.name} ({name})",
+                           name, config)
     raise TypeError(f"model_or_release: expected a resnet_native ResNet, a release folder or a version name, got "
                     f"{type(model_or_release).__name__}")
