@@ -2,6 +2,9 @@
 
 Writes <out>/version_<X>/ (default out: cifar10_models), a symlink to the release folder .version_<X>.<suffix>:
   model.safetensors   the weights (torchvision names and shapes)
+  model.onnx          the network as a standard ONNX graph (BN folded, float32, dynamic batch; input: the normalised
+                      image in NCHW, see resnet_native.onnx_export), for onnxruntime or TensorRT; left out, with a
+                      warning, when the onnx package is not installed
   config.yaml         the network (name, classes, stem, layout, precision), the normalisation, and the training recipe
   metrics.json        test accuracy and epoch of the shipped weights, training time, parameter count, and the
                       inference throughput measured now on this machine's GPU (null with --no-benchmark / no GPU)
@@ -27,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -37,6 +41,8 @@ from .models.registry import model_spec, rename_legacy_keys
 
 _NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
 WEIGHTS_FILE = "model.safetensors"
+ONNX_FILE = "model.onnx"
+_warned_without_onnx = False  # the missing onnx package is reported once per process, not once per release
 
 # A release name: a letter or digit, then up to 63 letters, digits, '.', '_' or '-' (no path separators, not hidden).
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -178,6 +184,24 @@ def measure_inference(config: dict, weights: dict, *, batch_size: int = 1000, it
             "inference_device": name}
 
 
+def save_onnx(folder: pathlib.Path) -> bool:
+    """Write folder/model.onnx, exported from the weights and config.yaml already in the folder. Without the onnx
+    package: a warning (once per process) and False."""
+    global _warned_without_onnx
+    from .onnx_export import INSTALL_HINT, export_onnx, import_onnx
+
+    try:
+        import_onnx()
+    except ImportError:
+        if not _warned_without_onnx:
+            _warned_without_onnx = True
+            warnings.warn(f"release: the onnx package is not installed, so the release has no {ONNX_FILE} "
+                          f"({INSTALL_HINT} adds it)", RuntimeWarning, stacklevel=4)
+        return False
+    export_onnx(folder, folder / ONNX_FILE, fold_bn=True, dynamic_batch=True)
+    return True
+
+
 def _fsync(path) -> None:
     """Flush a file's or a folder's contents (a folder: its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
@@ -287,6 +311,7 @@ def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (tmp / "preprocess.json").write_text(json.dumps(preprocess_values(config), indent=2) + "\n")
         (tmp / "preprocess.py").write_text(PREPROCESS_PY)
+        save_onnx(tmp)  # last: it reads the weights and config.yaml written above
         for f in tmp.iterdir():
             _fsync(f)
         tmp.chmod(0o755)

@@ -2,11 +2,13 @@
 release's npz is still read), config and metrics, atomic replacement, the CLI, the version's validation, and the
 standalone preprocess.py."""
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from resnet_native.classifier import load_weights
 from resnet_native.data.augment import MEAN, STD, normalize_on_host
 from resnet_native.data.cifar10 import CLASSES
 from resnet_native.training import cli, loop
+
+HAVE_ONNX = importlib.util.find_spec("onnx") is not None
 
 
 def make_fake_run(run_dir, *, recipe="A", best_epoch=2, epochs=3, layout="NHWC", precision="fp16", seed=0):
@@ -58,7 +62,8 @@ def test_release_round_trip(tmp_path):
     path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
     assert path == tmp_path / "models" / "version_A"
     files = sorted(p.name for p in path.iterdir())
-    assert files == ["config.yaml", "metrics.json", "model.safetensors", "preprocess.json", "preprocess.py"]
+    assert files == sorted(["config.yaml", "metrics.json", "model.safetensors", "preprocess.json", "preprocess.py"]
+                           + (["model.onnx"] if HAVE_ONNX else []))
     assert_published(tmp_path / "models")  # no temporary folders left
 
     weights = load_weights(path)
@@ -176,6 +181,46 @@ def test_release_replaces_without_a_window_and_fsyncs(tmp_path, monkeypatch):
     assert want <= synced, f"not fsynced: {sorted(want - synced)}"
     clf = CIFAR10Classifier("A", models_dir=models, model=object())
     assert clf.version_dir == final and clf.config["model"]["name"] == "resnet18"
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_the_release_model_onnx_runs_in_onnxruntime_like_the_host_reference(tmp_path, rng, layout):
+    onnx = pytest.importorskip("onnx", reason='needs the onnx package (pip install "resnet_native[onnx]")')
+    ort = pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')
+    make_fake_run(tmp_path / "run", layout=layout, precision="fp16")
+    path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    model = onnx.load(str(path / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["version"] == "A" and props["fold_bn"] == "true" and props["model"] == "resnet18"
+    assert "BatchNormalization" not in {n.op_type for n in model.graph.node}
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    # The release's weights on the host in float64, fed what preprocess.py gives with layout='NCHW'.
+    images = rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
+    x = normalize_on_host(images, layout="NCHW", dtype="fp32")
+    host = rn.ResNet18(num_classes=10, layout="NCHW").to_host(np.float64)
+    host.load_state_dict(load_weights(path))
+    want = host.eval().forward(x.astype(np.float64))
+    session = ort.InferenceSession(str(path / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(["logits"], {"input": x})[0]
+    assert got.shape == (5, 10) and got.dtype == np.float32
+    # float32 against float64: within the tolerance tests/test_onnx_export_cpu.py derives.
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+    np.testing.assert_array_equal(np.argmax(got, axis=1), np.argmax(want, axis=1))
+
+
+def test_without_onnx_the_release_has_no_model_onnx_and_says_so_once(tmp_path, monkeypatch):
+    make_fake_run(tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
+    monkeypatch.setattr(release, "_warned_without_onnx", False)
+    with pytest.warns(RuntimeWarning, match=r'no model.onnx \(pip install "resnet_native\[onnx\]" adds it\)'):
+        path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    assert not (path / "model.onnx").exists() and (path / "model.safetensors").is_file()
+    assert_published(tmp_path / "models")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second release in the same process: no second warning
+        path = release.release(tmp_path / "run", "B", tmp_path / "models", benchmark=False)
+    assert not (path / "model.onnx").exists() and load_weights(path)
 
 
 def test_release_over_a_legacy_folder(tmp_path):
