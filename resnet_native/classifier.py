@@ -9,8 +9,11 @@
 Images that are not 32x32 are resized (bilinear) and converted to RGB, as the release's preprocess.py does. On a
 GPU the release runs in an InferenceEngine (BN folded, one CUDA graph per batch size) fed the uint8 pixels, whose
 input stage normalises through the lookup table the trainer's kernel uses, so the network sees bit-identical inputs
-to those it was evaluated on during training. Without a GPU the released network runs on the host through the
-float64 NumPy references (resnet_native.reference): slower, and it says so once.
+to those it was evaluated on during training. Without a GPU the release runs on the CPU in onnxruntime when it is
+installed (pip install "resnet_native[onnx]"): the release's model.onnx, or the same graph exported in memory for a
+release without one (which needs onnx), fed the normalised batch in NCHW float32. Without onnxruntime the network
+runs on the host through the NumPy reference ops (resnet_native.reference), much slower. clf.backend says which of
+'engine', 'onnxruntime', 'numpy' (or 'model', for a network passed in) serves; without a GPU it says so once.
 """
 
 from __future__ import annotations
@@ -130,6 +133,34 @@ def build_release_model(config: dict, weights: dict, *, on_host: bool = False):
     return model
 
 
+def onnx_session(folder, num_classes: int):
+    """An onnxruntime CPU session of the release in `folder`: its model.onnx, or the graph exported in memory when
+    it has none. None when onnxruntime is not installed (or, for a release without model.onnx, onnx). The model is
+    checked to take float (N, 3, 32, 32) 'input' and give float (N, num_classes) 'logits' for any N."""
+    from .onnx_export import BATCH, INPUT, OUTPUT, export_onnx, import_onnxruntime
+
+    path = pathlib.Path(folder) / "model.onnx"
+    try:
+        ort = import_onnxruntime()
+        model = str(path) if path.is_file() else export_onnx(folder).SerializeToString()
+    except ImportError:  # no onnxruntime, or no onnx to export a release that has no model.onnx
+        return None
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+
+    def fits(args, name, shape):  # a symbolic first dimension (a name, or None) serves every batch size
+        return (len(args) == 1 and args[0].name == name and args[0].type == "tensor(float)"
+                and len(args[0].shape) == len(shape) + 1 and not isinstance(args[0].shape[0], int)
+                and list(args[0].shape[1:]) == list(shape))
+
+    if not (fits(inputs, INPUT, (3, *IMAGE_SIZE)) and fits(outputs, OUTPUT, (num_classes,))):
+        where = path if path.is_file() else f"the ONNX export of {folder}"
+        got = [(a.name, a.type, list(a.shape)) for a in (*inputs, *outputs)]
+        raise ValueError(f"{where}: expected a float input {INPUT!r} ({BATCH}, 3, {IMAGE_SIZE[0]}, {IMAGE_SIZE[1]}) "
+                         f"and a float output {OUTPUT!r} ({BATCH}, {num_classes}) with a dynamic batch; got {got}")
+    return session
+
+
 DEFAULT_ENGINE_BATCH_SIZES = (1, 8, 32, 256)
 
 
@@ -138,7 +169,8 @@ class CIFAR10Classifier:
     $RESNET_NATIVE_MODELS) or the path of a version folder.
 
     On a GPU the release is served by an InferenceEngine captured for `engine_batch_sizes` (larger batches run in
-    chunks of the largest). Without one, the network runs on the host (a warning says so once). model: use this
+    chunks of the largest). Without one, the network runs on the CPU, through onnxruntime when it is installed, else
+    the NumPy reference ops (a warning says which, once; clf.backend names it). model: use this
     network instead (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) ->
     logits and is fed normalised batches."""
 
@@ -156,31 +188,53 @@ class CIFAR10Classifier:
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
-        self.model, self.engine = model, None
-        if model is None and rn.cuda_available():
+        self.model, self.engine, self.session = model, None, None
+        if model is not None:
+            self.backend = "model"
+        elif rn.cuda_available():
             from .inference import InferenceEngine
 
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=self.precision,
                                           layout=self.layout)
-        elif model is None:
-            warnings.warn(f"CIFAR10Classifier: no CUDA GPU ({rn._C.device_unavailable_reason()}); the model runs on "
-                          "the host through the NumPy reference ops, which is much slower", RuntimeWarning,
-                          stacklevel=2)
-            self.model = build_release_model(self.config, load_weights(folder), on_host=True)
+            self.backend = "engine"
+        else:
+            from .onnx_export import INSTALL_HINT
+
+            self.session = onnx_session(folder, len(self.classes))
+            reason = f"CIFAR10Classifier: no CUDA GPU ({rn._C.device_unavailable_reason()})"
+            if self.session is not None:
+                self.backend = "onnxruntime"
+                warnings.warn(f"{reason}; the model runs on the CPU through onnxruntime, which is slower than a GPU",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                self.backend = "numpy"
+                warnings.warn(f"{reason}; the model runs on the host through the NumPy reference ops, which is much "
+                              f"slower than a GPU, and than onnxruntime ({INSTALL_HINT})", RuntimeWarning,
+                              stacklevel=2)
+                self.model = build_release_model(self.config, load_weights(folder), on_host=True)
 
     def __repr__(self):
-        return f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']})"
+        return (f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']}, "
+                f"backend={self.backend!r})")
 
     def preprocess(self, images) -> tuple[np.ndarray, bool]:
-        """Inputs -> (normalised batch in the model's layout and storage dtype, single?)."""
+        """Inputs -> (normalised batch as the backend reads it, single?): NCHW float32 for onnxruntime, else the
+        model's layout and storage dtype."""
         from .data.augment import normalize_on_host
 
         batch, single = to_batch(images)
-        return normalize_on_host(batch, layout=self.layout, dtype=self.precision), single
+        layout, dtype = ("NCHW", "fp32") if self.session is not None else (self.layout, self.precision)
+        return normalize_on_host(batch, layout=layout, dtype=dtype), single
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
-        """Logits of a normalised host batch through self.model (handed device arrays unless it lives on the host)."""
+        """Logits of a normalised host batch through the onnxruntime session or self.model (handed device arrays
+        unless it lives on the host)."""
         import resnet_native as rn
+
+        if self.session is not None:
+            from .onnx_export import INPUT, OUTPUT
+
+            return np.asarray(self.session.run([OUTPUT], {INPUT: x})[0], dtype=np.float32)
 
         placement = getattr(self.model, "placement", None)
         if placement.on_gpu if placement is not None else rn.cuda_available():

@@ -1,7 +1,11 @@
-"""CIFAR10Classifier's input forms and outputs, with a stub network standing in for the GPU model."""
+"""CIFAR10Classifier's input forms and outputs, with a stub network standing in for the GPU model; without a GPU,
+its onnxruntime and NumPy backends against the float64 host forward of the release's weights."""
 
+import re
+import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -120,6 +124,7 @@ def test_versions_paths_and_attributes(release_dir):
     with pytest.raises(FileNotFoundError, match="version_A"):
         CIFAR10Classifier("Z", models_dir=release_dir.parent, model=StubNet())
     assert rn.CIFAR10Classifier is CIFAR10Classifier
+    assert by_path.backend == "model" and by_path.session is None and "backend='model'" in repr(by_path)
 
 
 def test_models_dir_from_environment(release_dir, monkeypatch):
@@ -138,16 +143,129 @@ def test_serving_does_not_import_the_trainer(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
-def test_without_a_gpu_the_release_runs_on_the_host_reference(release_dir, rng):
+# ----------------------------------------------------------------------------------------------------------------
+# Without a GPU: onnxruntime when it is installed, else the NumPy reference ops
+
+# onnxruntime's float32 against the float64 host forward, relative to the largest logit: the bound
+# tests/test_onnx_export_cpu.py derives (measured here 7e-7).
+ORT_RTOL = 2e-5
+WARNINGS = {
+    "onnxruntime": r"^CIFAR10Classifier: no CUDA GPU \(.*\); the model runs on the CPU through onnxruntime, which is "
+                   r"slower than a GPU$",
+    "numpy": r"^CIFAR10Classifier: no CUDA GPU \(.*\); the model runs on the host through the NumPy reference ops, "
+             r"which is much slower than a GPU, and than onnxruntime \(pip install \"resnet_native\[onnx\]\"\)$",
+}
+
+
+@pytest.fixture
+def no_gpu():
     if rn.cuda_available():
         pytest.skip("a GPU is present: the release is served by its InferenceEngine (tests/test_release_gpu.py)")
-    with pytest.warns(RuntimeWarning, match="no CUDA GPU"):
-        clf = CIFAR10Classifier("A", models_dir=release_dir.parent, batch_size=2)
-    assert clf.engine is None and clf.model.placement is not None and not clf.model.placement.on_gpu
-    images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
-    # The release's network built on the host by hand, fed the normalised batch.
-    net = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16").to_host(np.float32)
+
+
+def use_backend(backend, monkeypatch):
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')
+    else:
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+
+
+def host_logits(release_dir, images):
+    """The release's weights in a float64 host ResNet-18, fed the normalised batch (NCHW float32, as onnxruntime)."""
+    net = rn.ResNet18(num_classes=10, layout="NCHW").to_host(np.float64)
     net.load_state_dict(load_weights(release_dir))
-    want = net.eval().forward(normalize_on_host(images, layout="NHWC", dtype="fp16"))
-    np.testing.assert_array_equal(clf.logits(images), want)
-    assert clf.predict(images[0]) == int(np.argmax(want[0]))
+    return net.eval().forward(normalize_on_host(images, layout="NCHW", dtype="fp32").astype(np.float64))
+
+
+def quiet_classifier(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return CIFAR10Classifier(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def fp32_release_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models32")
+    make_fake_run(root / "run", precision="fp32")
+    return release.release(root / "run", "F", root / "cifar10_models", benchmark=False)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+def test_without_a_gpu_the_release_runs_on_the_cpu_and_says_so_once(release_dir, rng, monkeypatch, no_gpu, backend):
+    use_backend(backend, monkeypatch)
+    images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clf = CIFAR10Classifier("A", models_dir=release_dir.parent, batch_size=2)
+        logits = clf.logits(images)
+        single = clf.predict(images[0])
+        proba = clf.predict_proba(images)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages  # once per classifier, however often it predicts
+    assert re.match(WARNINGS[backend], messages[0]), messages[0]
+    assert clf.backend == backend and clf.engine is None and f"backend={backend!r}" in repr(clf)
+    assert logits.shape == (3, 10) and logits.dtype == np.float32
+    assert single == int(np.argmax(logits[0])) and isinstance(single, int)
+    np.testing.assert_allclose(proba, softmax(logits), rtol=1e-6)
+    if backend == "numpy":
+        assert clf.session is None and clf.model.placement is not None and not clf.model.placement.on_gpu
+        # The release's network built on the host by hand, fed the normalised batch in its layout and precision.
+        net = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16").to_host(np.float32)
+        net.load_state_dict(load_weights(release_dir))
+        np.testing.assert_array_equal(logits, net.eval().forward(normalize_on_host(images, layout="NHWC",
+                                                                                  dtype="fp16")))
+    else:
+        assert clf.model is None and clf.session is not None
+        x, _ = clf.preprocess(images)  # the session reads the normalised batch in NCHW float32
+        np.testing.assert_array_equal(x, normalize_on_host(images, layout="NCHW", dtype="fp32"))
+        want = host_logits(release_dir, images)
+        assert np.abs(logits - want).max() <= ORT_RTOL * np.abs(want).max()
+
+
+@pytest.mark.parametrize(("which", "rtol"), [("fp32", 4e-5), ("fp16", 1e-2)])
+def test_the_onnxruntime_and_numpy_backends_agree(release_dir, fp32_release_dir, rng, monkeypatch, no_gpu, which,
+                                                  rtol):
+    """The NumPy backend runs an fp16 release as it was trained (fp16 activations, measured 1.1e-3 of the logits'
+    size from float64), onnxruntime in float32 (7e-7): they agree to that rounding, and an fp32 release to float32's."""
+    pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')
+    folder = fp32_release_dir if which == "fp32" else release_dir
+    fast = quiet_classifier(folder, batch_size=4)
+    use_backend("numpy", monkeypatch)
+    slow = quiet_classifier(folder, batch_size=4)
+    assert (fast.backend, slow.backend) == ("onnxruntime", "numpy")
+    images = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    a, b = fast.logits(images), slow.logits(images)
+    scale = np.abs(host_logits(folder, images)).max()
+    assert a.shape == b.shape == (6, 10) and np.abs(a - b).max() <= rtol * scale
+    # Predictions agree wherever the two best logits are further apart than the backends can differ.
+    top2 = np.sort(a, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * rtol * scale
+    assert clear.sum() >= 3
+    np.testing.assert_array_equal(fast.predict(images)[clear], slow.predict(images)[clear])
+    if clear[0]:
+        assert fast.predict(images[0]) == slow.predict(images[0])
+
+
+def test_a_release_without_model_onnx_is_exported_in_memory(release_dir, tmp_path, rng, monkeypatch, no_gpu):
+    pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')
+    pytest.importorskip("onnx", reason='needs onnx (pip install "resnet_native[onnx]")')
+    copy = tmp_path / "version_A"
+    shutil.copytree(release_dir.resolve(), copy)
+    (copy / "model.onnx").unlink()
+    images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    clf = quiet_classifier(copy)
+    assert clf.backend == "onnxruntime" and not (copy / "model.onnx").exists()  # the release is only read
+    np.testing.assert_allclose(clf.logits(images), quiet_classifier(release_dir).logits(images), rtol=1e-6,
+                               atol=1e-6)
+    monkeypatch.setitem(sys.modules, "onnx", None)  # onnxruntime alone cannot export: the NumPy reference serves
+    assert quiet_classifier(copy).backend == "numpy"
+
+
+def test_a_model_onnx_that_does_not_fit_the_release_is_refused(release_dir, tmp_path, no_gpu):
+    pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')
+    copy = tmp_path / "version_A"
+    shutil.copytree(release_dir.resolve(), copy)
+    for kwargs in ({"dynamic_batch": False}, {"image_size": 64}):
+        rn.export_onnx(copy, copy / "model.onnx", **kwargs)
+        with pytest.raises(ValueError, match=r"model.onnx: expected a float input 'input' \(batch, 3, 32, 32\)"):
+            quiet_classifier(copy)
