@@ -42,7 +42,10 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
             raise ValueError(f"{folder}/config.yaml: expected a 'model' section with 'stem' and 'num_classes'")
         state = {k: np.asarray(v) for k, v in load_weights(folder).items()}
         name = str(model.get("name", "resnet"))
-        return ModelSource(state, str(model["stem"]), int(model["num_classes"]), f"release {folder.name} ({name})",
+        # The release's own name: the folder read may be the hidden one a version_X link points to.
+        version = config.get("version")
+        label = f"version_{version}" if isinstance(version, str) and version else folder.name
+        return ModelSource(state, str(model["stem"]), int(model["num_classes"]), f"release {label} ({name})",
                            name, config)
     raise TypeError(f"model_or_release: expected a resnet_native ResNet, a release folder or a version name, got "
                     f"{type(model_or_release).__name__}")
