@@ -1,0 +1,242 @@
+"""Load test of the HTTP server on loopback: dynamic batching against one engine call per image.
+
+    python benchmarks/bench_serve.py --fake-engine-ms 20,0.1 [--clients 32] [--requests 500] [--time-limit-s 60]
+                                     [--max-batch N] [--max-delay-ms 2] [--modes batched,server_batch_1,sequential]
+                                     [--out serve.json]
+    python benchmarks/bench_serve.py --release cifar10_models/version_A ...      # on a GPU: its InferenceEngine
+
+Modes, each against the same engine, one after the other:
+  batched          the server (in this process, 127.0.0.1, a free port, its own event loop in a thread) with a
+                   Batcher(max_batch, max_delay_ms); --clients aiohttp clients each POST one PNG at a time
+  server_batch_1   the same server and clients with Batcher(max_batch=1, max_delay_ms=0): HTTP without batching
+  sequential       no HTTP: engine(image[None]) for one image after another, the floor of one call per image
+A mode stops after --requests requests or when its share of --time-limit-s is spent, whichever comes first (the
+time limit is split evenly among the modes still to run), so the whole run is bounded. Throughput is successful
+images per second of the mode's wall time; latency is per request (client-side, from sending to the whole
+answer; for sequential, one engine call), p50 and p99 by nearest rank. A few warm-up requests per server mode
+(connections opened, the first batch run) are not counted.
+
+--fake-engine-ms A,B serves resnet_native.serve.FakeEngine: each call sleeps A ms plus B ms per image, the cost
+shape of a GPU engine (large fixed cost per call, small per image), for machines without a GPU. --release serves a
+real release: its InferenceEngine on a GPU, else the host NumPy path (very slow: use few requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment, format_table, write_json  # noqa: E402
+
+MODES = ("batched", "server_batch_1", "sequential")
+COLUMNS = [("mode", "mode"), ("max_batch", "max batch"), ("max_delay_ms", "max delay ms"), ("clients", "clients"),
+           ("ok", "requests"), ("failed", "failed"), ("images_per_s", "images/s"), ("p50_ms", "p50 ms"),
+           ("p99_ms", "p99 ms"), ("mean_batch", "mean batch"), ("wall_s", "wall s"), ("stopped_by", "stopped by")]
+DISTINCT_IMAGES = 64
+
+
+def percentile(samples, q: float):
+    """Nearest-rank percentile (q in [0, 100]) of the samples; None when there are none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
+
+
+def summarize(mode: str, latencies_s: list, failed: int, wall_s: float, stopped_by: str, **extra) -> dict:
+    ms = [s * 1e3 for s in latencies_s]
+    return {"mode": mode, "ok": len(ms), "failed": failed, "wall_s": wall_s,
+            "images_per_s": len(ms) / wall_s if wall_s > 0 else None, "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99), "mean_ms": sum(ms) / len(ms) if ms else None, "stopped_by": stopped_by,
+            **extra}
+
+
+def make_images(n: int = DISTINCT_IMAGES, seed: int = 0) -> tuple:
+    """(n uint8 (32, 32, 3) images, their PNG encodings)."""
+    from PIL import Image
+
+    images = np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    pngs = []
+    for im in images:
+        buf = io.BytesIO()
+        Image.fromarray(im).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    return images, pngs
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Modes
+
+
+def run_sequential(engine, images, requests: int, deadline: float) -> dict:
+    """One engine call per image, one after the other."""
+    latencies, start = [], time.perf_counter()
+    stopped_by = "requests"
+    for i in range(requests):
+        if time.monotonic() > deadline:
+            stopped_by = "time_limit"
+            break
+        t = time.perf_counter()
+        out = engine(images[i % len(images)][None])
+        if hasattr(out, "get") and not isinstance(out, np.ndarray):
+            out.get()  # a cupy result: the call is done when its logits are on the host, as the batcher's are
+        latencies.append(time.perf_counter() - t)
+    return summarize("sequential", latencies, 0, time.perf_counter() - start, stopped_by, max_batch=1, clients=1,
+                     mean_batch=1.0)
+
+
+async def _load(url: str, pngs: list, requests: int, clients: int, deadline: float) -> tuple:
+    """`clients` concurrent clients POSTing PNGs until `requests` are sent or the deadline passes."""
+    import aiohttp
+
+    latencies, failed, sent = [], [0], [0]
+    timeout = aiohttp.ClientTimeout(total=max(5.0, deadline - time.monotonic() + 30.0))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
+
+        async def client():
+            while sent[0] < requests and time.monotonic() < deadline:
+                body = pngs[sent[0] % len(pngs)]
+                sent[0] += 1
+                t = time.perf_counter()
+                async with session.post(url, data=body, headers={"Content-Type": "image/png"}) as r:
+                    await r.read()
+                    ok = r.status == 200
+                if ok:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    failed[0] += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return latencies, failed[0], wall, "requests" if sent[0] >= requests else "time_limit"
+
+
+def run_server(mode: str, engine, classes, pngs, *, requests: int, clients: int, deadline: float, max_batch,
+               max_delay_ms: float) -> dict:
+    """The HTTP server with a Batcher of these settings, loaded by `clients` concurrent clients."""
+    from resnet_native.serve import Batcher, make_app
+    from resnet_native.serve.server import ServerThread
+
+    with Batcher(engine, max_batch=max_batch, max_delay_ms=max_delay_ms) as batcher:
+        with ServerThread(make_app(batcher, classes)) as server:
+            url = server.url + "/predict"
+            warm = min(clients, 16)
+            asyncio.run(_load(url, pngs, warm, warm, deadline))
+            before = batcher.counters()
+            latencies, failed, wall, stopped_by = asyncio.run(_load(url, pngs, requests, clients, deadline))
+            after = batcher.counters()
+    batches = after["batches"] - before["batches"]
+    served = after["completed"] - before["completed"]
+    return summarize(mode, latencies, failed, wall, stopped_by, max_batch=batcher.max_batch,
+                     max_delay_ms=batcher.max_delay_ms, clients=clients,
+                     mean_batch=served / batches if batches else None, batches=batches)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def load_engine(args):
+    """(engine, classes, description) for --release or --fake-engine-ms."""
+    if args.fake_engine_ms is not None:
+        from resnet_native.serve import FakeEngine
+
+        engine = FakeEngine.from_spec(args.fake_engine_ms)
+        return engine, tuple(str(i) for i in range(engine.num_classes)), repr(engine)
+    from resnet_native.serve.cli import load_model
+
+    engine, classes, model = load_model(args.release)
+    return engine, classes, model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Load test of python -m resnet_native.serve on loopback.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--release", help="a release folder: its InferenceEngine on a GPU, else the host path")
+    src.add_argument("--fake-engine-ms", metavar="A,B", help="a fake engine: A ms per call + B ms per image")
+    p.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
+    p.add_argument("--requests", type=int, default=500, help="requests per mode (default 500)")
+    p.add_argument("--time-limit-s", type=float, default=60.0, help="wall-time limit of the whole run (default 60)")
+    p.add_argument("--max-batch", type=int, default=None, help="the batched mode's max_batch (default: the engine's)")
+    p.add_argument("--max-delay-ms", type=float, default=2.0, help="the batched mode's max_delay_ms (default 2)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--out", default="bench_serve.json", help="the JSON results file (default bench_serve.json)")
+    return p
+
+
+def resolve_args(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"--modes: expected a comma-separated subset of {', '.join(MODES)}, got {','.join(args.modes)!r}")
+    for name in ("clients", "requests"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name}: expected a positive number, got {getattr(args, name)}")
+    if not args.time_limit_s > 0:
+        p.error(f"--time-limit-s: expected a positive number, got {args.time_limit_s}")
+    if args.fake_engine_ms is not None:
+        from resnet_native.serve import FakeEngine
+
+        try:
+            FakeEngine.from_spec(args.fake_engine_ms)
+        except ValueError as e:
+            p.error(f"--fake-engine-ms: {e}")
+    return args
+
+
+def markdown_table(rows: list) -> str:
+    def cell(value):
+        if value is None:
+            return ""
+        return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = resolve_args(argv)
+    start = time.monotonic()
+    engine, classes, description = load_engine(args)
+    images, pngs = make_images()
+    rows = []
+    for i, mode in enumerate(args.modes):
+        # This mode's share of what is left, so a slow mode cannot eat the later modes' time.
+        deadline = time.monotonic() + (start + args.time_limit_s - time.monotonic()) / (len(args.modes) - i)
+        if mode == "sequential":
+            rows.append(run_sequential(engine, images, args.requests, deadline))
+        else:
+            batched = mode == "batched"
+            rows.append(run_server(mode, engine, classes, pngs, requests=args.requests, clients=args.clients,
+                                   deadline=deadline, max_batch=args.max_batch if batched else 1,
+                                   max_delay_ms=args.max_delay_ms if batched else 0.0))
+        print(format_table(rows[-1:], COLUMNS), flush=True)
+    by_mode = {r["mode"]: r for r in rows}
+    speedup = None
+    if "batched" in by_mode and "sequential" in by_mode and by_mode["sequential"]["images_per_s"]:
+        speedup = by_mode["batched"]["images_per_s"] / by_mode["sequential"]["images_per_s"]
+    payload = {"environment": environment(), "engine": description,
+               "args": {k: v for k, v in vars(args).items()}, "modes": by_mode, "rows": rows,
+               "batched_over_sequential": speedup, "wall_s": time.monotonic() - start}
+    write_json(args.out, payload)
+    print()
+    print(markdown_table(rows), end="")
+    if speedup is not None:
+        print(f"\nbatched / sequential throughput: {speedup:.1f}x")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

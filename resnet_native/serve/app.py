@@ -1,0 +1,279 @@
+"""The HTTP application: POST /predict, GET /health, GET /metrics, in front of a Batcher.
+
+    app = make_app(batcher, clf.classes, max_upload_bytes=1 << 20)
+    web.run_app(app, host="127.0.0.1", port=8000)          # or resnet_native.serve.server / python -m ...
+
+POST /predict takes one image as the body (Content-Type image/png or image/jpeg) and answers
+{"class": id, "name": ..., "probabilities": [...]}, or several as multipart/form-data parts (each part one image,
+its own Content-Type) and answers {"predictions": [...]}, one per part in order. A multipart request's images are
+queued together (all or none), so one request never holds half of the queue's places while the rest is refused.
+Errors are JSON {"error": "..."}: 400 bad image, 413 over the upload limit (aiohttp's client_max_size for plain
+bodies; multipart streams are counted here, since aiohttp does not limit them), 415 another content type, 500 the
+engine failed for this request, 503 with Retry-After when the batcher's queue is full or it is closing.
+
+The event loop never runs the model: the handler awaits the batcher's future through asyncio.wrap_future, and the
+batcher's worker thread makes the engine call. A client that disconnects mid-request costs nothing more than its
+own request: a body that never completes ends its handler; a request already queued still runs (aiohttp does not
+cancel handlers by default) and its answer is dropped with the connection; were the handler cancelled, the queued
+future would be cancelled with it and the batcher skips it.
+
+Metrics live on a per-app prometheus_client CollectorRegistry (several apps in one process, e.g. tests, never share
+counters); GET /metrics renders it in the format the scraper's Accept header asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+
+try:
+    from aiohttp import BodyPartReader, hdrs, web
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.exposition import choose_encoder
+except ImportError as e:  # the server is an optional extra; the Batcher itself needs neither
+    raise ImportError(f"resnet_native.serve: the HTTP server needs aiohttp and prometheus_client ({e.name} is not "
+                      f'installed): pip install "resnet_native[serve]"') from e
+
+import numpy as np
+
+from ..classifier import softmax
+from .batcher import BatcherClosed, BatcherFull
+from .images import DEFAULT_MAX_PIXELS, ImageError, check_content_type, decode_image, media_type
+
+DEFAULT_MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # a whole request: one image, or every part of a multipart batch
+RETRY_AFTER_S = 1  # what a 503 tells a client to wait: a full queue drains within a few batches
+_CHUNK = 64 * 1024
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A request answered with an error status and a JSON {"error": message}; `reason` labels the error metric."""
+
+    def __init__(self, status: int, message: str, reason: str, headers=None):
+        super().__init__(message)
+        self.status, self.reason, self.headers = status, reason, headers or {}
+
+
+_IMAGE_REASONS = {400: "bad_image", 413: "too_large", 415: "unsupported_type"}
+
+
+def _from_image_error(e: ImageError, prefix: str = "") -> Refused:
+    return Refused(e.status, prefix + str(e), _IMAGE_REASONS.get(e.status, "bad_image"))
+
+
+class Metrics:
+    """The app's Prometheus metrics, on its own registry."""
+
+    def __init__(self, registry, batcher):
+        self.requests = Counter("resnet_native_http_requests", "HTTP requests answered, by route and status code",
+                                ["handler", "code"], registry=registry)
+        self.latency = Histogram("resnet_native_http_request_duration_seconds",
+                                 "Time from receiving a request to its answer, by route", ["handler"],
+                                 buckets=_LATENCY_BUCKETS, registry=registry)
+        self.errors = Counter("resnet_native_errors", "Requests refused or failed, by reason", ["reason"],
+                              registry=registry)
+        self.images = Counter("resnet_native_images", "Images classified", registry=registry)
+        self.batch_size = Histogram("resnet_native_batch_size", "Images per engine call", buckets=_BATCH_BUCKETS,
+                                    registry=registry)
+        self.batch_seconds = Histogram("resnet_native_batch_duration_seconds", "Time of one engine call",
+                                       buckets=_LATENCY_BUCKETS, registry=registry)
+        self.queue_depth = Gauge("resnet_native_queue_depth", "Requests waiting in the batcher's queue",
+                                 registry=registry)
+        self.queue_depth.set_function(lambda: batcher.queue_depth)  # read at scrape time, no bookkeeping
+
+    def observe_batch(self, size: int, seconds: float) -> None:  # the batcher's listener, on its worker thread
+        self.batch_size.observe(size)
+        self.batch_seconds.observe(seconds)
+
+
+class _State:
+    def __init__(self, batcher, classes, max_upload_bytes, resize, max_pixels, model, registry):
+        self.batcher, self.classes, self.resize, self.max_pixels = batcher, tuple(classes), resize, max_pixels
+        self.max_upload_bytes, self.model, self.registry = max_upload_bytes, model, registry
+        self.metrics = Metrics(registry, batcher)
+
+
+STATE = web.AppKey("resnet_native_serve", _State)
+
+
+def make_app(batcher, classes, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, resize: bool = False,
+             registry=None, model=None, max_pixels: int = DEFAULT_MAX_PIXELS) -> web.Application:
+    """The aiohttp application serving `batcher` (a resnet_native.serve.Batcher; the caller owns and closes it).
+    classes: the class names, index = class id. max_upload_bytes: the most bytes one request may carry. resize:
+    accept images of other sizes and resize them to 32x32 (else 400). registry: the prometheus_client
+    CollectorRegistry the metrics go to (default: a new one for this app). model: what /health says the model is
+    (a JSON-able value, e.g. the release's name and device). max_pixels: the largest declared image decoded."""
+    for name, value in (("max_upload_bytes", max_upload_bytes), ("max_pixels", max_pixels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    if not isinstance(resize, bool):
+        raise TypeError(f"resize: expected True or False, got {resize!r}")
+    classes = tuple(classes)
+    if not classes:
+        raise ValueError("classes: expected the class names, got none")
+    state = _State(batcher, classes, max_upload_bytes, resize, max_pixels, model,
+                   CollectorRegistry() if registry is None else registry)
+    app = web.Application(client_max_size=max_upload_bytes, middlewares=[_answer_and_count])
+    app[STATE] = state
+    app.router.add_post("/predict", predict)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    batcher.add_batch_listener(state.metrics.observe_batch)
+
+    async def _detach(app):  # a batcher outliving this app no longer feeds its metrics
+        batcher.remove_batch_listener(state.metrics.observe_batch)
+
+    app.on_cleanup.append(_detach)
+    return app
+
+
+# -- middleware: JSON errors and the request metrics --------------------------------------------------------
+
+
+def _error(status: int, message: str, headers=None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _answer_and_count(request: web.Request, handler):
+    state = request.app[STATE]
+    start = time.perf_counter()
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"  # bounded label values, never raw paths
+    try:
+        response = await handler(request)
+    except Refused as e:
+        state.metrics.errors.labels(e.reason).inc()
+        response = _error(e.status, str(e), e.headers)
+    except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 from client_max_size, ...
+        state.metrics.errors.labels({413: "too_large"}.get(e.status, "http")).inc()
+        keep = {k: v for k, v in e.headers.items() if k in (hdrs.ALLOW, hdrs.RETRY_AFTER)}
+        response = _error(e.status, e.text or e.reason, keep)
+    except Exception as e:  # a bug: answer 500 and keep serving
+        _log.exception("resnet_native.serve: %s %s failed", request.method, request.path)
+        state.metrics.errors.labels("internal").inc()
+        response = _error(500, f"internal error: {type(e).__name__}")
+    state.metrics.requests.labels(route, str(response.status)).inc()
+    state.metrics.latency.labels(route).observe(time.perf_counter() - start)
+    return response
+
+
+# -- POST /predict -------------------------------------------------------------------------------------------
+
+
+async def predict(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.content_length is not None and request.content_length > state.max_upload_bytes:
+        raise Refused(413, f"request body of {request.content_length} bytes: more than the {state.max_upload_bytes} "
+                           "bytes allowed", "too_large")
+    kind = media_type(request.headers.get(hdrs.CONTENT_TYPE))
+    if kind == "multipart/form-data":
+        images = await _read_multipart(request, state)
+    else:
+        try:
+            check_content_type(kind)
+        except ImageError as e:
+            raise _from_image_error(e) from None
+        images = [await _decode(state, await _read_body(request, state), kind)]
+    rows = await _classify(state, images)
+    state.metrics.images.inc(len(rows))
+    answers = [_answer(state.classes, row) for row in rows]
+    return web.json_response(answers[0] if kind != "multipart/form-data" else {"predictions": answers})
+
+
+async def _read_body(request: web.Request, state: _State) -> bytes:
+    try:
+        return await request.read()  # client_max_size: HTTPRequestEntityTooLarge (413) past the limit
+    except ConnectionError:  # the client went away mid-body: nobody is left to answer
+        raise Refused(400, "the request body ended early (client disconnected)", "disconnected") from None
+
+
+async def _read_multipart(request: web.Request, state: _State) -> list:
+    """Every part of a multipart/form-data body, decoded; the parts' bytes together stay under the upload limit."""
+    images, total = [], 0
+    try:
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            n = len(images) + 1
+            if not isinstance(part, BodyPartReader):
+                raise Refused(400, f"part {n}: a nested multipart body, expected an image", "bad_request")
+            try:
+                kind = media_type(part.headers.get(hdrs.CONTENT_TYPE))
+                check_content_type(kind)
+            except ImageError as e:
+                raise _from_image_error(e, f"part {n}: ") from None
+            chunks = []
+            while chunk := await part.read_chunk(_CHUNK):
+                total += len(chunk)
+                if total > state.max_upload_bytes:
+                    raise Refused(413, f"multipart body: more than the {state.max_upload_bytes} bytes allowed",
+                                  "too_large")
+                chunks.append(chunk)
+            try:
+                images.append(await _decode(state, b"".join(chunks), kind))
+            except Refused as e:
+                raise Refused(e.status, f"part {n}: {e}", e.reason) from None
+    except ConnectionError:
+        raise Refused(400, "the request body ended early (client disconnected)", "disconnected") from None
+    except (ValueError, AssertionError) as e:  # aiohttp's parser on a malformed body (no boundary, bad framing)
+        raise Refused(400, f"malformed multipart/form-data body ({e})", "bad_request") from None
+    if not images:
+        raise Refused(400, "multipart/form-data body without parts: expected one image per part", "bad_request")
+    return images
+
+
+async def _decode(state: _State, data: bytes, kind: str) -> np.ndarray:
+    decode = functools.partial(decode_image, data, kind, resize=state.resize, max_pixels=state.max_pixels)
+    try:
+        if not state.resize:
+            # Only 32x32 images get past the header check: decoding one takes microseconds, less than a hop to a
+            # thread, so it stays on the loop.
+            return decode()
+        # With resize an image may be megapixels: decode and resize off the loop so other requests keep moving.
+        return await asyncio.get_running_loop().run_in_executor(None, decode)
+    except ImageError as e:
+        raise _from_image_error(e) from None
+
+
+async def _classify(state: _State, images: list) -> list:
+    try:
+        futures = state.batcher.submit_many(images)
+    except BatcherFull as e:
+        raise Refused(503, str(e), "queue_full", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}) from None
+    except BatcherClosed:
+        raise Refused(503, "the server is shutting down", "closing", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}) from None
+    except ValueError as e:  # more images than the queue can ever hold
+        raise Refused(413, f"{len(images)} images in one request: more than the server's queue holds ({e})",
+                      "too_large") from None
+    try:
+        # Cancelling this (a cancelled handler) cancels the wrapped futures too: those not yet run are skipped.
+        return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    except Exception as e:
+        raise Refused(500, f"inference failed: {type(e).__name__}: {e}", "inference") from None
+
+
+def _answer(classes: tuple, logits: np.ndarray) -> dict:
+    p = softmax(logits)
+    k = int(np.argmax(logits))
+    return {"class": k, "name": classes[k] if k < len(classes) else str(k), "probabilities": [float(v) for v in p]}
+
+
+# -- GET /health, GET /metrics -------------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    closing = state.batcher.closed
+    body = {"status": "closing" if closing else "ok", "model": state.model, "classes": list(state.classes),
+            "batcher": {**state.batcher.settings(), **state.batcher.counters()}}
+    return web.json_response(body, status=503 if closing else 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    encoder, content_type = choose_encoder(request.headers.get(hdrs.ACCEPT, ""))
+    return web.Response(body=encoder(state.registry), headers={hdrs.CONTENT_TYPE: content_type})

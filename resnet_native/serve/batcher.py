@@ -1,0 +1,329 @@
+"""Batcher: single images from many threads in, batched engine calls on one worker thread out.
+
+    with Batcher(clf.engine, max_batch=256, max_delay_ms=2.0) as batcher:
+        future = batcher.submit(image)          # uint8 (32, 32, 3); returns at once
+        logits = future.result()                # (classes,) float32, this image's row of its batch's logits
+
+Why a batcher: an engine call costs a fixed overhead (launches, copies, a host synchronisation) plus a little per
+image, so a GPU serves far more images per second in batches than one at a time. Requests arrive one by one from
+clients; the batcher holds each for at most `max_delay_ms` (counted from the oldest waiting request) to collect
+up to `max_batch` of them, then runs the engine once on the stacked batch.
+
+Threads: `submit` may be called from any thread (an HTTP server's event loop, a thread pool). One worker thread
+makes every engine call, because an InferenceEngine is not thread-safe (it owns one set of input and activation
+buffers) and cupy's current device is per thread (the worker takes the device current at construction).
+
+Failure isolation: when a batch call raises, its requests are re-run one at a time, so a request that makes the
+engine fail gets the exception and the others in its batch still get their logits.
+
+Backpressure: at most `max_queue` requests wait; beyond that `submit` raises BatcherFull at once (an HTTP server
+answers 503) rather than letting a queue, and every client's latency, grow without bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import math
+import numbers
+import threading
+import time
+
+import numpy as np
+
+IMAGE_SHAPE = (32, 32, 3)
+# The largest batch when the engine does not say (a plain callable): a host engine's batch of 32 already amortises
+# the per-call overhead, and larger ones only add latency for the first request in them.
+DEFAULT_MAX_BATCH = 32
+
+_log = logging.getLogger(__name__)
+
+
+class BatcherFull(RuntimeError):
+    """max_queue requests are already waiting: retry later (an HTTP server answers 503 with Retry-After)."""
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher was closed: it accepts no more requests."""
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value}")
+    return int(value)
+
+
+def _delay_seconds(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"max_delay_ms: expected a number of milliseconds, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"max_delay_ms: expected a finite number >= 0, got {value}")
+    return float(value) / 1000.0
+
+
+def check_image(image, name: str = "image") -> np.ndarray:
+    """A private C-contiguous copy of a uint8 (32, 32, 3) NumPy image (a copy: the caller may reuse its array
+    while the request waits), or a TypeError / ValueError naming `name`."""
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"{name}: expected a NumPy uint8 array of shape {IMAGE_SHAPE}, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise TypeError(f"{name}: expected a uint8 array, got {image.dtype}")
+    if image.shape != IMAGE_SHAPE:
+        raise ValueError(f"{name}: expected shape {IMAGE_SHAPE} (H, W, RGB), got {image.shape}")
+    return np.array(image, order="C", copy=True)
+
+
+def _to_host_logits(out, n: int) -> np.ndarray:
+    """An engine's output for a batch of n as a host float32 (n, classes) array (cupy arrays are copied over)."""
+    if not isinstance(out, np.ndarray) and hasattr(out, "__cuda_array_interface__") and hasattr(out, "get"):
+        out = out.get()
+    out = np.asarray(out, dtype=np.float32)
+    if out.ndim != 2 or out.shape[0] != n:
+        raise ValueError(f"engine: expected logits of shape ({n}, classes) for a batch of {n}, got {out.shape}")
+    return out
+
+
+def _current_cuda_device():
+    """The CUDA device current in this thread, when cupy is already in use; else None (never imports cupy)."""
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        return cupy.cuda.runtime.getDevice()
+    except Exception:  # no driver or no GPU: nothing to carry over
+        return None
+
+
+class _Request:
+    __slots__ = ("image", "future", "queued_at")
+
+    def __init__(self, image: np.ndarray):
+        self.image = image
+        self.future = concurrent.futures.Future()
+        self.queued_at = time.monotonic()
+
+
+class Batcher:
+    """Groups single-image requests into batched calls of `engine`, on one worker thread.
+
+    engine: an InferenceEngine, or any callable taking a uint8 (N, 32, 32, 3) NumPy batch and returning (N, classes)
+    logits (cupy or NumPy). max_batch: the most images per engine call (default: the engine's largest captured batch
+    size `engine.batch_sizes[-1]`, else DEFAULT_MAX_BATCH). max_delay_ms: how long the oldest waiting request may
+    wait for the batch to fill before a smaller batch runs (0: run whatever is waiting as soon as the worker is
+    free). max_queue: the most requests waiting (not yet in an engine call); submit raises BatcherFull beyond it.
+    on_batch: called as on_batch(size, seconds) after every engine call, failed ones included, on the worker thread
+    (see add_batch_listener)."""
+
+    def __init__(self, engine, *, max_batch=None, max_delay_ms=2.0, max_queue=1024, on_batch=None):
+        if not callable(engine):
+            raise TypeError(f"engine: expected an InferenceEngine or a callable, got {type(engine).__name__}")
+        if max_batch is None:
+            sizes = getattr(engine, "batch_sizes", None)
+            max_batch = int(sizes[-1]) if sizes else DEFAULT_MAX_BATCH
+        self.engine = engine
+        self.max_batch = _positive_int("max_batch", max_batch)
+        self._delay = _delay_seconds(max_delay_ms)
+        self.max_delay_ms = float(max_delay_ms)
+        self.max_queue = _positive_int("max_queue", max_queue)
+        self._cond = threading.Condition()
+        self._listeners = ()  # replaced, never mutated, so the worker iterates a snapshot without the lock
+        if on_batch is not None:
+            self.add_batch_listener(on_batch)
+        self._queue = collections.deque()
+        self._in_flight = 0
+        self._closed = False
+        self._counts = {"requests": 0, "completed": 0, "errors": 0, "cancelled": 0, "rejected": 0, "batches": 0,
+                        "retried_batches": 0}
+        self._device = _current_cuda_device()
+        self._thread = threading.Thread(target=self._run, name="resnet_native-batcher", daemon=True)
+        self._thread.start()
+
+    # -- submitting ------------------------------------------------------------------------------------------
+    def submit(self, image) -> concurrent.futures.Future:
+        """Queue one uint8 (32, 32, 3) image; the future resolves to its (classes,) float32 logits, or to the
+        exception its engine call raised. A bad image raises here (TypeError / ValueError); BatcherFull when
+        max_queue requests wait; BatcherClosed after close()."""
+        return self._enqueue([_Request(check_image(image))])[0]
+
+    def submit_many(self, images) -> list:
+        """Queue several images at once (a sequence of (32, 32, 3) arrays or an (N, 32, 32, 3) array): all of them
+        or, when they do not all fit in the queue, none (BatcherFull). Returns one future per image, in order.
+        More images than max_queue can never fit: ValueError."""
+        if isinstance(images, np.ndarray) and images.ndim == 4:
+            images = list(images)
+        if isinstance(images, np.ndarray) or not hasattr(images, "__iter__"):
+            raise TypeError(f"images: expected a sequence of images or an (N, 32, 32, 3) array, got "
+                            f"{type(images).__name__}")
+        requests = [_Request(check_image(im, f"images[{i}]")) for i, im in enumerate(images)]
+        if len(requests) > self.max_queue:
+            raise ValueError(f"images: {len(requests)} images are more than max_queue={self.max_queue} can hold")
+        return self._enqueue(requests)
+
+    def _enqueue(self, requests: list) -> list:
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("Batcher: closed, no new requests are accepted")
+            if len(self._queue) + len(requests) > self.max_queue:
+                self._counts["rejected"] += len(requests)
+                raise BatcherFull(f"Batcher: the queue is full ({len(self._queue)} of max_queue={self.max_queue} "
+                                  f"requests waiting); retry later")
+            self._queue.extend(requests)
+            self._counts["requests"] += len(requests)
+            self._cond.notify()
+        return [r.future for r in requests]
+
+    # -- observing -------------------------------------------------------------------------------------------
+    def add_batch_listener(self, callback) -> None:
+        """Call callback(size, seconds) after every engine call (on the worker thread; keep it short). An exception
+        it raises is logged and ignored."""
+        if not callable(callback):
+            raise TypeError(f"on_batch: expected a callable(size, seconds), got {type(callback).__name__}")
+        with self._cond:
+            self._listeners = (*self._listeners, callback)
+
+    def remove_batch_listener(self, callback) -> None:
+        with self._cond:
+            self._listeners = tuple(c for c in self._listeners if c is not callback)
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for an engine call (not those in the one running)."""
+        return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def counters(self) -> dict:
+        """A snapshot: requests (accepted), completed (resolved with logits), errors (resolved with an exception),
+        cancelled (dropped before their engine call), rejected (BatcherFull), batches (engine calls, the
+        one-at-a-time re-runs included), retried_batches (batches re-run one request at a time after an error),
+        queued, in_flight (requests in the running engine call)."""
+        with self._cond:
+            return dict(self._counts, queued=len(self._queue), in_flight=self._in_flight)
+
+    def settings(self) -> dict:
+        return {"max_batch": self.max_batch, "max_delay_ms": self.max_delay_ms, "max_queue": self.max_queue}
+
+    # -- closing ---------------------------------------------------------------------------------------------
+    def close(self, timeout=None) -> bool:
+        """Stop accepting requests (submit raises BatcherClosed), finish the queued and running ones, and join the
+        worker (at most `timeout` seconds; None: wait). Returns whether the worker has finished. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:  # an on_batch callback closing its own batcher
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Batcher(max_batch={self.max_batch}, max_delay_ms={self.max_delay_ms}, max_queue={self.max_queue}, "
+                f"{'closed' if self._closed else 'open'})")
+
+    # -- the worker ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._device is not None:
+                import cupy
+
+                cupy.cuda.Device(self._device).use()
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                try:
+                    self._serve(batch)
+                finally:
+                    with self._cond:
+                        self._in_flight = 0
+        except BaseException as e:  # a bug here must not leave callers waiting forever on their futures
+            _log.exception("Batcher: the worker thread failed")
+            with self._cond:
+                self._closed = True
+                left = list(self._queue)
+                self._queue.clear()
+            for r in left:
+                if r.future.set_running_or_notify_cancel():
+                    r.future.set_exception(BatcherClosed(f"Batcher: the worker thread failed: {e!r}"))
+            raise
+
+    def _next_batch(self):
+        """Wait for requests, then until the batch is full, the oldest request has waited max_delay_ms, or the
+        batcher is closing (queued work then runs at once); pop up to max_batch. None: closed and drained."""
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].queued_at + self._delay
+            while len(self._queue) < self.max_batch and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            self._in_flight = len(batch)
+        # A request whose caller gave up (future cancelled, e.g. its HTTP client went away) is dropped here;
+        # the others are marked running so they can no longer be cancelled halfway through their call.
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if len(live) < len(batch):
+            with self._cond:
+                self._counts["cancelled"] += len(batch) - len(live)
+        return live
+
+    def _serve(self, batch: list) -> None:
+        if not batch:
+            return
+        try:
+            logits = self._call(batch)
+        except Exception as e:
+            if len(batch) == 1:
+                self._fail(batch[0], e)
+                return
+            # Which request broke the batch is unknown: re-run each alone so only the failing ones fail.
+            with self._cond:
+                self._counts["retried_batches"] += 1
+            for r in batch:
+                try:
+                    self._resolve(r, self._call([r])[0])
+                except Exception as single:
+                    self._fail(r, single)
+            return
+        for r, row in zip(batch, logits, strict=True):
+            self._resolve(r, row)
+
+    def _call(self, batch: list) -> np.ndarray:
+        x = np.stack([r.image for r in batch])
+        start = time.perf_counter()
+        try:
+            return _to_host_logits(self.engine(x), len(batch))
+        finally:  # a failed call is reported too: it took the engine's time all the same
+            seconds = time.perf_counter() - start
+            with self._cond:
+                self._counts["batches"] += 1
+            for callback in self._listeners:
+                try:
+                    callback(len(batch), seconds)
+                except Exception:
+                    _log.exception("Batcher: an on_batch callback raised (ignored)")
+
+    def _resolve(self, request: _Request, row: np.ndarray) -> None:
+        request.future.set_result(row.copy())  # its own row: not a view keeping the whole batch alive
+        with self._cond:
+            self._counts["completed"] += 1
+
+    def _fail(self, request: _Request, error: Exception) -> None:
+        request.future.set_exception(error)
+        with self._cond:
+            self._counts["errors"] += 1

@@ -1,0 +1,127 @@
+"""python -m resnet_native.serve --release cifar10_models/version_A [--port 8000] ...: a release over HTTP.
+
+Loads the release as CIFAR10Classifier does: on a GPU its InferenceEngine feeds the Batcher; without one the
+host path (the NumPy reference ops, much slower; it says so). Listens on 127.0.0.1 unless --host says otherwise:
+the server has no authentication, so reaching it from other machines is a decision to make, not a default. Once
+listening it prints one JSON line on stdout, {"event": "listening", "host": ..., "port": ..., "url": ...}, which
+gives the port --port 0 picked. SIGTERM or SIGINT: stop accepting connections, let in-flight requests finish,
+close the batcher (its queue drains first), print {"event": "stopped", ...} and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import signal
+import sys
+import warnings
+
+from .batcher import Batcher
+from .images import DEFAULT_MAX_PIXELS
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected 0 (any free port) to 65535, got {value}")
+    return value
+
+
+def _positive(kind, *, zero: bool = False):
+    def parse(text: str):
+        value = kind(text)
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} number, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .app import DEFAULT_MAX_UPLOAD_BYTES
+    from .server import DEFAULT_SHUTDOWN_TIMEOUT_S
+
+    p = argparse.ArgumentParser(prog="python -m resnet_native.serve",
+                                description="Serve a CIFAR-10 model release over HTTP (POST /predict, GET /health, "
+                                            "GET /metrics), with dynamic batching.")
+    p.add_argument("--release", required=True, help="a release folder (cifar10_models/version_A) or a version name")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: a free one, printed)")
+    p.add_argument("--max-batch", type=_positive(int), default=None,
+                   help="most images per engine call (default: the engine's largest batch size; 32 on the host)")
+    p.add_argument("--max-delay-ms", type=_positive(float, zero=True), default=2.0,
+                   help="how long the oldest queued request waits for a batch to fill (default 2)")
+    p.add_argument("--max-queue", type=_positive(int), default=1024,
+                   help="most requests waiting; beyond it the server answers 503 (default 1024)")
+    p.add_argument("--max-upload-bytes", type=_positive(int), default=DEFAULT_MAX_UPLOAD_BYTES,
+                   help=f"most bytes in one request (default {DEFAULT_MAX_UPLOAD_BYTES})")
+    p.add_argument("--resize", action="store_true",
+                   help="accept images of other sizes and resize them to 32x32 (bilinear); without it they get 400")
+    p.add_argument("--max-pixels", type=_positive(int), default=DEFAULT_MAX_PIXELS,
+                   help=f"largest image (declared width x height) decoded with --resize (default {DEFAULT_MAX_PIXELS})")
+    p.add_argument("--shutdown-timeout", type=_positive(float), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                   help="on SIGTERM, how long in-flight requests may take to finish (default %(default)s s)")
+    return p
+
+
+def load_model(release):
+    """(engine for the Batcher, what /health says about the model) of a release."""
+    from ..classifier import CIFAR10Classifier
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the host path's warning: said below, in one line
+        clf = CIFAR10Classifier(release)
+    model = {"release": str(clf.version_dir), "name": clf.config["model"]["name"], "precision": clf.precision,
+             "device": "gpu" if clf.engine is not None else "host"}
+    if clf.engine is not None:
+        return clf.engine, clf.classes, model
+    print("serve: no CUDA GPU: the model runs on the host through the NumPy reference ops, much slower than on a "
+          "GPU (each batch takes seconds)", file=sys.stderr, flush=True)
+    return clf.logits, clf.classes, model
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(app, batcher, host: str, port: int, shutdown_timeout: float) -> dict:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the batcher's final counters."""
+    from .server import start_server
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
+    runner, host, port = await start_server(app, host, port, shutdown_timeout=shutdown_timeout)
+    print(json.dumps({"event": "listening", "host": host, "port": port, "url": _url(host, port)}), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print(json.dumps({"event": "stopping", "signal": received[0] if received else None}), file=sys.stderr,
+              flush=True)
+        await runner.cleanup()  # no new connections; in-flight requests answered (up to shutdown_timeout)
+        # The queue is empty unless a handler timed out; close() finishes whatever is left, off the loop.
+        await loop.run_in_executor(None, batcher.close)
+    return batcher.counters()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .app import make_app  # the ImportError naming the serve extra, before the model is loaded
+
+    engine, classes, model = load_model(args.release)
+    batcher = Batcher(engine, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue)
+    try:
+        app = make_app(batcher, classes, max_upload_bytes=args.max_upload_bytes, resize=args.resize, model=model,
+                       max_pixels=args.max_pixels)
+        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout))
+    except OSError as e:  # the address is taken or not this machine's
+        print(f"serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        batcher.close()
+    print(json.dumps({"event": "stopped", "batcher": counters}), flush=True)
+    return 0
