@@ -4,6 +4,7 @@
                                      [--max-batch N] [--max-delay-ms 2] [--modes batched,server_batch_1,sequential]
                                      [--out serve.json]
     python benchmarks/bench_serve.py --release cifar10_models/version_A ...      # on a GPU: its InferenceEngine
+    python benchmarks/bench_serve.py --model resnet18 ...                       # GPU: an untrained network's engine
 
 Modes, each against the same engine, one after the other:
   batched          the server (in this process, 127.0.0.1, a free port, its own event loop in a thread) with a
@@ -18,7 +19,9 @@ answer; for sequential, one engine call), p50 and p99 by nearest rank. A few war
 
 --fake-engine-ms A,B serves resnet_native.serve.FakeEngine: each call sleeps A ms plus B ms per image, the cost
 shape of a GPU engine (large fixed cost per call, small per image), for machines without a GPU. --release serves a
-real release: its InferenceEngine on a GPU, else the host NumPy path (very slow: use few requests).
+real release: its InferenceEngine on a GPU, else the host path (slow: use few requests). --model serves the
+InferenceEngine of a freshly initialised ResNet (fp16, NHWC, CIFAR stem, --engine-batches): the same speed as a
+trained one, without a training run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ COLUMNS = [("mode", "mode"), ("max_batch", "max batch"), ("max_delay_ms", "max d
            ("ok", "requests"), ("failed", "failed"), ("images_per_s", "images/s"), ("p50_ms", "p50 ms"),
            ("p99_ms", "p99 ms"), ("mean_batch", "mean batch"), ("wall_s", "wall s"), ("stopped_by", "stopped by")]
 DISTINCT_IMAGES = 64
+SERVE_MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
 
 
 def percentile(samples, q: float):
@@ -152,6 +156,14 @@ def load_engine(args):
 
         engine = FakeEngine.from_spec(args.fake_engine_ms)
         return engine, tuple(str(i) for i in range(engine.num_classes)), repr(engine)
+    if args.model is not None:
+        import resnet_native as rn
+        from resnet_native.inference import InferenceEngine
+
+        model = getattr(rn, SERVE_MODELS[args.model])(num_classes=10, stem="cifar", layout="NHWC",
+                                                      precision="fp16", seed=0)
+        engine = InferenceEngine(model.cuda().eval(), batch_sizes=args.engine_batches, dtype="fp16")
+        return engine, tuple(str(i) for i in range(10)), f"{args.model} (untrained), {engine!r}"
     from resnet_native.serve.cli import load_model
 
     engine, classes, model = load_model(args.release)
@@ -162,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Load test of python -m resnet_native.serve on loopback.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--release", help="a release folder: its InferenceEngine on a GPU, else the host path")
+    src.add_argument("--model", choices=sorted(SERVE_MODELS), help="a freshly initialised network's engine (GPU)")
     src.add_argument("--fake-engine-ms", metavar="A,B", help="a fake engine: A ms per call + B ms per image")
+    p.add_argument("--engine-batches", type=lambda v: tuple(int(b) for b in v.split(",")),
+                   default=(1, 8, 32, 64, 128, 256), help="--model: the engine's captured batch sizes")
     p.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
     p.add_argument("--requests", type=int, default=500, help="requests per mode (default 500)")
     p.add_argument("--time-limit-s", type=float, default=60.0, help="wall-time limit of the whole run (default 60)")

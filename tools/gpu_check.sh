@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
-# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer train-A train-B
+# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
 #   (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
@@ -45,6 +45,14 @@ for stage in "${stages[@]}"; do
       python3 benchmarks/bench_infer.py --json "$OUT/bench_infer.json" --markdown "$OUT/bench_infer.md" ${INFER_ARGS:-} \
         2>&1 | tee "$OUT/bench_infer.txt" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    serve)
+      # Loopback load test of the HTTP server: batched, unbatched, and one engine call per image.
+      for m in ${SERVE_MODELS:-resnet18 resnet50}; do
+        # shellcheck disable=SC2086
+        python3 benchmarks/bench_serve.py --model "$m" --out "$OUT/bench_serve_$m.json" ${SERVE_ARGS:-} \
+          2>&1 | tee "$OUT/bench_serve_$m.txt" | tail -20
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     train-A|train-B)
       recipe=${stage#train-}
       # shellcheck disable=SC2086
