@@ -74,11 +74,12 @@ def load_model(release):
         warnings.simplefilter("ignore", RuntimeWarning)  # the host path's warning: said below, in one line
         clf = CIFAR10Classifier(release)
     model = {"release": str(clf.version_dir), "name": clf.config["model"]["name"], "precision": clf.precision,
-             "device": "gpu" if clf.engine is not None else "host"}
+             "device": "gpu" if clf.engine is not None else "host", "backend": clf.backend}
     if clf.engine is not None:
         return clf.engine, clf.classes, model
-    print("serve: no CUDA GPU: the model runs on the host through the NumPy reference ops, much slower than on a "
-          "GPU (each batch takes seconds)", file=sys.stderr, flush=True)
+    how = "onnxruntime on the CPU" if clf.backend == "onnxruntime" else "the NumPy reference ops (seconds per batch)"
+    print(f"serve: no CUDA GPU: the model runs on the host through {how}, much slower than on a GPU", file=sys.stderr,
+          flush=True)
     return clf.logits, clf.classes, model
 
 
