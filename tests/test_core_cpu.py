@@ -97,6 +97,27 @@ def test_workspace_limit_validation_and_roundtrip():
         assert rn.workspace_limit() is None
         with pytest.raises(ValueError, match="nbytes"):
             rn.set_workspace_limit(-1)
+        rn.set_workspace_limit(np.int64(4096))  # NumPy integers are ints
+        assert rn.workspace_limit() == 4096
+    finally:
+        rn.set_workspace_limit(old)
+
+
+@pytest.mark.parametrize("bad, error", [
+    (True, TypeError), (False, TypeError), (1.5, TypeError), ("4096", TypeError), (np.bool_(True), TypeError),
+    (2**64, ValueError),  # did not fit size_t: a RuntimeError from the binding
+    (2**64 - 1, ValueError),  # SIZE_MAX, the native "no cap": silently no cap at all
+])
+def test_workspace_limit_refuses_bools_and_out_of_range_counts(bad, error):
+    """set_workspace_limit(True) was a 1-byte cap (a bool is an int)."""
+    old = rn.workspace_limit()
+    try:
+        rn.set_workspace_limit(1 << 20)
+        with pytest.raises(error, match="^nbytes: expected"):
+            rn.set_workspace_limit(bad)
+        assert rn.workspace_limit() == 1 << 20  # unchanged
+        with pytest.raises(error, match="^nbytes: expected"):
+            rn.reserve_workspace(bad)  # checked before the GPU is looked for
     finally:
         rn.set_workspace_limit(old)
 
