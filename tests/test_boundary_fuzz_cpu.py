@@ -677,13 +677,13 @@ def test_malformed_arrays_are_refused_naming_the_argument(target, data):
 
 
 def known_cases(target):
-    """Values that broke the boundary once, tried on every argument whatever the seed."""
+    """Values every argument must refuse, tried whatever the seed (each is a case the parser needs care for)."""
     shape, dtype = target.shape, target.dtype
     return {
-        "typestr_not_utf8": FakeCudaArray(shape, dtype, typestr="<f\ud8004"),  # a bare UnicodeEncodeError
-        "device_type_wraps": DeviceOverride((KDL_CUDA + 2**32, 0), shape, dtype),  # truncated to kDLCUDA: accepted
-        "interface_raises": InterfaceRaises(),  # escaped conv2d_backward_bias's dtype lookup
-        "not_iterable": FakeDLPackArray(None, dtype, ndim=4),  # TensorList(...): "object is not iterable"
+        "typestr_not_utf8": FakeCudaArray(shape, dtype, typestr="<f\ud8004"),  # no UTF-8 to read it as
+        "device_type_wraps": DeviceOverride((KDL_CUDA + 2**32, 0), shape, dtype),  # kDLCUDA in its low 32 bits
+        "interface_raises": InterfaceRaises(),  # read as no interface, as hasattr would
+        "not_iterable": FakeDLPackArray(None, dtype, ndim=4),  # not a sequence either (TensorList's `arrays`)
         "version_true": FakeCudaArray(shape, dtype, version=True),
         "read_only_flag_int": FakeCudaArray(shape, dtype, data=(next_address(), 0)),
         "plain_object": object(),

@@ -26,7 +26,7 @@ from resnet_native.training.checkpoint_writer import CheckpointWriter, remove_st
 # ---- modes --------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("umask, mode", [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)])
 def test_written_files_honour_the_umask(tmp_path, umask, mode):
-    """Every file was chmod 0644, whatever the umask (a private run folder's checkpoints became world-readable)."""
+    """A written file gets 0o666 less the umask, as open() would give it (a private run folder stays private)."""
     old = os.umask(umask)
     try:
         atomic_write_text(tmp_path / "a.txt", "x")
@@ -141,15 +141,15 @@ CASES = ["truncated", "cut_at_the_end", "empty", "not_a_zip", "zip_of_other_file
 
 @pytest.mark.parametrize("case", CASES)
 def test_malformed_checkpoints_raise_value_error_naming_the_file(tmp_path, case):
-    """Raw EOFError / BadZipFile / KeyError / AttributeError without the file name were raised, and a tree that
-    is a JSON list loaded as a list."""
+    """No raw EOFError / BadZipFile / KeyError / AttributeError without the file name, and a tree that is not an
+    object (a JSON list) is refused rather than returned."""
     path, message = malformed_files(tmp_path)[case]
     with pytest.raises(ValueError, match=rf"^{path}: .*{message}"):
         load_checkpoint(path)
 
 
 def test_a_header_claiming_a_gigabyte_allocates_nothing(tmp_path):
-    """Every member was read eagerly, and a 200-byte file made NumPy allocate 1 GiB before failing."""
+    """A 200-byte file whose member header claims 1 GiB is refused before NumPy allocates anything for it."""
     path = malformed_files(tmp_path)["header_claims_more"][0]
     assert path.stat().st_size < 1000
     tracemalloc.start()
@@ -223,8 +223,9 @@ def temporaries(folder: pathlib.Path) -> list:
 
 
 def test_killed_writers_leave_nothing_a_restart_keeps(tmp_path):
-    """40 SIGKILLs of a checkpoint-save loop left 31 temporaries (176 MiB) that nothing ever removed. Each child
-    resumes after the state last.npz holds, as --resume does."""
+    """A save loop SIGKILLed at random times leaves temporaries behind; the writer of the next run removes them
+    all, and last.npz / best.npz are whole states. Each child resumes after the state last.npz holds, as --resume
+    does."""
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(os.environ.get("RESNET_NATIVE_FUZZ_SEED", "kill-loop"))
     left_behind = 0
@@ -332,8 +333,8 @@ def count_renames(monkeypatch, die_at=None):
 
 
 def test_every_prefix_of_the_publications_is_consistent(tmp_path, monkeypatch):
-    """The trainer wrote last.npz (naming the new best epoch) and then best.npz: a death in between left last.npz
-    naming epoch 2 as best while best.npz held epoch 1."""
+    """A death at any rename of a run's publications leaves last.npz naming no best epoch newer than the one
+    best.npz holds (best.npz is written first, then last.npz linked to it)."""
     calls = count_renames(monkeypatch)
     trainer_like_run(tmp_path / "full")
     monkeypatch.undo()

@@ -278,8 +278,8 @@ def test_malformed_cache_files_raise_and_add_nothing(empty_cache, fake_gpu, tmp_
         assert conv.algorithm_cache_entries() == [], name
 
 
-# (which entry, field, value, what the message says) of entries save_algorithm_cache cannot have written: each was
-# loaded into the cache. Entries: "fwd" (legacy forward), "bwd_data" (legacy), "graph".
+# (which entry, field, value, what the message says) of entries save_algorithm_cache cannot have written.
+# Entries: "fwd" (legacy forward), "bwd_data" (legacy), "graph".
 BAD_ENTRIES = [
     ("fwd", "algo", -1, "'algo' -1 is not a forward algorithm (0 to 7)"),
     ("fwd", "algo", 10**6, "'algo' 1000000 is not a forward algorithm"),
@@ -324,7 +324,8 @@ def entry_index(entries, which):
                          ids=[f"{w}.{f}={v}" for w, f, v, _ in BAD_ENTRIES])
 def test_cache_entries_out_of_range_are_refused_naming_file_entry_and_field(empty_cache, fake_gpu, tmp_path, which,
                                                                              field, value, message):
-    """algo -1 and 10**6, math_type 99, workspace 2**62, stride 0 and groups 0 were all loaded into the cache."""
+    """Out-of-range algorithms, math types, workspaces and geometries (algo -1 or 10**6, math_type 99, workspace
+    2**62, stride 0, groups 0, ...) add nothing to the cache."""
     insert_samples()
     good = tmp_path / "good.json"
     conv.save_algorithm_cache(good)
@@ -342,7 +343,7 @@ def test_cache_entries_out_of_range_are_refused_naming_file_entry_and_field(empt
 
 @pytest.mark.parametrize("version", [True, "1", None, [1], 2])
 def test_cache_file_version_must_be_the_int(empty_cache, fake_gpu, tmp_path, version):
-    """version: true passed (True == 1 in Python)."""
+    """version must be the int 1 (True == 1 in Python)."""
     insert_samples()
     path = tmp_path / "algos.json"
     conv.save_algorithm_cache(path)

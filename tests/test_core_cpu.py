@@ -105,11 +105,11 @@ def test_workspace_limit_validation_and_roundtrip():
 
 @pytest.mark.parametrize("bad, error", [
     (True, TypeError), (False, TypeError), (1.5, TypeError), ("4096", TypeError), (np.bool_(True), TypeError),
-    (2**64, ValueError),  # did not fit size_t: a RuntimeError from the binding
-    (2**64 - 1, ValueError),  # SIZE_MAX, the native "no cap": silently no cap at all
+    (2**64, ValueError),  # does not fit size_t
+    (2**64 - 1, ValueError),  # SIZE_MAX, the native core's "no cap"
 ])
 def test_workspace_limit_refuses_bools_and_out_of_range_counts(bad, error):
-    """set_workspace_limit(True) was a 1-byte cap (a bool is an int)."""
+    """A bool is an int in Python: set_workspace_limit(True) must not become a 1-byte cap."""
     old = rn.workspace_limit()
     try:
         rn.set_workspace_limit(1 << 20)

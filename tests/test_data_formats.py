@@ -264,8 +264,8 @@ def _damaged_copies(raw: bytes) -> dict:
 
 @pytest.mark.parametrize("damage", sorted(_damaged_copies(b"x" * 1000)))
 def test_damaged_cache_is_treated_as_absent_and_rebuilt(tmp_path, fake, damage):
-    """A cache cut short escaped as zipfile.BadZipFile / EOFError, so every later load_cifar10 failed until the
-    file was deleted by hand."""
+    """A damaged cache (cut short, garbage, a header claiming terabytes) is no error: the source is decoded again
+    and the cache rewritten, so later loads do not fail until the file is deleted by hand."""
     py = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
     cache = tmp_path / "cache"
     load_cifar10(py, cache_dir=cache)
@@ -293,8 +293,8 @@ def test_cache_with_wrong_arrays_is_rebuilt(tmp_path, fake):
 
 
 def test_stale_cache_removal_escapes_the_source_name(tmp_path, fake):
-    """The stale-cache glob was built from the source's name unescaped: a source named '[ab]' deleted source
-    'a''s cache (the pattern '[ab].cifar10cache-*.npz' matches 'a.cifar10cache-<key>.npz')."""
+    """Stale caches are matched by the source's name escaped: a source named '[ab]' must not remove source 'a''s
+    cache (the unescaped pattern '[ab].cifar10cache-*.npz' matches 'a.cifar10cache-<key>.npz')."""
     a = write_python_batches(tmp_path / "src" / "a", fake)
     load_cifar10(a)
     (a_cache,) = (tmp_path / "src").glob("a.cifar10cache-*.npz")

@@ -167,8 +167,8 @@ def _tar_with_special_modes(path):
 
 @pytest.mark.parametrize("filter_kind", ["data", "none"])
 def test_safe_extract_never_keeps_setuid_setgid_or_sticky_bits(tmp_path, monkeypatch, filter_kind):
-    """Without tarfile's data filter (Pythons before 3.11.4 / 3.12), members kept their setuid, setgid and sticky
-    bits (and, extracted as root, their archive owner). "none" extracts with every filter off, as such a Python."""
+    """Members never keep setuid, setgid or sticky bits (nor, extracted as root, their archive owner), even on a
+    Python whose tarfile has no data filter: "none" extracts with every filter off, as such a Python does."""
     import os
     import stat
 

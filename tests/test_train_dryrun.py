@@ -248,8 +248,8 @@ def test_out_of_range_labels_are_rejected_before_training(cpu_backend, tiny, tmp
 
 
 def test_a_death_between_best_and_last_leaves_them_consistent(cpu_backend, tiny, tmp_path, monkeypatch):
-    """last.npz (naming the new best epoch) was published before best.npz: dying in between left last.npz naming
-    epoch 2 as best while best.npz held epoch 1, and a resumed run never rewrote it."""
+    """A death between the two publications of a new best epoch leaves last.npz one epoch behind best.npz, never
+    naming a best epoch that best.npz does not hold; --resume then publishes both again."""
     accuracy = {1: 0.2, 2: 0.5, 3: 0.4}  # by epoch: epoch 2 is the best
     epochs = iter([1, 2, 3])  # the epochs evaluated (the write error surfaces at epoch 3's submit)
     monkeypatch.setattr(loop, "evaluate", lambda *a, **k: (1.0, accuracy[next(epochs)]))
