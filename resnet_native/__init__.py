@@ -4,6 +4,8 @@ Arrays are cupy arrays (or anything with __cuda_array_interface__ / DLPack).
 See README.md and ARCHITECTURE.md.
 """
 
+import numbers
+
 from . import kernels, multi_tensor, norm, pool  # noqa: F401  (native ops: kernels, BN, pooling)
 from ._loader import _C, CUDNN_LIBRARY, build_info
 from ._runtime import cuda_available, current_stream, require_gpu
@@ -32,11 +34,25 @@ def live_descriptors() -> dict:
     return dict(_C.live_descriptors())
 
 
+# The native core keeps byte counts as size_t, and SIZE_MAX means "no cap".
+_MAX_BYTES = 2**64 - 2
+
+
+def _byte_count(value, name: str, *, none_ok: bool = False):
+    """An int number of bytes (NumPy integers too); bools are refused (True would be a 1-byte cap)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int number of bytes{' or None' if none_ok else ''}, got {value!r}")
+    value = int(value)
+    if not 0 <= value <= _MAX_BYTES:
+        raise ValueError(f"{name}: expected a number of bytes between 0 and {_MAX_BYTES}, got {value}")
+    return value
+
+
 def set_workspace_limit(nbytes) -> None:
     """Cap every workspace request (and what algorithm search may use) at `nbytes`; None: no cap."""
-    if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
-        raise ValueError(f"nbytes: expected a non-negative int or None, got {nbytes!r}")
-    _C.set_workspace_limit(nbytes)
+    _C.set_workspace_limit(_byte_count(nbytes, "nbytes", none_ok=True))
 
 
 def workspace_limit():
@@ -51,6 +67,7 @@ def workspace_stats() -> dict:
 
 def reserve_workspace(nbytes: int) -> None:
     """Grow the workspace pool to `nbytes` now, e.g. before capturing a CUDA graph."""
+    nbytes = _byte_count(nbytes, "nbytes")
     require_gpu()
     _C.reserve_workspace(nbytes, current_stream())
 

@@ -116,7 +116,10 @@ _TYPESTR_DTYPES = {"f4": "fp32", "f2": "fp16", "u2": "bf16", "uint16": "bf16", "
 
 def _storage_dtype_of(array):
     """The native dtype of dy's elements; unknown: fp32, so that the op's own check reports what the argument is."""
-    iface = getattr(array, "__cuda_array_interface__", None)
+    try:  # as in the native parser, an interface that cannot be read is no interface
+        iface = getattr(array, "__cuda_array_interface__", None)
+    except Exception:
+        iface = None
     if isinstance(iface, dict) and isinstance(iface.get("typestr"), str):
         key = iface["typestr"][1:]
     else:
@@ -218,20 +221,104 @@ def _device_identity() -> tuple:
 
 
 _CHOICE_FIELDS = {"engine": str, "mode": str, "algo": int, "math_type": int, "workspace": int}
+# cudnnMathType_t: DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION, FMA_MATH. The graph engine stores
+# no math type (0).
+_MATH_TYPES = range(4)
+# The graph engine stores a cuDNN engine's global index; cuDNN 9 has well under a hundred per operation graph.
+_GRAPH_ENGINE_IDS = range(1 << 16)
+# No GPU has a terabyte of memory: a workspace claim beyond that is a damaged file, not a choice.
+_MAX_WORKSPACE = 1 << 40
+_KEY_DIRECTIONS = {"fwd": "forward", "bwd_data": "backward_data", "bwd_filter": "backward_filter"}
 
 
-def _check_entry(entry, index: int) -> None:
+def _key_fields(key: str) -> dict:
+    """The fields of a key the native parser accepted: {'dir': 'fwd', 'x': (8, 64, 32, 32), 'ws': None, ...}."""
+    fields = dict(token.split("=", 1) for token in key.split()[1:])
+    for name in ("x", "w", "y", "pad", "stride", "dil"):
+        fields[name] = tuple(int(v) for v in fields[name].split(","))
+    for name in ("groups", "fixed"):
+        fields[name] = int(fields[name])
+    fields["ws"] = None if fields["ws"] == "none" else int(fields["ws"])
+    return fields
+
+
+def _check_key_geometry(f: dict) -> str | None:
+    """What is wrong with a key's problem (the output-size formula of conv_geometry.cpp), or None."""
+    if any(v < 1 for v in f["x"] + f["w"]):
+        return f"x={f['x']} w={f['w']}: every dimension must be positive"
+    if any(v < 1 for v in f["stride"]):
+        return f"stride={f['stride']}: must be >= 1"
+    if any(v < 1 for v in f["dil"]):
+        return f"dil={f['dil']}: must be >= 1"
+    if any(v < 0 for v in f["pad"]):
+        return f"pad={f['pad']}: must be >= 0"
+    groups = f["groups"]
+    if groups < 1 or f["x"][1] % groups or f["w"][0] % groups or f["w"][1] != f["x"][1] // groups:
+        return f"groups={groups}: does not divide x={f['x']} and w={f['w']}"
+    y = [f["x"][0], f["w"][0]]
+    for i in range(2):
+        extent = (f["w"][2 + i] - 1) * f["dil"][i] + 1
+        padded = f["x"][2 + i] + 2 * f["pad"][i]
+        if padded < extent:
+            return f"x={f['x']}: the padded input is smaller than the dilated filter"
+        y.append((padded - extent) // f["stride"][i] + 1)
+    if tuple(y) != f["y"]:
+        return f"y={f['y']}: the output of x={f['x']} and w={f['w']} is {tuple(y)}"
+    return None
+
+
+def _check_entry(entry, index: int, path="algorithm cache file") -> None:
+    """ValueError naming the file, the entry and the field for anything save_algorithm_cache cannot have
+    written: unknown engines or modes, algorithms outside the direction's list (legacy) or engine ids outside
+    any cuDNN's (graph), unknown math types, negative or absurd workspaces, workspaces above the key's cap, and
+    keys whose geometry is not a convolution (stride, dilation or groups below 1, an output that does not
+    follow)."""
+    where = f"algorithm cache file {path}: entry {index}"
     if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise ValueError(f"algorithm cache file: entry {index} is not an object with a 'key'")
+        raise ValueError(f"{where} is not an object with a 'key'")
     for name, kind in _CHOICE_FIELDS.items():
         if not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool):
-            raise ValueError(f"algorithm cache file: entry {index} lacks a valid {name!r}")
-    if entry["engine"] not in ("legacy", "graph") or entry["mode"] not in ALGO_MODES:
-        raise ValueError(f"algorithm cache file: entry {index} has an unknown engine or mode")
+            raise ValueError(f"{where} lacks a valid {name!r}")
+    if entry["engine"] not in ("legacy", "graph"):
+        raise ValueError(f"{where}: 'engine' {entry['engine']!r} is not 'legacy' or 'graph'")
+    if entry["mode"] not in ALGO_MODES:
+        raise ValueError(f"{where}: 'mode' {entry['mode']!r} is not one of {', '.join(ALGO_MODES)}")
+    for name in ("knobs", "fused_path", "algo_name"):
+        if name in entry and not isinstance(entry[name], str):
+            raise ValueError(f"{where}: {name!r} is not a string")
+    time_ms = entry.get("time_ms")
+    if time_ms is not None and (isinstance(time_ms, bool) or not isinstance(time_ms, int | float)
+                                or not 0 <= time_ms < float("inf")):
+        raise ValueError(f"{where}: 'time_ms' {time_ms!r} is not a duration")
     try:
         _C._conv_params_roundtrip(entry["key"])
     except ValueError as e:
-        raise ValueError(f"algorithm cache file: entry {index}: {e}") from None
+        raise ValueError(f"{where}: 'key': {e}") from None
+    key = _key_fields(entry["key"])
+    problem = _check_key_geometry(key)
+    if problem is not None:
+        raise ValueError(f"{where}: 'key' {problem}")
+    algo = entry["algo"]
+    if entry["engine"] == "legacy":
+        direction = _NATIVE_DIRECTION[_KEY_DIRECTIONS[key["dir"]]]
+        names = _C.conv_algo_names(direction)
+        if not 0 <= algo < len(names):
+            raise ValueError(f"{where}: 'algo' {algo} is not a {_KEY_DIRECTIONS[key['dir']]} algorithm "
+                             f"(0 to {len(names) - 1})")
+        if entry["math_type"] not in _MATH_TYPES:
+            raise ValueError(f"{where}: 'math_type' {entry['math_type']} is not a cuDNN math type "
+                             f"(0 to {len(_MATH_TYPES) - 1})")
+    else:
+        if algo not in _GRAPH_ENGINE_IDS:
+            raise ValueError(f"{where}: 'algo' {algo} is not a graph engine id (0 to {len(_GRAPH_ENGINE_IDS) - 1})")
+        if entry["math_type"] != 0:
+            raise ValueError(f"{where}: 'math_type' {entry['math_type']} (the graph engine stores 0)")
+    workspace = entry["workspace"]
+    cap = _MAX_WORKSPACE if key["ws"] is None else min(key["ws"], _MAX_WORKSPACE)
+    if not 0 <= workspace <= cap:
+        raise ValueError(f"{where}: 'workspace' {workspace} is outside 0 to {cap} bytes"
+                         + (" (the key's workspace cap)" if key["ws"] is not None and key["ws"] < _MAX_WORKSPACE
+                            else ""))
 
 
 def save_algorithm_cache(path) -> int:
@@ -262,8 +349,9 @@ def load_algorithm_cache(path) -> int:
             raise ValueError(f"algorithm cache file {path}: not JSON ({e})") from None
     if not isinstance(payload, dict) or payload.get("format") != _CACHE_FORMAT:
         raise ValueError(f"algorithm cache file {path}: not a resnet_native algorithm cache")
-    if payload.get("version") != _CACHE_VERSION:
-        raise ValueError(f"algorithm cache file {path}: format version {payload.get('version')!r} is not supported")
+    version = payload.get("version")
+    if isinstance(version, bool) or version != _CACHE_VERSION:  # true == 1 in Python
+        raise ValueError(f"algorithm cache file {path}: format version {version!r} is not supported")
     entries = payload.get("entries")
     if not isinstance(entries, list):
         raise ValueError(f"algorithm cache file {path}: 'entries' is not a list")
@@ -277,7 +365,7 @@ def load_algorithm_cache(path) -> int:
         )
         return 0
     for i, entry in enumerate(entries):
-        _check_entry(entry, i)
+        _check_entry(entry, i, path)
     for entry in entries:
         _C.algo_cache_insert(entry["key"], entry, device)
     return len(entries)

@@ -32,7 +32,10 @@ class TensorList:
     """
 
     def __init__(self, arrays, dtype=None):
-        self._arrays = list(arrays)
+        try:
+            self._arrays = list(arrays)
+        except TypeError:
+            raise TypeError(f"arrays: expected a sequence of device arrays, got {type(arrays).__name__}") from None
         self._table = _C.TensorTable(self._arrays, dtype)
         self.dtypes = tuple(self._table.dtypes)
         self.sizes = tuple(self._table.numels)
@@ -103,6 +106,18 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
                           lr, inv_scale, step, found_inf, beta1, beta2, eps, weight_decay, stream())
 
 
+def _device_arrays(*arrays) -> None:
+    """The checks every op's array arguments get (the native parser: TypeError / ValueError naming the argument),
+    for the arrays of the cupy kernels below: each (array, name, dtype, shape, writable) is described and checked
+    on the host first, then their device, as the native ops do."""
+    for array, name, dtype, shape, writable in arrays:
+        got = _C._parse_tensor(array, name, dtype, ndim=len(shape), check_device=False, writable=writable)[2]
+        if tuple(got) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(got)}")
+    for array, name, dtype, *_ in arrays:
+        _C._parse_tensor(array, name, dtype, check_device=True)
+
+
 @functools.cache
 def _scalar_writer(count: int):
     import cupy
@@ -119,9 +134,7 @@ def write_scalars(dst, values):
     if isinstance(dst, np.ndarray):  # host arrays: the float64 reference
         return reference.multi_tensor.write_scalars(dst, values)
     values = [float(v) for v in values]
-    if getattr(dst, "dtype", None) != np.float32 or getattr(dst, "shape", None) != (len(values),):
-        raise ValueError(f"dst: expected a float32 array of shape ({len(values)},), got "
-                         f"{getattr(dst, 'dtype', type(dst).__name__)} {getattr(dst, 'shape', '')}")
+    _device_arrays((dst, "dst", "fp32", (len(values),), True))
     _scalar_writer(len(values))(*values, dst, size=1)
 
 
@@ -138,6 +151,8 @@ def advance_step(step, found_inf=None):
     scaler skips is not counted (PyTorch's AdamW bias correction counts applied updates)."""
     if isinstance(step, np.ndarray):  # host arrays: the float64 reference
         return reference.multi_tensor.advance_step(step, found_inf)
+    _device_arrays((step, "step", "fp32", (1,), True),
+                   *([] if found_inf is None else [(found_inf, "found_inf", "int32", (1,), False)]))
     if found_inf is None:
         import cupy
 

@@ -162,3 +162,58 @@ def test_old_checkpoints_dtype_key_is_read_as_precision():
     assert saved.precision == "bf16"
     assert resume_differences(saved, cfg_from(["--precision", "bf16"])) == []
     assert resume_differences(saved, cfg_from(["--precision", "fp16", "--seed", "3"])) == ["precision", "seed"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("epochs: [1, 2\n", "not valid YAML"),  # unclosed flow sequence
+    ("epochs: 3\n  optimizer: {lr: 0.1}\n\tbad: tab\n", "not valid YAML"),
+    ("- 1\n- 2\n", "expected a YAML mapping at the top level, got list"),
+    ("", "expected a YAML mapping at the top level, got nothing"),
+    ("!!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),  # safe_load refuses Python tags
+    ("epochs: !!python/name:os.system\n", "not valid YAML"),
+])
+def test_malformed_recipe_files_name_the_file(tmp_path, text, message):
+    p = tmp_path / "broken.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=rf"^recipe {p}: {message}"):
+        load_recipe(p)
+    with pytest.raises(ValueError, match=rf"^recipe {p}: {message}"):
+        cfg_from(["--recipe", str(p)])
+
+
+def test_unreadable_recipe_files_name_the_file(tmp_path, capsys):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(ValueError, match=rf"^recipe {binary}: cannot be read"):
+        load_recipe(binary)
+    with pytest.raises(ValueError, match=rf"^recipe {tmp_path / 'absent.yaml'}: cannot be read"):
+        load_recipe(tmp_path / "absent.yaml")
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=rf"^recipe {folder}: cannot be read"):
+        load_recipe(folder)
+    # The command line reports it as a usage error, not a traceback.
+    with pytest.raises(SystemExit):
+        cli.main(["--recipe", str(binary)])
+    assert f"recipe {binary}: cannot be read" in capsys.readouterr().err
+
+
+def test_wrong_types_in_a_recipe_file_name_the_file_and_the_key(tmp_path):
+    p = tmp_path / "typed.yaml"
+    p.write_text("epochs: three\noptimizer: {name: sgd, lr: 0.1}\n")
+    with pytest.raises(ValueError, match=rf"^recipe {p}: epochs: expected an int, got 'three'"):
+        cfg_from(["--recipe", str(p)])
+    p.write_text("epochs: 3\noptimizer: {name: sgd, lr: fast}\n")
+    with pytest.raises(ValueError, match=rf"^recipe {p}: optimizer.lr: expected a number, got 'fast'"):
+        cfg_from(["--recipe", str(p)])
+    p.write_text("epochs: 3\noptimizer: {name: adamw, lr: 0.1, betas: [0.9, 2]}\n")
+    with pytest.raises(ValueError, match=rf"^recipe {p}: optimizer.betas\[1\]: expected < 1"):
+        cfg_from(["--recipe", str(p)])
+    # A bad value from the command line names the key, not the file it was merged into.
+    p.write_text("epochs: 3\noptimizer: {name: sgd, lr: 0.1}\n")
+    with pytest.raises(ValueError, match=r"^optimizer.lr: expected >= 0"):
+        cfg_from(["--recipe", str(p), "--lr", "-1"])
+    # The recipe is plain data: a YAML date is not an epoch count either.
+    p.write_text("epochs: 2024-01-01\noptimizer: {name: sgd, lr: 0.1}\n")
+    with pytest.raises(ValueError, match=rf"^recipe {p}: epochs: expected an int"):
+        cfg_from(["--recipe", str(p)])

@@ -6,6 +6,7 @@ test_conv_args_cpu.py; specs and conv_output_shape in test_conv_spec_cpu.py.
 
 import json
 import os
+import re
 
 import pytest
 
@@ -275,6 +276,118 @@ def test_malformed_cache_files_raise_and_add_nothing(empty_cache, fake_gpu, tmp_
         with pytest.raises(ValueError):
             conv.load_algorithm_cache(path)
         assert conv.algorithm_cache_entries() == [], name
+
+
+# (which entry, field, value, what the message says) of entries save_algorithm_cache cannot have written.
+# Entries: "fwd" (legacy forward), "bwd_data" (legacy), "graph".
+BAD_ENTRIES = [
+    ("fwd", "algo", -1, "'algo' -1 is not a forward algorithm (0 to 7)"),
+    ("fwd", "algo", 10**6, "'algo' 1000000 is not a forward algorithm"),
+    ("fwd", "algo", 8, "'algo' 8 is not a forward algorithm (0 to 7)"),
+    ("bwd_data", "algo", 6, "'algo' 6 is not a backward_data algorithm (0 to 5)"),
+    ("graph", "algo", -1, "'algo' -1 is not a graph engine id"),
+    ("graph", "algo", 10**6, "'algo' 1000000 is not a graph engine id"),
+    ("fwd", "math_type", 99, "'math_type' 99 is not a cuDNN math type"),
+    ("fwd", "math_type", -1, "'math_type' -1 is not a cuDNN math type"),
+    ("graph", "math_type", 3, "'math_type' 3 (the graph engine stores 0)"),
+    ("fwd", "workspace", 2**62, "'workspace' 4611686018427387904 is outside 0 to"),
+    ("fwd", "workspace", -1, "'workspace' -1 is outside"),
+    ("fwd", "time_ms", -1.0, "'time_ms' -1.0 is not a duration"),
+    ("fwd", "time_ms", "fast", "'time_ms' 'fast' is not a duration"),
+    ("fwd", "knobs", 3, "'knobs' is not a string"),
+    ("fwd", "mode", "guess", "'mode' 'guess' is not one of"),
+    ("fwd", "engine", "auto", "'engine' 'auto' is not 'legacy' or 'graph'"),
+    ("fwd", "algo", True, "lacks a valid 'algo'"),
+    ("fwd", "key", ("stride", "0,0"), "'key' stride=(0, 0): must be >= 1"),
+    ("fwd", "key", ("stride", "-2,2"), "'key' stride=(-2, 2): must be >= 1"),
+    ("fwd", "key", ("groups", "0"), "'key' groups=0: does not divide"),
+    ("fwd", "key", ("groups", "-1"), "'key' groups=-1"),
+    ("fwd", "key", ("groups", "3"), "'key' groups=3: does not divide"),
+    ("fwd", "key", ("dil", "0,1"), "'key' dil=(0, 1): must be >= 1"),
+    ("fwd", "key", ("pad", "-1,1"), "'key' pad=(-1, 1): must be >= 0"),
+    ("fwd", "key", ("x", "0,64,32,32"), "'key' x=(0, 64, 32, 32) w=(128, 64, 3, 3): every dimension must be positive"),
+    ("fwd", "key", ("y", "8,128,16,17"), "'key' y=(8, 128, 16, 17): the output of x="),
+    ("fwd", "key", ("ws", "1024"), "'workspace' 4096 is outside 0 to 1024 bytes (the key's workspace cap)"),
+]
+
+
+def entry_index(entries, which):
+    """The index of a sample entry in a saved file (the cache's order is not the insertion order)."""
+    for i, e in enumerate(entries):
+        if e["engine"] == ("graph" if which == "graph" else "legacy") and (which == "graph"
+                                                                          or f" dir={which} " in e["key"]):
+            return i
+    raise AssertionError(which)
+
+
+@pytest.mark.parametrize("which, field, value, message", BAD_ENTRIES,
+                         ids=[f"{w}.{f}={v}" for w, f, v, _ in BAD_ENTRIES])
+def test_cache_entries_out_of_range_are_refused_naming_file_entry_and_field(empty_cache, fake_gpu, tmp_path, which,
+                                                                             field, value, message):
+    """Out-of-range algorithms, math types, workspaces and geometries (algo -1 or 10**6, math_type 99, workspace
+    2**62, stride 0, groups 0, ...) add nothing to the cache."""
+    insert_samples()
+    good = tmp_path / "good.json"
+    conv.save_algorithm_cache(good)
+    payload = json.loads(good.read_text())
+    conv.clear_algorithm_cache()
+    index = entry_index(payload["entries"], which)
+    entry = payload["entries"][index]
+    entry[field] = with_field(entry["key"], *value) if field == "key" else value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=rf"^algorithm cache file {path}: entry {index}(: | ){re.escape(message)}"):
+        conv.load_algorithm_cache(path)
+    assert conv.algorithm_cache_entries() == []
+
+
+@pytest.mark.parametrize("version", [True, "1", None, [1], 2])
+def test_cache_file_version_must_be_the_int(empty_cache, fake_gpu, tmp_path, version):
+    """version must be the int 1 (True == 1 in Python)."""
+    insert_samples()
+    path = tmp_path / "algos.json"
+    conv.save_algorithm_cache(path)
+    payload = json.loads(path.read_text())
+    conv.clear_algorithm_cache()
+    path.write_text(json.dumps(dict(payload, version=version)))
+    with pytest.raises(ValueError, match=rf"^algorithm cache file {path}: format version .* is not supported"):
+        conv.load_algorithm_cache(path)
+    assert conv.algorithm_cache_entries() == []
+
+
+def test_every_choice_the_cache_can_hold_passes_the_entry_checks(empty_cache, fake_gpu, tmp_path):
+    """The checks refuse nothing a real run saves: every legacy algorithm of every direction, every math type, the
+    graph engine's ids, a workspace at the key's cap."""
+    entries = []
+    for direction, short in (("forward", "fwd"), ("backward_data", "bwd_data"), ("backward_filter", "bwd_filter")):
+        for algo in range(len(C.conv_algo_names(conv._NATIVE_DIRECTION[direction]))):
+            for math_type in range(4):
+                key = with_field(with_field(BASE_KEY, "dir", short), "fixed", str(algo))
+                key = with_field(with_field(key, "mode", "fixed"), "ws", "8192")
+                entries.append((key, {"engine": "legacy", "mode": "fixed", "algo": algo, "math_type": math_type,
+                                      "knobs": "", "workspace": 8192, "time_ms": None, "fused_path": ""}))
+    for engine_id in (0, 17, 63, 65535):
+        key = with_field(with_field(BASE_KEY, "engine", "graph"), "mode", "heuristic")
+        entries.append((key, {"engine": "graph", "mode": "heuristic", "algo": engine_id, "math_type": 0,
+                              "knobs": "k=1", "workspace": 1 << 30, "time_ms": 0.0, "fused_path": "fused"}))
+    path = tmp_path / "all.json"
+    for key, choice in entries:
+        conv.clear_algorithm_cache()
+        C.algo_cache_insert(key, choice)
+        conv.save_algorithm_cache(path)
+        conv.clear_algorithm_cache()
+        assert conv.load_algorithm_cache(path) == 1, (key, choice)
+    # grouped and dilated geometries
+    for fields in ({"groups": "4", "w": "128,16,3,3"}, {"dil": "2,2", "y": "8,128,15,15"},
+                   {"stride": "1,1", "pad": "0,0", "y": "8,128,30,30"}):
+        key = BASE_KEY
+        for name, value in fields.items():
+            key = with_field(key, name, value)
+        conv.clear_algorithm_cache()
+        C.algo_cache_insert(key, sample_choices()[0][1])
+        conv.save_algorithm_cache(path)
+        conv.clear_algorithm_cache()
+        assert conv.load_algorithm_cache(path) == 1, key
 
 
 def test_cache_file_io_needs_a_gpu_identity_without_one():

@@ -97,6 +97,27 @@ def test_workspace_limit_validation_and_roundtrip():
         assert rn.workspace_limit() is None
         with pytest.raises(ValueError, match="nbytes"):
             rn.set_workspace_limit(-1)
+        rn.set_workspace_limit(np.int64(4096))  # NumPy integers are ints
+        assert rn.workspace_limit() == 4096
+    finally:
+        rn.set_workspace_limit(old)
+
+
+@pytest.mark.parametrize("bad, error", [
+    (True, TypeError), (False, TypeError), (1.5, TypeError), ("4096", TypeError), (np.bool_(True), TypeError),
+    (2**64, ValueError),  # does not fit size_t
+    (2**64 - 1, ValueError),  # SIZE_MAX, the native core's "no cap"
+])
+def test_workspace_limit_refuses_bools_and_out_of_range_counts(bad, error):
+    """A bool is an int in Python: set_workspace_limit(True) must not become a 1-byte cap."""
+    old = rn.workspace_limit()
+    try:
+        rn.set_workspace_limit(1 << 20)
+        with pytest.raises(error, match="^nbytes: expected"):
+            rn.set_workspace_limit(bad)
+        assert rn.workspace_limit() == 1 << 20  # unchanged
+        with pytest.raises(error, match="^nbytes: expected"):
+            rn.reserve_workspace(bad)  # checked before the GPU is looked for
     finally:
         rn.set_workspace_limit(old)
 

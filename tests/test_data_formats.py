@@ -1,11 +1,13 @@
 """CIFAR-10 readers on tiny generated fixtures: every format decodes to the same arrays; the cache; where the data
 set is looked for. download() is tested in test_download_cpu.py."""
 
+import glob
 import io
 import os
 import pathlib
 import pickle
 import tarfile
+import zipfile
 
 import numpy as np
 import pytest
@@ -243,6 +245,79 @@ def test_corrupt_cache_is_rebuilt(tmp_path, fake):
     assert_same(load_cifar10(py, cache_dir=cache), fake)
     with np.load(path) as z:
         assert z["train_images"].shape == (30, 32, 32, 3)
+
+
+def _damaged_copies(raw: bytes) -> dict:
+    """Ways a cache file ends up damaged: cut short by a full disk or a killed copy, overwritten, zeroed."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False,
+                                                  "shape": (2**30, 32, 32, 3)})
+    huge = io.BytesIO()
+    with zipfile.ZipFile(huge, "w") as zf:
+        for name in ("train_images", "train_labels", "test_images", "test_labels"):
+            zf.writestr(f"{name}.npy", header.getvalue() + b"\0" * 16)
+    return {"cut_in_half": raw[: len(raw) // 2], "cut_at_the_end": raw[:-10], "first_bytes_only": raw[:10],
+            "empty": b"", "zip_magic_then_garbage": b"PK\x03\x04" + b"x" * 200, "zeros": b"\0" * len(raw),
+            "member_bytes_flipped": raw[:200] + bytes(b ^ 0xFF for b in raw[200:400]) + raw[400:],
+            "header_claims_terabytes": huge.getvalue()}
+
+
+@pytest.mark.parametrize("damage", sorted(_damaged_copies(b"x" * 1000)))
+def test_damaged_cache_is_treated_as_absent_and_rebuilt(tmp_path, fake, damage):
+    """A damaged cache (cut short, garbage, a header claiming terabytes) is no error: the source is decoded again
+    and the cache rewritten, so later loads do not fail until the file is deleted by hand."""
+    py = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache = tmp_path / "cache"
+    load_cifar10(py, cache_dir=cache)
+    (path,) = cache.glob("*.npz")
+    good = path.read_bytes()
+    path.write_bytes(_damaged_copies(good)[damage])
+    assert_same(load_cifar10(py, cache_dir=cache), fake)  # decoded again
+    (again,) = cache.glob("*.npz")
+    assert again == path and path.read_bytes() == good  # and the cache rewritten whole
+    assert_same(load_cifar10(py, cache_dir=cache), fake)
+
+
+def test_cache_with_wrong_arrays_is_rebuilt(tmp_path, fake):
+    py = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache = tmp_path / "cache"
+    load_cifar10(py, cache_dir=cache)
+    (path,) = cache.glob("*.npz")
+    (tr, trl), (te, tel) = fake
+    for arrays in (dict(train_images=tr, train_labels=trl, test_images=te),  # a member missing
+                   dict(train_images=tr, train_labels=trl.astype(np.int64), test_images=te, test_labels=tel),
+                   dict(train_images=tr, train_labels=trl[:-1], test_images=te, test_labels=tel),
+                   dict(train_images=tr[..., 0], train_labels=trl, test_images=te, test_labels=tel)):
+        cifar10.atomic_write_npz(path, arrays)
+        assert_same(load_cifar10(py, cache_dir=cache), fake)
+
+
+def test_stale_cache_removal_escapes_the_source_name(tmp_path, fake):
+    """Stale caches are matched by the source's name escaped: a source named '[ab]' must not remove source 'a''s
+    cache (the unescaped pattern '[ab].cifar10cache-*.npz' matches 'a.cifar10cache-<key>.npz')."""
+    a = write_python_batches(tmp_path / "src" / "a", fake)
+    load_cifar10(a)
+    (a_cache,) = (tmp_path / "src").glob("a.cifar10cache-*.npz")
+    for name in ("[ab]", "a*", "?", "a.cifar10cache-"):
+        other = write_python_batches(tmp_path / "src" / name, fake)
+        load_cifar10(other)
+        assert a_cache.is_file(), f"loading source {name!r} removed source 'a''s cache"
+    caches = sorted(p.name for p in (tmp_path / "src").glob("*.npz"))
+    assert len(caches) == 5
+    # A source's own stale caches (an older key) still go.
+    stale = tmp_path / "src" / "[ab].cifar10cache-0123456789abcdef0123.npz"
+    stale.write_bytes(b"old")
+    os.utime(tmp_path / "src" / "[ab]" / "test_batch", ns=(0, 10**9))  # the source changed: a new key
+    load_cifar10(tmp_path / "src" / "[ab]")
+    assert not stale.exists() and a_cache.is_file()
+    assert len(list((tmp_path / "src").glob(glob.escape("[ab]") + ".cifar10cache-*.npz"))) == 1
+    # And the other way round: source 'a''s pattern 'a.cifar10cache-*.npz' matches the cache of a source named
+    # 'a.cifar10cache-', which must stay when 'a' replaces its own.
+    os.utime(a / "test_batch", ns=(0, 10**9))
+    load_cifar10(a)
+    assert not a_cache.exists()
+    assert len(list((tmp_path / "src").glob("a.cifar10cache-.cifar10cache-*.npz"))) == 1
+    assert len(list((tmp_path / "src").glob("*.npz"))) == 5
 
 
 def test_cache_next_to_source_then_user_dir(tmp_path, fake, monkeypatch):

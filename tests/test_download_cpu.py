@@ -145,3 +145,45 @@ def test_safe_extract_refuses_escaping_members(tmp_path):
     with pytest.raises(ValueError, match="outside"):
         download.safe_extract(evil, tmp_path / "root")
     assert not (tmp_path / "outside.txt").exists()
+
+
+def _tar_with_special_modes(path):
+    """A folder with setgid + sticky and group/other write, a setuid executable, a setgid world-writable file,
+    each owned by uid 4242 in the archive."""
+    with tarfile.open(path, "w") as tar:
+        folder = tarfile.TarInfo("cifar-10-batches-py")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o3777
+        members = [(folder, None)]
+        for name, mode in (("run.sh", 0o4755), ("data_batch_1", 0o2666), ("plain", 0o644), ("secret", 0o000)):
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size, info.mode = 1, mode
+            members.append((info, io.BytesIO(b"x")))
+        for info, body in members:
+            info.uid = info.gid = 4242
+            info.uname = info.gname = "someone"
+            tar.addfile(info, body)
+    return path
+
+
+@pytest.mark.parametrize("filter_kind", ["data", "none"])
+def test_safe_extract_never_keeps_setuid_setgid_or_sticky_bits(tmp_path, monkeypatch, filter_kind):
+    """Members never keep setuid, setgid or sticky bits (nor, extracted as root, their archive owner), even on a
+    Python whose tarfile has no data filter: "none" extracts with every filter off, as such a Python does."""
+    import os
+    import stat
+
+    if filter_kind == "none":
+        monkeypatch.setattr(download, "_extract_options",
+                            lambda: {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {})
+    archive = _tar_with_special_modes(tmp_path / "modes.tar")
+    download.safe_extract(archive, tmp_path / "root")
+    root = tmp_path / "root" / "cifar-10-batches-py"
+    for path in [root, *root.iterdir()]:
+        mode = path.stat().st_mode
+        assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX), (path.name, oct(mode))
+        assert not mode & (stat.S_IWGRP | stat.S_IWOTH), (path.name, oct(mode))
+        assert mode & stat.S_IRUSR and mode & stat.S_IWUSR, (path.name, oct(mode))  # the owner can read it
+        assert path.stat().st_uid == os.getuid() and path.stat().st_gid == os.getgid()
+    assert stat.S_IMODE((root / "run.sh").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "plain").stat().st_mode) == 0o644
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755

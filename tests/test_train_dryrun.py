@@ -245,3 +245,44 @@ def test_out_of_range_labels_are_rejected_before_training(cpu_backend, tiny, tmp
     bad = CIFAR10Data(tiny.train_images, train_labels, tiny.test_images, tiny.test_labels, source="bad")
     with pytest.raises(ValueError, match=r"train labels\[7\] = -1"):
         run(config("--epochs", "1"), tmp_path, bad).run()
+
+
+def test_a_death_between_best_and_last_leaves_them_consistent(cpu_backend, tiny, tmp_path, monkeypatch):
+    """A death between the two publications of a new best epoch leaves last.npz one epoch behind best.npz, never
+    naming a best epoch that best.npz does not hold; --resume then publishes both again."""
+    accuracy = {1: 0.2, 2: 0.5, 3: 0.4}  # by epoch: epoch 2 is the best
+    epochs = iter([1, 2, 3])  # the epochs evaluated (the write error surfaces at epoch 3's submit)
+    monkeypatch.setattr(loop, "evaluate", lambda *a, **k: (1.0, accuracy[next(epochs)]))
+    publish = checkpoint_writer._publish_copy
+    calls = []
+
+    def die_at_epoch_2(src, dst, state):
+        calls.append((src.name, dst.name, state["epoch"]))
+        if state["epoch"] == 1:  # epoch 2's publication (0-based epochs): the process dies before the rename
+            raise OSError("killed")
+        publish(src, dst, state)
+
+    monkeypatch.setattr(checkpoint_writer, "_publish_copy", die_at_epoch_2)
+    cfg = config("--precision", "fp32", "--layout", "NCHW", "--epochs", "3")
+    with pytest.raises(RuntimeError, match="writing a checkpoint failed: killed"):
+        run(cfg, tmp_path, tiny).run()
+    assert calls[-1] == ("best.npz", "last.npz", 1)  # best.npz is the file written, last.npz the one linked
+    last = checkpoint.load_checkpoint(tmp_path / "last.npz")
+    best = checkpoint.load_checkpoint(tmp_path / "best.npz")
+    assert last["epoch"] == 0 and last["metrics"]["best"]["epoch"] == 1
+    assert best["epoch"] == 1 and best["metrics"]["best"] == {"test_acc": 0.5, "epoch": 2}
+    # --resume recomputes epoch 2 from last.npz and publishes both; best.npz always holds the best epoch.
+    monkeypatch.setattr(checkpoint_writer, "_publish_copy", publish)
+    epochs = iter([2, 3])
+    run(cfg, tmp_path, tiny).run(resume=True)
+    last = checkpoint.load_checkpoint(tmp_path / "last.npz")
+    best = checkpoint.load_checkpoint(tmp_path / "best.npz")
+    assert last["epoch"] == 2 and last["metrics"]["best"] == {"test_acc": 0.5, "epoch": 2}
+    assert best["epoch"] == 1 and [n for n in tmp_path.iterdir() if n.name.endswith((".tmp", ".link"))] == []
+
+
+def test_trainer_refuses_bool_step_counts(tiny, tmp_path):
+    with pytest.raises(TypeError, match="checkpoint_every: expected an int, got True"):
+        run(config(), tmp_path, tiny, checkpoint_every=True)
+    with pytest.raises(TypeError, match="log_every: expected an int, got '5'"):
+        run(config(), tmp_path, tiny, log_every="5")

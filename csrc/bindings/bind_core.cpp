@@ -272,14 +272,22 @@ void bind_core(py::module_& m) {
       py::arg("hook"));
   m.def(
       "_parse_tensor",
-      [](py::handle obj, const std::string& name, const std::string& dtype, int ndim, bool check_device) {
-        TensorView v = tensor_arg(obj, name.c_str(), parse_dtype(dtype), {ndim, check_device});
+      [](py::handle obj, const std::string& name, const std::string& dtype, int ndim, bool check_device,
+         bool writable) {
+        // int32: found_inf and the other flags the cupy kernels of resnet_native.multi_tensor read
+        const DType want = dtype == "int32" ? DType::I32 : parse_dtype(dtype);
+        TensorArgOptions options;
+        options.ndim = ndim;
+        options.check_device = check_device;
+        options.writable = writable;
+        TensorView v = tensor_arg(obj, name.c_str(), want, options);
         py::tuple shape(v.ndim);
         for (int i = 0; i < v.ndim; ++i) shape[i] = v.shape[i];
         return py::make_tuple(reinterpret_cast<uintptr_t>(v.data), dtype_name(v.dtype), shape);
       },
       py::arg("obj"), py::arg("name"), py::arg("dtype"), py::arg("ndim") = -1, py::arg("check_device") = true,
-      "Validate an array argument exactly as ops do; returns (pointer, dtype, shape).");
+      py::arg("writable") = false,
+      "Validate an array argument exactly as ops do (writable: as an output); returns (pointer, dtype, shape).");
 }
 
 }  // namespace rn

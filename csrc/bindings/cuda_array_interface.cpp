@@ -46,7 +46,13 @@ void read_typestr(py::handle typestr_obj, const char* name, RawArray* raw) {
   if (!PyUnicode_Check(typestr_obj.ptr())) {
     throw TypeError(interface_prefix(name) + " 'typestr' must be a str, got " + repr_text(typestr_obj));
   }
-  const std::string typestr = py::str(typestr_obj);
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(typestr_obj.ptr(), &size);  // NULL for text that is not UTF-8
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    throw TypeError(interface_prefix(name) + " 'typestr' is not a typestr: " + repr_text(typestr_obj));
+  }
+  const std::string typestr(utf8, static_cast<size_t>(size));
   raw->dtype_text = typestr;
   const bool well_formed = typestr.size() >= 3 && std::string("<>|=").find(typestr[0]) != std::string::npos &&
                            std::isdigit(static_cast<unsigned char>(typestr[2]));

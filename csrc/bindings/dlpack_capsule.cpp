@@ -5,6 +5,7 @@
 // and the producer object, alive in the caller, keeps the memory valid for the duration of the op.
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <string>
 
 #include "../core/error.h"
@@ -88,7 +89,9 @@ void check_dlpack_device(py::handle obj, const char* name) {
   const bool pair = PyTuple_Check(dev.ptr()) && PyTuple_GET_SIZE(dev.ptr()) == 2 &&
                     read_int64(PyTuple_GET_ITEM(dev.ptr(), 0), &type, &overflow) &&
                     read_int64(PyTuple_GET_ITEM(dev.ptr(), 1), &id, &overflow) && !overflow;
-  if (!pair) {
+  // Both are int32 in DLPack's DLDevice: a value outside that range names no device (and must not be truncated
+  // into one: 2**32 + 2 is not kDLCUDA).
+  if (!pair || type < INT32_MIN || type > INT32_MAX || id < 0 || id > INT32_MAX) {
     throw TypeError(arg_prefix(name) + "__dlpack_device__() must return (device_type, device_id), got " +
                     std::string(py::repr(dev)));
   }

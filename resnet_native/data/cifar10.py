@@ -8,6 +8,7 @@ arrays in well under a second instead of decoding 60,000 images again.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import os
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checkpoint import atomic_write_bytes
+from ..checkpoint import NpzReader, atomic_write_bytes
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 IMAGE_SHAPE = (32, 32, 3)
@@ -353,6 +354,9 @@ def source_fingerprint(path) -> str:
     return h.hexdigest()[:20]
 
 
+_CACHE_KEY = re.compile(r"[0-9a-f]{20}\.npz")  # what follows '<source name>.cifar10cache-' in a cache's name
+
+
 def _cache_name(path: pathlib.Path, key: str) -> str:
     return f"{path.name}.cifar10cache-{key}.npz"
 
@@ -368,16 +372,28 @@ def atomic_write_npz(target, arrays: dict) -> None:
     atomic_write_bytes(target, lambda f: np.savez(f, **arrays))
 
 
+_CACHE_ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
+
+
 def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
+    """The arrays of a cache file, or None when it is unreadable, cut short, garbage or foreign: the caller then
+    decodes the source again and overwrites the file. Every member's header is checked against its stored size
+    (checkpoint.NpzReader) before anything is read."""
     try:
-        with np.load(p, allow_pickle=False) as z:
-            d = CIFAR10Data(z["train_images"], z["train_labels"], z["test_images"], z["test_labels"],
-                            source=source)
-    except (OSError, KeyError, ValueError):
-        return None  # unreadable or foreign: decode again and overwrite it
-    ok = all(a.dtype == np.uint8 and a.shape[1:] == IMAGE_SHAPE for a in (d.train_images, d.test_images))
-    ok = ok and len(d.train_images) == len(d.train_labels) and len(d.test_images) == len(d.test_labels)
-    return d if ok else None
+        with NpzReader(p) as z:
+            if any(name not in z for name in _CACHE_ARRAYS):
+                return None
+            arrays = {name: z.read(name) for name in _CACHE_ARRAYS}
+    except (OSError, ValueError):
+        return None
+    images = (arrays["train_images"], arrays["test_images"])
+    labels = (arrays["train_labels"], arrays["test_labels"])
+    ok = all(a.dtype == np.uint8 and a.ndim == 4 and a.shape[1:] == IMAGE_SHAPE for a in images)
+    ok = ok and all(a.dtype == np.int32 and a.ndim == 1 for a in labels)
+    ok = ok and all(len(i) == len(label) for i, label in zip(images, labels, strict=True))
+    if not ok:
+        return None
+    return CIFAR10Data(*(arrays[name] for name in _CACHE_ARRAYS), source=source)
 
 
 def cache_path_for(path, cache_dir=None) -> pathlib.Path | None:
@@ -427,8 +443,11 @@ def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int 
 
 
 def _remove_stale_caches(folder: pathlib.Path, path: pathlib.Path, keep: str) -> None:
-    for old in folder.glob(f"{path.name}.cifar10cache-*.npz"):
-        if old.name != keep:
+    """Delete this source's older cache files (another key) in folder. The source's name is escaped for the glob
+    and the match checked again: a source named '[ab]' must not match source 'a''s caches."""
+    prefix = f"{path.name}.cifar10cache-"
+    for old in folder.glob(glob.escape(prefix) + "*.npz"):
+        if old.name != keep and old.name.startswith(prefix) and _CACHE_KEY.fullmatch(old.name[len(prefix):]):
             try:
                 old.unlink()
             except OSError:

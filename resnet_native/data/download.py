@@ -55,8 +55,24 @@ def verify_archive(path, kind: str = "python") -> None:
                          f"(md5 {got_md5}, expected {md5}; sha256 {got_sha}, expected {sha})")
 
 
+def _extract_options() -> dict:
+    """Python's own "data" filter where this Python has it (3.12, 3.11.4, ...; it refuses the same and more);
+    nothing where it does not."""
+    return {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+
+
+def _safe_mode(member: tarfile.TarInfo) -> int:
+    """The permission bits a member is extracted with: never setuid, setgid or sticky, never writable by group or
+    others; files readable and writable by their owner, folders also searchable (what the data filter does)."""
+    mode = member.mode & 0o755
+    return mode | (0o700 if member.isdir() else 0o600)
+
+
 def safe_extract(archive, root) -> None:
-    """Extract a tar archive under root, refusing members that would land outside it or are links/devices."""
+    """Extract a tar archive under root, refusing members that would land outside it or are links/devices.
+
+    Modes are masked here (setuid, setgid and sticky bits dropped, no group/other write) and owners never taken
+    from the archive, whether or not this Python's tarfile has the data filter."""
     root = pathlib.Path(root).resolve()
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
@@ -66,8 +82,10 @@ def safe_extract(archive, root) -> None:
                 raise ValueError(f"{archive}: member {m.name!r} would be extracted outside {root}")
             if not (m.isfile() or m.isdir()):
                 raise ValueError(f"{archive}: member {m.name!r} is not a regular file or folder")
-        # Python's own "data" filter as well, where this Python has it (it refuses the same and more).
-        tar.extractall(root, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            m.mode = _safe_mode(m)
+            # Never chown to the archive's owner (extracting as root would): the extracting user owns the files.
+            m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+        tar.extractall(root, members=members, **_extract_options())
 
 
 def download(root=None, kind: str = "python", *, extract: bool = True, timeout: float = 60.0,

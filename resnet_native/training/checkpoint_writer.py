@@ -1,8 +1,18 @@
 """Checkpoints written in the background while the GPU keeps training, and the convolution algorithm cache saved
-beside them (another algorithm gives other rounding, so the cache is part of what makes --resume exact)."""
+beside them (another algorithm gives other rounding, so the cache is part of what makes --resume exact).
+
+Crash safety: every file is published by a rename (checkpoint.atomic_write_bytes, or a hard link renamed into
+place), so a process killed at any moment leaves each file either old or new. What such a kill can leave behind
+is a temporary file (.<name>.<random>.tmp, .<name>.link): a writer given its run folder removes the temporaries
+of that folder's files when it starts (remove_stale_temporaries; a run folder has one writer, the Trainer's, so
+none of them can be a live write). Publishing order: with a new best epoch, best.npz is written first and
+last.npz then linked to it, so that at every point the best epoch last.npz names is no newer than best.npz (a
+crash in between leaves a last.npz one epoch behind, which --resume recomputes exactly).
+"""
 
 from __future__ import annotations
 
+import glob
 import os
 import pathlib
 import queue
@@ -17,12 +27,18 @@ class CheckpointWriter:
     """Serialises and fsyncs checkpoints on a background thread.
 
     submit() takes host copies (state_dicts are NumPy) and returns at once; a later submit waits for the one before,
-    and flush() for all of them. 'best' is published with a hard link to the file just written, when possible, so
-    an improving epoch costs one write, not two. As a context manager it closes on exit; when the block raised,
-    that error is the one reported and a pending write error is only printed.
+    and flush() for all of them. With best_path, the state is written there first and then published at path with
+    a hard link, when possible, so an improving epoch costs one write, not two, and best is never behind what last
+    says. As a context manager it closes on exit; when the block raised, that error is the one reported and a
+    pending write error is only printed.
+
+    folder, files: the run folder this writer owns and the names of the files written there (by it and by its
+    owner); the stale temporaries of those files are removed before anything is written.
     """
 
-    def __init__(self):
+    def __init__(self, folder=None, files=()):
+        if folder is not None:
+            remove_stale_temporaries(folder, files)
         self._q = queue.Queue(maxsize=1)
         self._error = None
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
@@ -36,9 +52,11 @@ class CheckpointWriter:
                 return
             try:
                 path, state, best_path = job
-                save_checkpoint(path, state)
-                if best_path is not None:
-                    _publish_copy(path, best_path, state)
+                if best_path is None:
+                    save_checkpoint(path, state)
+                else:  # best first: a crash before the link leaves last behind best, never ahead of it
+                    save_checkpoint(best_path, state)
+                    _publish_copy(best_path, path, state)
             except BaseException as e:  # reported on the next submit/flush
                 self._error = e
             finally:
@@ -78,8 +96,30 @@ class CheckpointWriter:
         return False
 
 
+def _link_name(dst: pathlib.Path) -> pathlib.Path:
+    return dst.with_name(f".{dst.name}.link")
+
+
+def remove_stale_temporaries(folder, names) -> list[pathlib.Path]:
+    """Delete what an interrupted write of each file in `names` left in `folder`: atomic_write_bytes's
+    .<name>.<random>.tmp and _publish_copy's .<name>.link. Only for a folder whose files no other process is
+    writing (a run folder and its Trainer): there every such file is a dead write. Returns the paths removed."""
+    folder = pathlib.Path(folder)
+    removed = []
+    for name in names:
+        stale = folder.glob(glob.escape(f".{name}.") + "*.tmp")
+        for path in [*stale, _link_name(folder / name)]:
+            try:
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def _publish_copy(src: pathlib.Path, dst: pathlib.Path, state) -> None:
-    tmp = dst.with_name(f".{dst.name}.link")
+    tmp = _link_name(dst)
     try:
         if tmp.exists():
             tmp.unlink()

@@ -8,6 +8,7 @@ type, default and bounds are declared on its field below.
 from __future__ import annotations
 
 import pathlib
+import re
 from dataclasses import dataclass
 
 from ..models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
@@ -106,21 +107,35 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def load_recipe(name_or_path) -> dict:
-    """A recipe's YAML mapping, by name ('A', 'B') from the package or from a file path; 'name' defaults to the
-    file's stem."""
-    import yaml
-
+def recipe_path(name_or_path) -> pathlib.Path:
+    """The file of a recipe: a name ('A', 'B') in the package's recipes folder, or a path."""
     p = pathlib.Path(str(name_or_path))
     if not p.suffix:
         p = RECIPES_DIR / f"{name_or_path}.yaml"
         if not p.is_file():
             raise ValueError(f"recipe: unknown recipe {name_or_path!r} (available: {available_recipes()}, "
                              "or a path to a .yaml file)")
-    with open(p) as f:
-        recipe = yaml.safe_load(f)
+    return p
+
+
+def load_recipe(name_or_path) -> dict:
+    """A recipe's YAML mapping, by name ('A', 'B') from the package or from a file path; 'name' defaults to the
+    file's stem. Read with yaml.safe_load only (plain data, no Python objects); ValueError naming the file when
+    it cannot be read, is not YAML, or is not a mapping."""
+    import yaml
+
+    p = recipe_path(name_or_path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"recipe {p}: cannot be read ({e})") from None
+    try:
+        recipe = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"recipe {p}: not valid YAML ({e})") from None
     if not isinstance(recipe, dict):
-        raise ValueError(f"recipe {p}: expected a YAML mapping at the top level")
+        raise ValueError(f"recipe {p}: expected a YAML mapping at the top level, got "
+                         f"{'nothing' if recipe is None else type(recipe).__name__}")
     recipe.setdefault("name", p.stem)
     return recipe
 
@@ -135,6 +150,25 @@ def merge(base: dict, overrides: dict) -> dict:
     return out
 
 
+def _keys(tree: dict, prefix: str = "") -> set:
+    """The dotted keys of a nested mapping ({'optimizer': {'lr': 1}} -> {'optimizer', 'optimizer.lr'})."""
+    out = set()
+    for key, value in tree.items():
+        out.add(prefix + str(key))
+        if isinstance(value, dict):
+            out |= _keys(value, prefix + str(key) + ".")
+    return out
+
+
 def recipe_config(name_or_path, overrides: dict | None = None) -> TrainConfig:
-    """A recipe with overrides ({'epochs': 3, 'optimizer': {'lr': 0.05}}) applied, checked."""
-    return TrainConfig.from_dict(merge(load_recipe(name_or_path), overrides or {}))
+    """A recipe with overrides ({'epochs': 3, 'optimizer': {'lr': 0.05}}) applied, checked. An error in a value
+    the recipe file gave names the file as well as the key; one in an override names the key."""
+    overrides = overrides or {}
+    recipe = load_recipe(name_or_path)
+    try:
+        return TrainConfig.from_dict(merge(recipe, overrides))
+    except ValueError as e:
+        key = re.split(r"[:\[ ]", str(e), maxsplit=1)[0]
+        if key in _keys(overrides):
+            raise
+        raise ValueError(f"recipe {recipe_path(name_or_path)}: {e}") from None

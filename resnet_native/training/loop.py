@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import pathlib
 import sys
 import time
@@ -49,6 +50,8 @@ from .config import TrainConfig, resume_differences
 
 STATE_FORMAT = "resnet_native.train/1"
 ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
+# Every file the run writes into its folder (their stale temporaries are removed when a run starts or resumes).
+RUN_FILES = ("config.yaml", "metrics.csv", "last.npz", "best.npz", ALGOS_FILE, "curves.png", "summary.json")
 
 
 class Trainer:
@@ -70,8 +73,8 @@ class Trainer:
         self.progress = progress
         self.tensorboard = tensorboard
         self.aa_workers = aa_workers
-        self.log_every = max(1, int(log_every))
-        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.log_every = max(1, _whole_number("log_every", log_every))
+        self.checkpoint_every = max(1, _whole_number("checkpoint_every", checkpoint_every))
 
     def run(self, *, resume: bool = False, stop_after: int | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
@@ -101,7 +104,7 @@ class Trainer:
                 aa.prefetch(progress.next_epoch)
             log = stack.enter_context(contextlib.closing(MetricsLog(
                 self.out, rows=state["metrics"]["history"] if state else None, tensorboard=self.tensorboard)))
-            writer = stack.enter_context(CheckpointWriter())
+            writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
             for epoch in range(progress.next_epoch, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
@@ -249,6 +252,13 @@ class _Parts:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _whole_number(name: str, value) -> int:
+    """An int (NumPy's too), not a bool, a float or a string that int() would turn into one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    return int(value)
 
 
 def _state_of(obj):
