@@ -107,7 +107,7 @@ def fsync_dir(folder) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
+def current_umask() -> int:
     """The process's umask (reading it means setting it: set it straight back)."""
     mask = os.umask(0o022)
     os.umask(mask)
@@ -124,7 +124,7 @@ def atomic_write_bytes(path, write) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

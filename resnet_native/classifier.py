@@ -49,22 +49,37 @@ def resolve_version_dir(version, models_dir=None) -> pathlib.Path:
 
 
 def load_release_config(version_dir) -> dict:
+    """A release's config.yaml (safe YAML only), or a ValueError naming the file."""
     import yaml
 
-    with open(pathlib.Path(version_dir) / "config.yaml") as f:
-        return yaml.safe_load(f)
+    path = pathlib.Path(version_dir) / "config.yaml"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid YAML file ({e})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise ValueError(f"{path}: expected a mapping with a 'model' section, got {type(config).__name__}")
+    return config
 
 
 def load_weights(version_dir) -> dict:
     """The release's state_dict, as NumPy arrays: model.safetensors (or an older release's model.npz)."""
     d = pathlib.Path(version_dir)
     if (d / "model.safetensors").is_file():
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
-        return dict(load_file(str(d / "model.safetensors")))
+        try:
+            return dict(load_file(str(d / "model.safetensors")))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{d / 'model.safetensors'}: not a readable safetensors file ({e})") from None
     if (d / "model.npz").is_file():
-        with np.load(d / "model.npz", allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        from .checkpoint import NpzReader
+
+        # Each member's header is checked against its stored size before anything is allocated.
+        with NpzReader(d / "model.npz") as z:
+            return {k: z.read(k) for k in z.names}
     raise FileNotFoundError(f"{d}: neither model.safetensors nor model.npz")
 
 

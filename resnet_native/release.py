@@ -15,13 +15,15 @@ JSON), never into code.
 The folder is built and fsynced under its hidden name, then published by os.replace of the version_<X> symlink: a
 reader sees the old release or the new one, never half of one nor none (the old folder is deleted afterwards). A
 version_<X> that is still a real folder (a release made before the symlink layout) is first renamed aside, which
-leaves a short window without version_<X> that one time.
+leaves a short window without version_<X> that one time. What a release killed mid-build left (hidden folders
+no link points at) is deleted by the next release of that version.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import pathlib
@@ -34,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from .checkpoint import load_checkpoint
+from .checkpoint import current_umask, load_checkpoint
 from .data.augment import MEAN, STD
 from .data.cifar10 import CLASSES
 from .models.registry import model_spec, rename_legacy_keys
@@ -211,6 +213,23 @@ def _fsync(path) -> None:
         os.close(fd)
 
 
+def _remove_dead_builds(final: pathlib.Path) -> None:
+    """Delete the hidden .version_<X>.* folders and .link symlinks that a release killed mid-build left beside
+    `final`, keeping the folder `final` points at. One release of a version at a time: a second one running
+    concurrently would lose its folder under construction."""
+    current = os.readlink(final) if final.is_symlink() else None
+    # Exactly what _write_release and _publish name: mkdtemp's 8 random characters (+ '.link'), so neither another
+    # version's folders (version 'A.B' beside 'A') nor a legacy '.old-' folder ever match.
+    made = re.compile(re.escape(f".{final.name}.") + r"[a-z0-9_]{8}(\.link)?")
+    for path in final.parent.glob(glob.escape(f".{final.name}.") + "*"):
+        if path.name == current or not made.fullmatch(path.name):
+            continue
+        if path.is_symlink():
+            path.unlink(missing_ok=True)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
     """Point the symlink `final` at `folder` (a sibling) with one os.replace. Returns the previous release's folder,
     for the caller to delete once the switch is on disk, or None."""
@@ -304,6 +323,7 @@ def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"version_{version}"
+    _remove_dead_builds(final)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".version_{version}.", dir=root))
     try:
         save_weights(weights, tmp)
@@ -314,7 +334,7 @@ def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict
         save_onnx(tmp)  # last: it reads the weights and config.yaml written above
         for f in tmp.iterdir():
             _fsync(f)
-        tmp.chmod(0o755)
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp's folder is 0o700: give it a new folder's mode
         _fsync(tmp)
         old = _publish(final, tmp)
     except BaseException:

@@ -147,6 +147,59 @@ def test_release_replaces_a_version_and_validates(tmp_path):
         release.release(tmp_path / "nothing", "A", tmp_path / "models", benchmark=False)
 
 
+def test_the_next_release_removes_what_a_killed_one_left(tmp_path):
+    make_fake_run(tmp_path / "run")
+    models = tmp_path / "models"
+    release.release(tmp_path / "run", "A", models, benchmark=False)
+    other = release.release(tmp_path / "run", "A.B", models, benchmark=False)  # its folders start '.version_A.' too
+    dead = models / ".version_A.k1ll3d_x"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "model.safetensors").write_bytes(b"half")
+    os.symlink(dead.name, models / ".version_A.k1ll3d_y.link")
+    legacy = models / ".version_A.old-1234"  # a legacy release renamed aside: never deleted unasked
+    legacy.mkdir()
+    release.release(tmp_path / "run", "A", models, benchmark=False)
+    assert not dead.exists() and not (models / ".version_A.k1ll3d_y.link").is_symlink() and legacy.is_dir()
+    kept = {".version_A.old-1234", os.readlink(models / "version_A"), os.readlink(models / "version_A.B")}
+    assert {p.name for p in models.iterdir()} == kept | {"version_A", "version_A.B"}
+    assert load_weights(other) and load_weights(models / "version_A")
+
+
+@pytest.mark.parametrize("umask, mode", [(0o077, 0o700), (0o022, 0o755)])
+def test_the_release_folder_honours_the_umask(tmp_path, umask, mode):
+    make_fake_run(tmp_path / "run")
+    old = os.umask(umask)
+    try:
+        path = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    finally:
+        os.umask(old)
+    assert path.resolve().stat().st_mode & 0o777 == mode
+    assert (path / "config.yaml").stat().st_mode & 0o777 == mode & 0o666
+
+
+def test_damaged_release_files_are_named(tmp_path):
+    from resnet_native.classifier import load_release_config
+
+    make_fake_run(tmp_path / "run")
+    folder = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False).resolve()
+    (folder / "config.yaml").write_text("model: [unclosed")
+    with pytest.raises(ValueError, match="config.yaml: not a valid YAML"):
+        load_release_config(folder)
+    (folder / "config.yaml").write_text("- a list\n")
+    with pytest.raises(ValueError, match="config.yaml: expected a mapping"):
+        load_release_config(folder)
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError, match="model.safetensors: not a readable safetensors"):
+        load_weights(folder)
+    # An older release's model.npz whose member's header claims more than it stores: refused before it is read.
+    (folder / "model.safetensors").unlink()
+    np.savez(folder / "model.npz", w=np.zeros(4, np.float32))
+    data = (folder / "model.npz").read_bytes().replace(b"(4,)", b"(9,)", 1)
+    (folder / "model.npz").write_bytes(data)
+    with pytest.raises(ValueError, match="model.npz"):
+        load_weights(folder)
+
+
 def test_release_replaces_without_a_window_and_fsyncs(tmp_path, monkeypatch):
     from resnet_native.classifier import CIFAR10Classifier
 
