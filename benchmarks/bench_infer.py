@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Budget, environment, format_table, write_json  # noqa: E402
+from common import markdown_table as common_markdown_table
 
 MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
 SHORT = {"r18": "resnet18", "r50": "resnet50"}
@@ -314,14 +315,7 @@ def resolve_args(argv=None):
 
 
 def markdown_table(rows: list) -> str:
-    def cell(value):
-        if value is None:
-            return ""
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return common_markdown_table(rows, COLUMNS, digits=3)
 
 
 def main(argv=None) -> int:

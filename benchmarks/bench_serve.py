@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, format_table, write_json  # noqa: E402
+from common import markdown_table as common_markdown_table
 
 MODES = ("batched", "server_batch_1", "sequential")
 COLUMNS = [("mode", "mode"), ("max_batch", "max batch"), ("max_delay_ms", "max delay ms"), ("clients", "clients"),
@@ -210,14 +211,7 @@ def resolve_args(argv=None):
 
 
 def markdown_table(rows: list) -> str:
-    def cell(value):
-        if value is None:
-            return ""
-        return f"{value:.1f}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return common_markdown_table(rows, COLUMNS, digits=1)
 
 
 def main(argv=None) -> dict:

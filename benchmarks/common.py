@@ -258,6 +258,18 @@ def format_table(rows: list, columns: list, title: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(rows: list, columns: list, digits: int = 3) -> str:
+    """A markdown table of dict rows: columns [(key, header)], floats with `digits` decimals, None empty."""
+    def cell(value):
+        if value is None:
+            return ""
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _numeric(text: str) -> bool:
     try:
         float(text)

@@ -39,6 +39,16 @@ def child_env(**extra):
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)), **extra)
 
 
+def run_child(script: str, cwd) -> str:
+    """Run `script` in a child Python (cwd, child_env()); fails the test unless it exits 0; returns its stdout."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 NO_GPU = "no CUDA GPU or driver"
 _gpu_skip_reason = pytest.StashKey[str]()  # set at collection: the skip reason of gpu tests, or None
 

@@ -3,7 +3,6 @@ its onnxruntime and NumPy backends against the float64 host forward of the relea
 
 import re
 import shutil
-import subprocess
 import sys
 import warnings
 
@@ -133,14 +132,13 @@ def test_models_dir_from_environment(release_dir, monkeypatch):
 
 
 def test_serving_does_not_import_the_trainer(tmp_path):
-    from conftest import child_env
+    from conftest import run_child
 
     script = ("import sys, resnet_native\n"
               "from resnet_native.classifier import CIFAR10Classifier\n"
               "print(sorted(m for m in sys.modules if m.startswith(('resnet_native.train', 'resnet_native.release'))))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    stdout = run_child(script, tmp_path)
+    assert stdout.strip() == "[]"
 
 
 # ----------------------------------------------------------------------------------------------------------------

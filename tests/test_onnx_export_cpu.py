@@ -6,7 +6,6 @@ argument validation; and the atomic write."""
 import functools
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -245,9 +244,8 @@ def test_without_onnx_the_error_names_the_extra(monkeypatch):
 
 
 def test_importing_the_package_imports_neither_onnx_nor_onnxruntime(tmp_path):
-    from conftest import child_env
+    from conftest import run_child
 
     script = "import sys, resnet_native\nprint(sorted(m for m in ('onnx', 'onnxruntime') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    stdout = run_child(script, tmp_path)
+    assert stdout.strip() == "[]"

@@ -2,8 +2,6 @@
 row, error isolation, backpressure, closing, cancellation, validation, and that it needs no server packages."""
 
 import concurrent.futures
-import subprocess
-import sys
 import threading
 import time
 
@@ -221,11 +219,10 @@ def test_engine_and_image_validation(rng):
 
 
 def test_the_batcher_needs_no_server_packages(tmp_path):
-    from conftest import child_env
+    from conftest import run_child
 
     script = ("import sys, resnet_native\n"
               "from resnet_native.serve import Batcher\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    stdout = run_child(script, tmp_path)
+    assert stdout.strip() == "[]"

@@ -7,8 +7,6 @@ import io
 import logging
 import socket
 import struct
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -254,11 +252,10 @@ def test_clients_that_disconnect_mid_request(start, rng, caplog):
 
 
 def test_without_the_serve_extra_the_app_says_what_to_install(tmp_path):
-    from conftest import child_env
+    from conftest import run_child
 
     script = ("import sys\nsys.modules['aiohttp'] = None\n"
               "from resnet_native.serve import Batcher\n"
               "try:\n    import resnet_native.serve.app\nexcept ImportError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert 'pip install "resnet_native[serve]"' in out.stdout and "aiohttp" in out.stdout
+    stdout = run_child(script, tmp_path)
+    assert 'pip install "resnet_native[serve]"' in stdout and "aiohttp" in stdout
