@@ -197,8 +197,11 @@ class CIFAR10Classifier:
         # version_X is a symlink that a new release re-points: read config and weights from one release folder.
         folder = self.version_dir.resolve()
         self.config = load_release_config(folder)
-        self.classes = tuple(self.config.get("classes", CLASSES))
+        self.classes = tuple(str(c) for c in self.config.get("classes", CLASSES))
         m = rename_legacy_keys(self.config["model"])  # an older release called the precision 'dtype'
+        if len(self.classes) != m.get("num_classes", len(self.classes)):
+            raise ValueError(f"{folder / 'config.yaml'}: {len(self.classes)} class names for a model of "
+                             f"{m['num_classes']} classes")
         self.layout, self.precision = m["layout"], m["precision"]
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:

@@ -126,6 +126,20 @@ def test_versions_paths_and_attributes(release_dir):
     assert by_path.backend == "model" and by_path.session is None and "backend='model'" in repr(by_path)
 
 
+def test_a_class_list_that_does_not_fit_the_model_is_refused(release_dir, tmp_path):
+    import shutil
+
+    import yaml
+
+    folder = tmp_path / "version_X"
+    shutil.copytree(release_dir.resolve(), folder)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["classes"] = config["classes"][:9]
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="config.yaml: 9 class names for a model of 10 classes"):
+        CIFAR10Classifier(folder, model=StubNet())
+
+
 def test_models_dir_from_environment(release_dir, monkeypatch):
     monkeypatch.setenv("RESNET_NATIVE_MODELS", str(release_dir.parent))
     assert CIFAR10Classifier("A", model=StubNet()).version_dir == release_dir
