@@ -18,7 +18,7 @@ import asyncio
 import concurrent.futures
 import threading
 
-from aiohttp import web
+from .app import web  # aiohttp through app's guarded import: its ImportError names the serve extra
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
