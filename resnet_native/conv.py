@@ -8,14 +8,16 @@ holding bfloat16 bit patterns for 'bf16' (cupy has no bfloat16); fp16 and bf16 a
 How to convolve is a ConvSpec (conv_spec.py: geometry, layout, precision, engine, and the algorithm choice per
 direction: 'find', 'heuristic' or an algorithm name). The choice is cached per problem (shapes, dtypes, layout,
 geometry, math, determinism, workspace cap, engine, mode) in memory; save_algorithm_cache / load_algorithm_cache
-keep it across runs on the same GPU model and cuDNN version. Outputs passed as `out=` are written in place; with
-out=None they are allocated with cupy first.
+keep it across runs on the same GPU model and cuDNN version. The cache and the graph engine's execution plans are
+bounded, the least recently used evicted first (set_algorithm_cache_capacity, set_plan_cache_capacity). Outputs
+passed as `out=` are written in place; with out=None they are allocated with cupy first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import warnings
 
@@ -52,6 +54,7 @@ from .names import (
 
 _CACHE_FORMAT = "resnet_native.algorithm_cache"
 _CACHE_VERSION = 1
+_MAX_CAPACITY = 2**63 - 1  # the native core takes an int64
 
 _NATIVE_DTYPE = dict(_C.DType.__members__)
 
@@ -194,7 +197,7 @@ def last_algorithm(x_shape, w_shape, spec: ConvSpec, direction="forward", fused=
 
 
 def algorithm_cache_entries() -> list:
-    """Every cached choice, as last_algorithm's dicts (each with its key)."""
+    """Every cached choice, as last_algorithm's dicts (each with its key), the least recently used first."""
     return [dict(entry, key=key) for key, entry in _C.algo_cache_entries()]
 
 
@@ -204,8 +207,51 @@ def clear_algorithm_cache() -> None:
 
 
 def algorithm_cache_stats() -> dict:
-    """hits and misses of cache lookups, finds (timed searches run) and the number of entries."""
+    """hits and misses of cache lookups, finds (timed searches run), the number of entries, the capacity and
+    evictions (entries dropped to stay within it)."""
     return dict(_C.algo_cache_stats())
+
+
+def _capacity(value, name: str) -> int:
+    """A positive int number of entries (NumPy integers too); bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive int number of entries, got {value!r}")
+    value = int(value)
+    if not 1 <= value <= _MAX_CAPACITY:
+        raise ValueError(f"{name}: expected a number of entries between 1 and {_MAX_CAPACITY}, got {value}")
+    return value
+
+
+def set_algorithm_cache_capacity(capacity) -> None:
+    """Keep at most `capacity` choices (4096 by default). Past it, a new choice evicts the least recently used one:
+    every op's lookup makes its problem the most recently used (last_algorithm and algorithm_cache_entries do
+    not). A smaller capacity evicts at once. An evicted problem is searched again on its next call, which algo='find'
+    refuses during CUDA-graph capture."""
+    _C.algo_cache_set_capacity(_capacity(capacity, "capacity"))
+
+
+def algorithm_cache_capacity() -> int:
+    """The most choices the algorithm cache keeps (set_algorithm_cache_capacity)."""
+    return _C.algo_cache_capacity()
+
+
+def set_plan_cache_capacity(capacity) -> None:
+    """Keep at most `capacity` graph-engine execution plans (1024 by default), evicting the least recently run past
+    it, and at once when the capacity shrinks; an evicted plan is rebuilt from its cached choice on its next call
+    (no search). Plans run during a CUDA-graph capture are pinned (a captured graph may launch their kernels):
+    never evicted, so they may exceed the capacity; only _drop_cached_descriptors / release_handles drop them."""
+    _C.graph_set_plan_cache_capacity(_capacity(capacity, "capacity"))
+
+
+def plan_cache_capacity() -> int:
+    """The most graph-engine execution plans kept besides pinned ones (set_plan_cache_capacity)."""
+    return _C.graph_plan_cache_stats()["capacity"]
+
+
+def plan_cache_stats() -> dict:
+    """The graph engine's execution plans: plans (held now), capacity, evictions (plans dropped to stay within it)
+    and pinned (run during a CUDA-graph capture: never evicted)."""
+    return dict(_C.graph_plan_cache_stats())
 
 
 def _device_identity() -> tuple:
@@ -323,7 +369,7 @@ def _check_entry(entry, index: int, path="algorithm cache file") -> None:
 
 def save_algorithm_cache(path) -> int:
     """Write every cached choice to `path` (JSON, replaced atomically), headed by the GPU name and the cuDNN
-    version; returns the number of entries written."""
+    version, the least recently used first; returns the number of entries written."""
     gpu, cudnn, _ = _device_identity()
     entries = []
     for e in algorithm_cache_entries():
@@ -341,6 +387,11 @@ def load_algorithm_cache(path) -> int:
     A file written on another GPU model or cuDNN version is ignored with a warning (returns 0): its timings say
     nothing about this machine. Entries are re-keyed to the current device. A malformed file raises ValueError
     and adds nothing.
+
+    Entries are inserted in the file's order (save_algorithm_cache writes the least recently used first), so they
+    become the most recently used and their order is restored; the count returned is what the file holds, but
+    the cache keeps at most algorithm_cache_capacity() entries: of a larger file, the last ones (the most recently
+    used when it was saved), and entries cached before the load are evicted first.
     """
     with open(os.fspath(path)) as f:
         try:
@@ -383,6 +434,7 @@ __all__ = [
     "ENGINES",
     "LAYOUTS",
     "PRECISIONS",
+    "algorithm_cache_capacity",
     "algorithm_cache_entries",
     "algorithm_cache_stats",
     "clear_algorithm_cache",
@@ -395,6 +447,10 @@ __all__ = [
     "fused_name",
     "last_algorithm",
     "load_algorithm_cache",
+    "plan_cache_capacity",
+    "plan_cache_stats",
     "save_algorithm_cache",
+    "set_algorithm_cache_capacity",
     "set_default_engine",
+    "set_plan_cache_capacity",
 ]

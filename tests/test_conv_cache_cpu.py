@@ -181,7 +181,7 @@ def test_cache_insert_lookup_and_entries(empty_cache):
     insert_samples()
     stats = conv.algorithm_cache_stats()
     assert stats["entries"] == 3
-    assert set(stats) == {"hits", "misses", "finds", "entries"}
+    assert set(stats) == {"hits", "misses", "finds", "entries", "capacity", "evictions"}
     found = C.algo_cache_lookup(BASE_KEY)
     assert found["algo_name"] == "IMPLICIT_PRECOMP_GEMM" and found["math_type_name"] == "TENSOR_OP_MATH"
     assert found["time_ms"] == pytest.approx(0.25) and found["fused_path"] == "fused"
@@ -312,7 +312,7 @@ BAD_ENTRIES = [
 
 
 def entry_index(entries, which):
-    """The index of a sample entry in a saved file (the cache's order is not the insertion order)."""
+    """The index of a sample entry in a saved file (found by content, not by the cache's order)."""
     for i, e in enumerate(entries):
         if e["engine"] == ("graph" if which == "graph" else "legacy") and (which == "graph"
                                                                           or f" dir={which} " in e["key"]):

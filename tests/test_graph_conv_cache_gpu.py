@@ -1,6 +1,8 @@
 """The graph convolution engine's choices and plans across calls on the GPU: the algorithm-cache file round trip
 (plans rebuilt from engine id + knob choices without timing), cache hits, engine='auto' timing both engines and
-remembering the winner, plan and descriptor lifetimes, and clear errors. Results are checked against the float64
+remembering the winner, plan and descriptor lifetimes, the plan cache's bound (least recently used plans evicted and
+destroyed, rebuilt without a search; plans run during a CUDA-graph capture pinned, so the graph still replays after
+evictions), and clear errors. Results are checked against the float64
 reference, as in test_graph_conv_gpu.py.
 """
 
@@ -8,7 +10,7 @@ import json
 
 import conv_reference as ref
 import pytest
-from device_values import check_close, random_device, shape_in
+from device_values import check_close, poisoned, random_device, shape_in
 
 import resnet_native as rn
 from resnet_native import conv as rconv
@@ -150,6 +152,82 @@ def test_plans_hold_descriptors_until_dropped(rng):
     # Plans come back on demand from the cached choices.
     rconv.conv2d(x, w, spec)
     assert rn._C.graph_num_plans() == 1
+
+
+def backend_live():
+    return {k: v for k, v in rn.live_descriptors().items() if k.startswith("backend.")}
+
+
+def test_plans_past_the_capacity_are_evicted_destroyed_and_rebuilt_without_a_search(rng):
+    fresh_cache()
+    capacity = rconv.plan_cache_capacity()
+    baseline = backend_live()
+    spec = rconv.ConvSpec(padding=1, layout="NHWC", precision="fp16", algo="find", engine="graph")
+    w, w64 = random_device(rng, (16, 16, 3, 3), "fp16", "NHWC")
+    problems = {}  # batch size -> (x, expected): one distinct problem, hence plan, each
+    for n in (1, 2, 3, 4, 5):
+        x, x64 = random_device(rng, (n, 16, 9, 9), "fp16", "NHWC")
+        problems[n] = (x, ref.conv2d(x64, w64, (1, 1), (1, 1)))
+    try:
+        rconv.set_plan_cache_capacity(2)
+        evictions = rconv.plan_cache_stats()["evictions"]
+        for n, (x, expected) in problems.items():
+            check_close(rconv.conv2d(x, w, spec), expected, "fp16", f"batch {n}", "NHWC")
+        stats = rconv.plan_cache_stats()
+        assert (stats["plans"], stats["evictions"], stats["pinned"]) == (2, evictions + 3, 0)
+        assert rn._C.graph_num_plans() == 2
+        # Evicted plans were destroyed with their descriptors: two plans' worth stay alive.
+        live = backend_live()
+        for kind in ("backend.EXECUTION_PLAN", "backend.OPERATIONGRAPH", "backend.VARIANT_PACK"):
+            assert live.get(kind, 0) == baseline.get(kind, 0) + 2, kind
+        # The first problem's plan is gone, its choice is not: the plan is rebuilt from it, without a search.
+        finds = rconv.algorithm_cache_stats()["finds"]
+        x, expected = problems[1]
+        check_close(rconv.conv2d(x, w, spec), expected, "fp16", "batch 1 after its eviction", "NHWC")
+        assert rconv.algorithm_cache_stats()["finds"] == finds
+        assert rconv.plan_cache_stats()["plans"] == 2
+        assert rconv.plan_cache_stats()["evictions"] == evictions + 4
+    finally:
+        rconv.set_plan_cache_capacity(capacity)
+    rn._drop_cached_descriptors()
+    assert {k: v for k, v in backend_live().items() if v != baseline.get(k, 0)} == {}
+
+
+def test_a_plan_run_during_capture_is_pinned_and_its_graph_replays_after_evictions(rng):
+    fresh_cache()
+    capacity = rconv.plan_cache_capacity()
+    spec = rconv.ConvSpec(padding=1, layout="NHWC", precision="fp16", algo="heuristic", engine="graph")
+    x, x64 = random_device(rng, (2, 16, 9, 9), "fp16", "NHWC")
+    w, w64 = random_device(rng, (16, 16, 3, 3), "fp16", "NHWC")
+    expected = ref.conv2d(x64, w64, (1, 1), (1, 1))
+    out = poisoned((2, 16, 9, 9), "fp16", "NHWC")
+    stream = cp.cuda.Stream(non_blocking=True)
+    try:
+        rconv.set_plan_cache_capacity(1)
+        with stream:
+            rconv.conv2d(x, w, spec, out=out)  # choice and plan made outside the capture
+            stream.synchronize()
+            assert rconv.plan_cache_stats()["pinned"] == 0
+            stream.begin_capture()
+            try:
+                rconv.conv2d(x, w, spec, out=out)
+            finally:
+                graph = stream.end_capture()
+            assert rconv.plan_cache_stats()["pinned"] == 1
+            for n in (3, 4, 5):  # other problems, run eagerly, fill the cache past its capacity of 1
+                other, other64 = random_device(rng, (n, 16, 9, 9), "fp16", "NHWC")
+                check_close(rconv.conv2d(other, w, spec), ref.conv2d(other64, w64, (1, 1), (1, 1)), "fp16",
+                            f"batch {n}", "NHWC")
+            stats = rconv.plan_cache_stats()
+            assert stats["pinned"] == 1 and stats["plans"] == 2  # the pinned plan and the most recent one
+            assert stats["evictions"] >= 2
+            out[...] = poisoned((2, 16, 9, 9), "fp16", "NHWC")
+            graph.launch(stream)
+            stream.synchronize()
+            check_close(out, expected, "fp16", "replay after evictions", "NHWC")
+        del graph
+    finally:
+        rconv.set_plan_cache_capacity(capacity)
 
 
 def test_unknown_engine_id_is_a_clear_error(rng):

@@ -70,6 +70,8 @@ py::dict stats_dict(const AlgoCacheStats& s) {
   d["misses"] = s.misses;
   d["finds"] = s.finds;
   d["entries"] = s.entries;
+  d["capacity"] = s.capacity;
+  d["evictions"] = s.evictions;
   return d;
 }
 
@@ -106,7 +108,21 @@ void bind_algo_cache(py::module_& m) {
   m.def("algo_cache_clear", [] { AlgoCache::global().clear(); });
   m.def(
       "algo_cache_stats", [] { return stats_dict(AlgoCache::global().stats()); },
-      "hits, misses, finds (timed searches run) and entries.");
+      "hits, misses, finds (timed searches run), entries, capacity and evictions.");
+  m.def(
+      "algo_cache_set_capacity",
+      [](int64_t capacity) {
+        if (capacity < 1) throw ValueError("capacity: must be at least 1 entry, got " + std::to_string(capacity));
+        AlgoCache::global().set_capacity(static_cast<size_t>(capacity));
+      },
+      py::arg("capacity"), "Keep at most this many entries (the least recently used are evicted, at once too).");
+  m.def("algo_cache_capacity", [] { return AlgoCache::global().capacity(); });
+  m.def(
+      "_algo_cache_touch",
+      [](const std::string& key) { return AlgoCache::global().lookup(ConvParams::from_string(key)) != nullptr; },
+      py::arg("key"),
+      "Test hook: look a key up as a convolution does (counts a hit or a miss; a hit becomes the most recently "
+      "used entry). Returns whether it was cached.");
 
   m.def("drop_cached_descriptors", &drop_cached_descriptors,
         "Destroy every cached cuDNN descriptor and execution plan (both engines); they are rebuilt on demand.");

@@ -1,12 +1,14 @@
-// Python bindings of the graph engine's own pieces: the plan cache (count / clear) and test hooks that build
-// operation graphs without a GPU. Convolutions themselves are called through the shared conv bindings
-// (bind_conv.cpp), which dispatch to rn::graph::choose / run for engine='graph'.
+// Python bindings of the graph engine's own pieces: the plan cache (count, clear, capacity, stats, and test hooks
+// that fill it with placeholder plans) and test hooks that build operation graphs without a GPU. Convolutions
+// themselves are called through the shared conv bindings (bind_conv.cpp), which dispatch to rn::graph::choose /
+// run for engine='graph'.
 //
 // The hooks take a problem as its algorithm-cache key (resnet_native._C.conv_key builds one through the ops' own
 // validation; an edited key reaches the graph's own checks with shapes no op would accept).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "../conv/graph/conv_op_graph.h"
 #include "../conv/graph/engine_config.h"
 #include "../conv/graph/engine_search.h"
+#include "../conv/graph/plan_cache.h"
 #include "../conv/graph_engine.h"
 #include "../core/error.h"
 #include "bindings.h"
@@ -80,12 +83,67 @@ std::string forbidden_notes(Precision precision, bool deterministic, const std::
   return graph::forbidden_notes(precision, deterministic, bits);
 }
 
+py::dict plan_cache_stats() {
+  const graph::PlanCacheStats s = graph::plan_cache_stats();
+  py::dict d;
+  d["plans"] = s.plans;
+  d["capacity"] = s.capacity;
+  d["evictions"] = s.evictions;
+  d["pinned"] = s.pinned;
+  return d;
+}
+
+// Placeholder plans: keyed like real ones (the problem of an algorithm-cache key, default graph constants), but
+// empty, so the cache's policy can be tested without a GPU. Test keys use negative engine ids, which no cuDNN engine
+// has, so no run() ever finds (and executes) a placeholder.
+graph::PlanKey placeholder_key(const std::string& key, int64_t engine_id, const std::string& knobs) {
+  if (engine_id >= 0)
+    throw ValueError("engine_id: placeholder plans take negative engine ids, got " + std::to_string(engine_id));
+  return graph::PlanKey{ConvParams::from_string(key), graph::GraphConstants{}, engine_id, knobs};
+}
+
+graph::PlanKeyRef ref(const graph::PlanKey& k) {
+  return graph::PlanKeyRef{k.params, k.constants, k.engine_id, k.knobs};
+}
+
 }  // namespace
 
 void bind_graph_engine(py::module_& m) {
   m.def("graph_num_plans", &graph::num_plans, "Number of execution plans the graph engine holds.");
   m.def("graph_clear_plans", &graph::clear_plans,
-        "Destroy every cached graph-engine execution plan (and the descriptors it holds).");
+        "Destroy every cached graph-engine execution plan (and the descriptors it holds), pinned ones included.");
+  m.def(
+      "graph_set_plan_cache_capacity",
+      [](int64_t capacity) {
+        if (capacity < 1) throw ValueError("capacity: must be at least 1 plan, got " + std::to_string(capacity));
+        graph::set_plan_cache_capacity(static_cast<size_t>(capacity));
+      },
+      py::arg("capacity"),
+      "Keep at most this many execution plans besides pinned ones (the least recently used are evicted, at once "
+      "too).");
+  m.def("graph_plan_cache_stats", &plan_cache_stats,
+        "plans, capacity, evictions and pinned (plans executed during a CUDA-graph capture: never evicted).");
+  m.def(
+      "_graph_plan_cache_add_placeholder",
+      [](const std::string& key, int64_t engine_id, const std::string& knobs, bool pin) {
+        const graph::PlanKey k = placeholder_key(key, engine_id, knobs);
+        auto placeholder = std::make_shared<graph::ExecutionPlan>();
+        placeholder->engine_id = engine_id;
+        placeholder->knobs = knobs;
+        return graph::PlanCache::instance().insert(ref(k), placeholder, pin) == placeholder;
+      },
+      py::arg("key"), py::arg("engine_id"), py::arg("knobs") = "", py::arg("pin") = false,
+      "Test hook: cache an empty plan (never executed) as run() caches a new one, pinned as during a capture if "
+      "`pin`. Returns whether it is now the cached plan (False: a plan of that key was kept).");
+  m.def(
+      "_graph_plan_cache_find",
+      [](const std::string& key, int64_t engine_id, const std::string& knobs, bool pin) {
+        const graph::PlanKey k = placeholder_key(key, engine_id, knobs);
+        return graph::PlanCache::instance().find(ref(k), pin) != nullptr;
+      },
+      py::arg("key"), py::arg("engine_id"), py::arg("knobs") = "", py::arg("pin") = false,
+      "Test hook: look a placeholder's key up as run() does (a hit becomes the most recently used plan, pinned if "
+      "`pin`). Returns whether it was cached.");
   m.def("_graph_build_operations", &build_operations, py::arg("key"), py::arg("alpha1") = 1.0f,
         py::arg("alpha2") = 1.0f, py::arg("beta") = 0.0f, py::arg("validate") = true, py::arg("fail_after_parts") = -1,
         "Build (then destroy) the tensors, convolution descriptor and operations of the graph-engine problem of an "

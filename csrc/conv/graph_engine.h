@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "conv_params.h"
@@ -26,9 +28,20 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle
 void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands& ops, cudnnHandle_t handle,
          cudaStream_t stream);
 
-// Drops every cached execution plan (their descriptors are destroyed).
+// Drops every cached execution plan (their descriptors are destroyed), pinned ones included.
 void clear_plans();
 // Number of cached execution plans.
 size_t num_plans();
+// Bounds the plan cache (at least 1, else ValueError); a smaller capacity evicts the least recently used plans at
+// once. Plans executed during a CUDA-graph capture are pinned: never evicted (graph/plan_cache.h).
+void set_plan_cache_capacity(size_t capacity);
+
+struct PlanCacheStats {
+  int64_t plans = 0;      // plans now
+  int64_t capacity = 0;   // most plans kept (pinned ones aside)
+  int64_t evictions = 0;  // least recently used plans dropped to stay within capacity
+  int64_t pinned = 0;     // plans executed during a CUDA-graph capture, never evicted
+};
+PlanCacheStats plan_cache_stats();
 
 }  // namespace rn::graph

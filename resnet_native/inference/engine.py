@@ -22,7 +22,8 @@ host synchronisation. Work is queued on cupy's current stream; a call on another
 first waits for that call, since both use the same buffers. An engine is not thread-safe.
 
 While an engine lives, do not drop the cached cuDNN plans (resnet_native.release_handles, _drop_cached_descriptors):
-its graphs launch kernels those plans own. close() (or dropping the engine) releases everything it holds.
+its graphs launch kernels those plans own (the plan cache's own evictions skip plans run during a capture: they are
+pinned). close() (or dropping the engine) releases everything it holds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// rn::graph::choose / run / clear_plans / num_plans (the contract in conv/graph_engine.h).
+// rn::graph::choose / run and the plan cache's controls (the contract in conv/graph_engine.h).
 #include "../graph_engine.h"
 
 #include <memory>
@@ -118,6 +118,7 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle
   const SearchResult found = mode == AlgoMode::Fixed ? fixed_plan(params, graph, params.fixed_algo, handle)
                                                      : search_plan(params, graph, ops, mode, handle, stream);
   const ConvParams keyed = plan_params(params);
+  // (Keeps an already cached plan of the same key, e.g. one a captured graph launches, rather than replace it.)
   PlanCache::instance().insert(PlanKeyRef{keyed, constants, found.plan->engine_id, found.plan->knobs}, found.plan);
 
   AlgoChoice choice;
@@ -141,7 +142,10 @@ void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands&
   const GraphConstants constants = constants_for(params, ops);
   const ConvParams keyed = plan_params(params);
   const PlanKeyRef key{keyed, constants, choice.algo, choice.knobs};  // borrowed: no copy of the knob string
-  std::shared_ptr<ExecutionPlan> plan = PlanCache::instance().find(key);
+  // A plan executed during a capture is pinned in the cache: the captured graph may launch its kernels for as
+  // long as it lives, so eviction must never destroy it (plan_cache.h). `plan` keeps it alive meanwhile anyway.
+  const bool capturing = stream_is_capturing(stream);
+  std::shared_ptr<ExecutionPlan> plan = PlanCache::instance().find(key, capturing);
   if (!plan) {
     // A choice from the cache file, or new scalars / alignment: rebuild from engine index + knob choices.
     const std::shared_ptr<ConvOpGraph> graph = finalized_graph(params, constants, handle);
@@ -158,7 +162,7 @@ void run(const ConvParams& params, const AlgoChoice& choice, const ConvOperands&
                                                    " (" + rebuild_error.what() + "), and " + search_error.what());
       }
     }
-    PlanCache::instance().insert(key, plan);
+    plan = PlanCache::instance().insert(key, std::move(plan), capturing);
   }
   execute_plan(*plan, ops, handle, stream);
 }
@@ -169,6 +173,14 @@ void clear_plans() {
 
 size_t num_plans() {
   return PlanCache::instance().size();
+}
+
+void set_plan_cache_capacity(size_t capacity) {
+  PlanCache::instance().set_capacity(capacity);
+}
+
+PlanCacheStats plan_cache_stats() {
+  return PlanCache::instance().stats();
 }
 
 }  // namespace rn::graph

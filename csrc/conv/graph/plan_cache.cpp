@@ -45,44 +45,73 @@ PlanCache& PlanCache::instance() {
   return *cache;
 }
 
-std::shared_ptr<ExecutionPlan> PlanCache::find(const PlanKeyRef& key) const {
-  const size_t hash = hash_key(key);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto bucket = buckets_.find(hash);
-  if (bucket == buckets_.end()) return nullptr;
-  for (const Entry& e : bucket->second) {
-    if (same_key(e.key, key)) return e.plan;
-  }
-  return nullptr;
+size_t PlanCache::KeyHash::operator()(const PlanKeyRef& k) const {
+  return hash_key(k);
 }
 
-void PlanCache::insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan) {
-  const size_t hash = hash_key(key);
+size_t PlanCache::KeyHash::operator()(const PlanKey& k) const {
+  return hash_key(PlanKeyRef{k.params, k.constants, k.engine_id, k.knobs});
+}
+
+bool PlanCache::KeyEqual::operator()(const PlanKey& stored, const PlanKeyRef& k) const {
+  return same_key(stored, k);
+}
+
+bool PlanCache::KeyEqual::operator()(const PlanKey& stored, const PlanKey& k) const {
+  return same_key(stored, PlanKeyRef{k.params, k.constants, k.engine_id, k.knobs});
+}
+
+void PlanCache::pin_slot(Slot& slot) {
+  if (slot.pinned) return;
+  slot.pinned = true;
+  ++pinned_;
+}
+
+std::shared_ptr<ExecutionPlan> PlanCache::find(const PlanKeyRef& key, bool pin) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Entry>& bucket = buckets_[hash];
-  for (Entry& e : bucket) {
-    if (same_key(e.key, key)) {
-      e.plan = std::move(plan);
-      return;
-    }
-  }
-  bucket.push_back(Entry{key.to_key(), std::move(plan)});
-  ++size_;
+  Slot* slot = plans_.find(key);
+  if (!slot) return nullptr;
+  if (pin) pin_slot(*slot);
+  return slot->plan;
+}
+
+std::shared_ptr<ExecutionPlan> PlanCache::insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan, bool pin) {
+  // Destroyed after the lock is released (declared before it): destroying plans destroys descriptors, which
+  // must not block lookups. `plan` itself, when a plan of the key is kept instead, is released on return too.
+  std::vector<Slot> evicted;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Slot* slot = plans_.find(key);
+  if (!slot) slot = &plans_.insert(key.to_key(), Slot{std::move(plan), false}, &evicted);
+  if (pin) pin_slot(*slot);
+  return slot->plan;
 }
 
 void PlanCache::clear() {
-  // Destroy outside the lock: descriptor destruction may take a while and must not block lookups.
-  Buckets dropped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    dropped.swap(buckets_);
-    size_ = 0;
-  }
+  std::vector<Slot> dropped;  // destroyed outside the lock, as in insert()
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_.clear(&dropped);
+  pinned_ = 0;
 }
 
 size_t PlanCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return size_;
+  return plans_.size();
+}
+
+void PlanCache::set_capacity(size_t capacity) {
+  std::vector<Slot> evicted;
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_.set_capacity(capacity, &evicted);
+}
+
+PlanCacheStats PlanCache::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  PlanCacheStats s;
+  s.plans = static_cast<int64_t>(plans_.size());
+  s.capacity = static_cast<int64_t>(plans_.capacity());
+  s.evictions = plans_.evictions();
+  s.pinned = pinned_;
+  return s;
 }
 
 }  // namespace rn::graph

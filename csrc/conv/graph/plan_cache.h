@@ -6,8 +6,17 @@
 // gets its own plan, rebuilt from the same engine index and knob choices.
 //
 // A plan keeps alive every descriptor it was built from (operation graph, engine config) and the variant pack
-// of its last execution. Entries are held by shared_ptr so clear() during another thread's run() cannot free a
-// plan that is executing.
+// of its last execution. Plans are held by shared_ptr: the cache owns one reference and every caller of find() /
+// insert() another for as long as it runs the plan, so neither clear() nor an eviction during another thread's
+// run() can free a plan that is executing; the last holder destroys it.
+//
+// Bounded (core/lru_map.h): past capacity() plans, adding one evicts the least recently used. A CUDA graph that
+// captured a plan's execution launches its kernels, which the plan may own (runtime-compiled engines; not
+// confirmed: KNOWN_ISSUES.md, "Dropping the cached cuDNN plans"), so the plan is kept for as long as the graph
+// may live: run() pins every plan it executes during a capture (find / insert with pin), and eviction skips
+// pinned plans, which therefore stay until clear(), even past the capacity. clear()
+// (resnet_native._drop_cached_descriptors, release_handles) drops pinned plans too, so it must still not be called
+// while a captured graph lives.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +25,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "../../core/descriptor.h"
+#include "../../core/lru_map.h"
 #include "../conv_params.h"
+#include "../graph_engine.h"
 #include "conv_op_graph.h"
 
 namespace rn::graph {
@@ -68,26 +78,51 @@ struct ExecutionPlan {
 
 class PlanCache {
  public:
+  // An execution plan holds its finalized descriptors and, for runtime-compiled engines, the compiled kernels:
+  // PyTorch budgets about 200 KiB of host memory per cuDNN plan, so 1024 plans are about 200 MiB. A ResNet-152
+  // training run needs one plan per graph-engine problem (a few hundred at most).
+  static constexpr size_t kDefaultCapacity = 1024;
+
   // The process-wide cache (never destroyed: plans alive at exit are left to the driver's teardown).
   static PlanCache& instance();
 
-  std::shared_ptr<ExecutionPlan> find(const PlanKeyRef& key) const;
-  void insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan);
+  // The cached plan of `key`, made the most recently used, or nullptr. `pin`: keep it from eviction for good.
+  std::shared_ptr<ExecutionPlan> find(const PlanKeyRef& key, bool pin = false);
+  // Caches `plan` under `key` unless a plan of that key is cached already (then that one is kept: it is the same
+  // engine configuration of the same graph, and may be the one a captured graph launches); returns the cached
+  // plan, made the most recently used. `pin` as in find().
+  std::shared_ptr<ExecutionPlan> insert(const PlanKeyRef& key, std::shared_ptr<ExecutionPlan> plan, bool pin = false);
+  // Drops every plan, pinned ones included.
   void clear();
   size_t size() const;
+  // At least 1 (ValueError otherwise); a smaller capacity evicts the least recently used unpinned plans at once.
+  void set_capacity(size_t capacity);
+  PlanCacheStats stats() const;
 
  private:
-  struct Entry {
-    PlanKey key;
+  struct Slot {
     std::shared_ptr<ExecutionPlan> plan;
+    bool pinned = false;
   };
-  using Buckets = std::unordered_map<size_t, std::vector<Entry>>;
+  struct IsPinned {
+    bool operator()(const Slot& s) const { return s.pinned; }
+  };
+  // Hash and equality of a stored PlanKey against a stored or borrowed key (PlanKeyRef).
+  struct KeyHash {
+    size_t operator()(const PlanKey& k) const;
+    size_t operator()(const PlanKeyRef& k) const;
+  };
+  struct KeyEqual {
+    bool operator()(const PlanKey& stored, const PlanKey& k) const;
+    bool operator()(const PlanKey& stored, const PlanKeyRef& k) const;
+  };
 
-  // Entries grouped by the hash of their whole key and told apart by comparing keys: unlike an
-  // unordered_map<PlanKey, ...>, this can be searched with borrowed fields (C++17 has no heterogeneous lookup).
+  // Marks a slot pinned (counting it once).
+  void pin_slot(Slot& slot);
+
   mutable std::mutex mutex_;
-  Buckets buckets_;
-  size_t size_ = 0;
+  LruMap<PlanKey, Slot, KeyHash, KeyEqual, IsPinned> plans_{kDefaultCapacity};
+  int64_t pinned_ = 0;
 };
 
 }  // namespace rn::graph
