@@ -4,8 +4,6 @@ Arrays are cupy arrays (or anything with __cuda_array_interface__ / DLPack).
 See README.md and ARCHITECTURE.md.
 """
 
-import numbers
-
 from . import kernels, multi_tensor, norm, pool  # noqa: F401  (native ops: kernels, BN, pooling)
 from ._loader import _C, CUDNN_LIBRARY, build_info
 from ._runtime import cuda_available, current_stream, require_gpu
@@ -13,6 +11,7 @@ from .classifier import CIFAR10Classifier  # released CIFAR-10 models (resnet_na
 from .conv import ConvSpec, _drop_cached_descriptors, conv2d, conv_output_shape  # noqa: F401
 from .inference import InferenceEngine  # the serving engine (resnet_native.inference)
 from .models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
+from .names import bounded_int
 from .onnx_export import export_onnx  # ONNX export (needs the extra: pip install "resnet_native[onnx]")
 from .optim import SGD, AdamW, GradScaler  # resnet_native.optim: also schedules
 from .step import TrainStep
@@ -39,15 +38,8 @@ _MAX_BYTES = 2**64 - 2
 
 
 def _byte_count(value, name: str, *, none_ok: bool = False):
-    """An int number of bytes (NumPy integers too); bools are refused (True would be a 1-byte cap)."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int number of bytes{' or None' if none_ok else ''}, got {value!r}")
-    value = int(value)
-    if not 0 <= value <= _MAX_BYTES:
-        raise ValueError(f"{name}: expected a number of bytes between 0 and {_MAX_BYTES}, got {value}")
-    return value
+    """An int number of bytes (None too with none_ok); bools are refused (True would be a 1-byte cap)."""
+    return None if value is None and none_ok else bounded_int(name, value, 0, _MAX_BYTES, "bytes")
 
 
 def set_workspace_limit(nbytes) -> None:

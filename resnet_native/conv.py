@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import numbers
 import os
 import warnings
 
@@ -48,6 +47,7 @@ from .names import (
     EPILOGUE_PARTS,
     LAYOUTS,
     PRECISIONS,
+    bounded_int,
     canonical_dtype,
     choice,
 )
@@ -213,13 +213,7 @@ def algorithm_cache_stats() -> dict:
 
 
 def _capacity(value, name: str) -> int:
-    """A positive int number of entries (NumPy integers too); bools are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected a positive int number of entries, got {value!r}")
-    value = int(value)
-    if not 1 <= value <= _MAX_CAPACITY:
-        raise ValueError(f"{name}: expected a number of entries between 1 and {_MAX_CAPACITY}, got {value}")
-    return value
+    return bounded_int(name, value, 1, _MAX_CAPACITY, "entries")
 
 
 def set_algorithm_cache_capacity(capacity) -> None:

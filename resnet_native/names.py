@@ -4,6 +4,8 @@ Every Python module takes its names from here. The native core's typed enums (re
 ...) carry the same names; tests/test_names_cpu.py checks that the two tables agree.
 """
 
+import numbers
+
 import numpy as np
 
 # Precision modes: the storage dtype of activations and weights plus the math cuDNN may use. fp32 is strict FMA
@@ -50,6 +52,16 @@ def choice(name: str, value, allowed):
     if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"{name}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
     return value
+
+
+def bounded_int(name: str, value, low: int, high: int, unit: str) -> int:
+    """`value` as an int (NumPy integers too) in [low, high], else a TypeError / ValueError naming the argument;
+    bools are refused (True is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int number of {unit}, got {value!r}")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name}: expected a number of {unit} between {low} and {high}, got {value}")
+    return int(value)
 
 
 def canonical_dtype(value, name: str = "dtype") -> str:

@@ -143,7 +143,7 @@ def test_a_capacity_of_one_keeps_the_newest(algo_cache):
 
 
 SETTERS = {"algorithm": conv.set_algorithm_cache_capacity, "plan": conv.set_plan_cache_capacity}
-NOT_AN_INT = "capacity: expected a positive int number of entries, got "
+NOT_AN_INT = "capacity: expected an int number of entries, got "
 OUT_OF_RANGE = "capacity: expected a number of entries between 1 and 9223372036854775807, got "
 
 
