@@ -18,6 +18,7 @@ the file and what is wrong, found before any array is allocated.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import tempfile
@@ -183,9 +184,7 @@ def _member_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path) -> tuple:
         raise _npz_error(path, f"member {name!r} holds Python objects ({dtype}), which are never loaded")
     if any(n < 0 for n in shape) or dtype.itemsize == 0:
         raise _npz_error(path, f"member {name!r}: its header claims shape {shape} of {dtype}")
-    count = 1
-    for n in shape:
-        count *= n
+    count = math.prod(shape)
     expected = header + count * dtype.itemsize
     if expected != info.file_size:
         raise _npz_error(path, f"member {name!r}: its header claims shape {shape} of {dtype} "

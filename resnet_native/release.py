@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import pathlib
@@ -221,7 +220,7 @@ def _remove_dead_builds(final: pathlib.Path) -> None:
     # Exactly what _write_release and _publish name: mkdtemp's 8 random characters (+ '.link'), so neither another
     # version's folders (version 'A.B' beside 'A') nor a legacy '.old-' folder ever match.
     made = re.compile(re.escape(f".{final.name}.") + r"[a-z0-9_]{8}(\.link)?")
-    for path in final.parent.glob(glob.escape(f".{final.name}.") + "*"):
+    for path in final.parent.iterdir():
         if path.name == current or not made.fullmatch(path.name):
             continue
         if path.is_symlink():

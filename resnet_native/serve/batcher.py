@@ -27,10 +27,13 @@ import concurrent.futures
 import logging
 import math
 import numbers
+import sys
 import threading
 import time
 
 import numpy as np
+
+from ..names import bounded_int
 
 IMAGE_SHAPE = (32, 32, 3)
 # The largest batch when the engine does not say (a plain callable): a host engine's batch of 32 already amortises
@@ -46,14 +49,6 @@ class BatcherFull(RuntimeError):
 
 class BatcherClosed(RuntimeError):
     """The batcher was closed: it accepts no more requests."""
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected a positive int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-    return int(value)
 
 
 def _delay_seconds(value) -> float:
@@ -126,10 +121,10 @@ class Batcher:
             sizes = getattr(engine, "batch_sizes", None)
             max_batch = int(sizes[-1]) if sizes else DEFAULT_MAX_BATCH
         self.engine = engine
-        self.max_batch = _positive_int("max_batch", max_batch)
+        self.max_batch = bounded_int("max_batch", max_batch, 1, sys.maxsize, "images")
         self._delay = _delay_seconds(max_delay_ms)
         self.max_delay_ms = float(max_delay_ms)
-        self.max_queue = _positive_int("max_queue", max_queue)
+        self.max_queue = bounded_int("max_queue", max_queue, 1, sys.maxsize, "requests")
         self._cond = threading.Condition()
         self._listeners = ()  # replaced, never mutated, so the worker iterates a snapshot without the lock
         if on_batch is not None:
