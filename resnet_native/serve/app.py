@@ -178,18 +178,23 @@ async def predict(request: web.Request) -> web.Response:
             check_content_type(kind)
         except ImageError as e:
             raise _from_image_error(e) from None
-        images = [await _decode(state, await _read_body(request, state), kind)]
+        images = [await _decode(state, await _read_body(request), kind)]
     rows = await _classify(state, images)
     state.metrics.images.inc(len(rows))
     answers = [_answer(state.classes, row) for row in rows]
     return web.json_response(answers[0] if kind != "multipart/form-data" else {"predictions": answers})
 
 
-async def _read_body(request: web.Request, state: _State) -> bytes:
+def _disconnected() -> Refused:
+    """The client went away mid-body: nobody is left to answer, but the handler must end."""
+    return Refused(400, "the request body ended early (client disconnected)", "disconnected")
+
+
+async def _read_body(request: web.Request) -> bytes:
     try:
         return await request.read()  # client_max_size: HTTPRequestEntityTooLarge (413) past the limit
-    except ConnectionError:  # the client went away mid-body: nobody is left to answer
-        raise Refused(400, "the request body ended early (client disconnected)", "disconnected") from None
+    except ConnectionError:
+        raise _disconnected() from None
 
 
 async def _read_multipart(request: web.Request, state: _State) -> list:
@@ -218,7 +223,7 @@ async def _read_multipart(request: web.Request, state: _State) -> list:
             except Refused as e:
                 raise Refused(e.status, f"part {n}: {e}", e.reason) from None
     except ConnectionError:
-        raise Refused(400, "the request body ended early (client disconnected)", "disconnected") from None
+        raise _disconnected() from None
     except (ValueError, AssertionError) as e:  # aiohttp's parser on a malformed body (no boundary, bad framing)
         raise Refused(400, f"malformed multipart/form-data body ({e})", "bad_request") from None
     if not images:
