@@ -11,7 +11,7 @@
 // BN_ADD_ACTIVATION), and its gradient as one cudnnBatchNormalizationBackwardEx call, where cuDNN documents the
 // fused kernels: NHWC, fp16 (bf16 only when enabled: cuDNN documents fp16), persistent mode, C a multiple of 4.
 // Plain bn(x) takes the same *Ex calls (ops BN) there: on NHWC the non-Ex calls pick cuDNN's generic
-// single-read kernels, several times slower than the persistent NHWC ones (benchmarks/RESULTS.md, session 3).
+// single-read kernels, several times slower than the persistent NHWC ones (measured in benchmarks/RESULTS.md).
 // Elsewhere the plain BN call runs and the elementwise kernels (csrc/kernels/elementwise.h) add z and apply ReLU;
 // bn(x) + z without ReLU always does (cuDNN has no add-only op).
 // A fused call that cuDNN refuses falls back to that path, and the refusal is remembered per shape. The fused
