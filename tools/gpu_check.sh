@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   (default: info build test bench)
+#   norm profile (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
-#   TRAIN_ARGS    extra trainer arguments
+#   TRAIN_ARGS    extra trainer arguments; NORM_ARGS: bench_norm.py arguments; PROFILE_ARGS: profile_step.py's
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rn_out}
@@ -44,6 +44,14 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 benchmarks/bench_infer.py --json "$OUT/bench_infer.json" --markdown "$OUT/bench_infer.md" ${INFER_ARGS:-} \
         2>&1 | tee "$OUT/bench_infer.txt" | tail -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    norm)
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" ${NORM_ARGS:-} 2>&1 | tail -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    profile)
+      # shellcheck disable=SC2086
+      python3 tools/profile_step.py ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.txt" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     serve)
       # Loopback load test of the HTTP server: batched, unbatched, and one engine call per image.

@@ -1,6 +1,7 @@
 """Where a training step's GPU time goes: the top kernels of one eager step, ours and PyTorch's, side by side.
 
-    python tools/profile_step.py --model resnet50 --batch 256 [--steps 5] [--top 25]
+    python tools/profile_step.py --model resnet50 --batch 256 [--dtype fp16|bf16] [--steps 5] [--top 25]
+                                 [--bn-fuse-bf16 on|off]
 
 Why torch.profiler for our step too: CUPTI records every kernel of the process, whoever launched it (cuDNN,
 our .cu kernels, cupy's elementwise kernels), so one tool measures both trainers the same way. The step is run
@@ -13,7 +14,6 @@ import argparse
 import collections
 
 import cupy as cp
-import numpy as np
 import torch
 
 import resnet_native as rn
@@ -41,16 +41,17 @@ def profile(fn, steps: int, synchronize) -> tuple:
     return kernel_table(prof, steps)
 
 
-def ours(name, batch, steps):
-    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision="fp16")
+def ours(name, batch, dtype, steps):
+    model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision=dtype)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
-    x = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32).astype(np.float16)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler() if dtype == "fp16" else None)
+    x32 = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32)
+    x = rn.kernels.cast(x32, cp.empty(x32.shape, dtype=model.input_dtype))
     y = cp.random.randint(0, 10, batch).astype(cp.int32)
     return profile(lambda: step.run(x, y), steps, cp.cuda.Device().synchronize)
 
 
-def theirs(name, batch, steps):
+def theirs(name, batch, dtype, steps):
     import torchvision
 
     torch.backends.cudnn.benchmark = True
@@ -59,14 +60,15 @@ def theirs(name, batch, steps):
     model.maxpool = torch.nn.Identity()
     model = model.cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    scaler = torch.amp.GradScaler()
+    scaler = torch.amp.GradScaler(enabled=dtype == "fp16")
+    amp_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
     x = torch.randn(batch, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=amp_dtype):
             loss = loss_fn(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -79,12 +81,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--bn-fuse-bf16", choices=["on", "off"], help="resnet_native.norm.set_fuse_bf16 for the run")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args()
+    if args.bn_fuse_bf16:
+        rn.norm.set_fuse_bf16(args.bn_fuse_bf16 == "on")
     for who, run in (("resnet_native", ours), ("torch", theirs)):
-        total, rows = run(args.model, args.batch, args.steps)
-        print(f"\n{who}: {args.model} batch {args.batch}: {total / 1000:.2f} ms of kernels per step")
+        total, rows = run(args.model, args.batch, args.dtype, args.steps)
+        print(f"\n{who}: {args.model} {args.dtype} batch {args.batch}: {total / 1000:.2f} ms of kernels per step")
         print(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel")
         for name, us, n in rows[: args.top]:
             print(f"{us:9.1f} {us / total:6.1%} {n:6.1f}  {name[:110]}")
