@@ -1,6 +1,6 @@
 """Training batch norm alone: our forward and backward per dtype and variant, the path each took, against PyTorch.
 
-    python benchmarks/bench_norm.py [--shapes 256x64x32x32,...] [--dtypes fp16,bf16,bf16+fuse] [--json PATH]
+    python benchmarks/bench_norm.py [--shapes 256x64x32x32,...] [--dtypes fp32,fp16,bf16,bf16-nofuse] [--json PATH]
 
 For each NHWC activation shape (N x C x H x W), dtype and variant (bn, bn+relu, bn+add+relu) in the given order:
 the training forward (batch_norm_train) and its backward (batch_norm_backward), every output preallocated, each
@@ -10,7 +10,7 @@ bandwidth against 4.3 TB/s (a device-to-device copy's rate on an H200), counting
 least: forward reads x twice and writes y (plus z), backward reads x and dy twice and writes dx (plus the mask's y
 and dz). PyTorch's rival: F.batch_norm (+ add, ReLU) on a channels_last tensor of the dtype with fp32 parameters,
 forward and forward + backward through autograd, eager (its launches hidden behind the device time by
-back-to-back calls). `bf16+fuse` is bf16 with resnet_native.norm.set_fuse_bf16(True). Default shapes: ResNet-18's
+back-to-back calls). `bf16-nofuse` is bf16 with resnet_native.norm.set_fuse_bf16(False). Default shapes: ResNet-18's
 CIFAR stages at batch 256 and the largest ResNet-50 CIFAR shape.
 """
 
@@ -43,7 +43,7 @@ def time_ours(shape, dtype, relu, has_z):
     from resnet_native import kernels, norm
 
     n, c, h, w = shape
-    store = cp.float16 if dtype == "fp16" else cp.uint16
+    store = {"fp32": cp.float32, "fp16": cp.float16, "bf16": cp.uint16}[dtype]
 
     def act():
         return kernels.cast(cp.random.standard_normal((n, h, w, c), dtype=cp.float32), cp.empty((n, h, w, c), store))
@@ -54,7 +54,7 @@ def time_ours(shape, dtype, relu, has_z):
     rm, rv, mean, invstd = (cp.zeros(c, cp.float32) for _ in range(4))
     dgamma, dbeta = cp.empty(c, cp.float32), cp.empty(c, cp.float32)
     size = norm.batch_norm_reserve_size((n, h, w, c), layout="NHWC", relu=relu, has_z=has_z, dtype=dtype)
-    reserve = cp.empty(size, cp.uint8) if size else None
+    reserve = cp.empty((size + 3) // 4, cp.float32) if size else None  # opaque bytes, fp32-typed
     cp.cuda.Device().synchronize()  # the inputs were made on the default stream; the timing runs on its own
 
     def forward():
@@ -83,7 +83,7 @@ def time_torch(torch, shape, dtype, relu, has_z):
     import torch.nn.functional as F
 
     n, c, h, w = shape
-    dt = torch.float16 if dtype == "fp16" else torch.bfloat16
+    dt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     x = torch.randn(n, c, h, w, device="cuda", dtype=dt).to(memory_format=torch.channels_last).requires_grad_()
     z = torch.randn_like(x) if has_z else None
     dy = torch.randn_like(x)
@@ -123,8 +123,8 @@ def main(argv=None) -> int:
     for text in args.shapes.split(","):
         shape = tuple(int(v) for v in text.split("x"))
         for name in args.dtypes.split(","):
-            dtype = name.removesuffix("+fuse")
-            norm.set_fuse_bf16(name.endswith("+fuse"))
+            dtype = name.removesuffix("-nofuse")
+            norm.set_fuse_bf16(not name.endswith("-nofuse"))
             for variant in args.variants.split(","):
                 relu, has_z = VARIANTS[variant]
                 row = {"shape": text, "dtype": name, "variant": variant, **time_ours(shape, dtype, relu, has_z)}
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                     row.update(time_torch(torch, shape, dtype, relu, has_z))
                     row["ratio"] = row["torch_fwdbwd_ms"] / (row["fwd_ms"] + row["bwd_ms"])
                 rows.append(row)
-    norm.set_fuse_bf16(False)
+    norm.set_fuse_bf16(True)
     print(format_table(rows, COLUMNS, title=f"training batch norm, NHWC (bandwidth floor {COPY_GBS:.0f} GB/s)"))
     if args.json:
         write_json(args.json, {"environment": environment(), "args": vars(args), "rows": rows})

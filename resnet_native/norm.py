@@ -6,14 +6,15 @@ Semantics are PyTorch's: running = (1 - momentum) * running + momentum * batch s
 variance unbiased; save_invstd = 1 / sqrt(biased batch variance + eps).
 
 Paths (see last_path()):
-- NHWC fp16 (and C % 4 == 0): ONE cudnnBatchNormalizationForwardTrainingEx call computes relu(bn(x) [+ z]), or
-  bn(x) alone, in cuDNN's persistent NHWC kernels, and one cudnnBatchNormalizationBackwardEx call its gradient.
-  That path needs a reserve buffer kept from forward to backward: batch_norm_train returns it.
-- Elsewhere (and for bn(x) + z without ReLU) the plain cuDNN call runs and the custom kernels add z and apply
-  ReLU (and mask dy in backward).
+- NHWC, every dtype: a cudnnBatchNormalizationForwardTrainingEx call and a cudnnBatchNormalizationBackwardEx call
+  in cuDNN's persistent NHWC kernels (the non-Ex calls pick generic kernels several times slower there). In fp16
+  and bf16 (C % 4 == 0) ONE such call computes relu(bn(x) [+ z]) and one its gradient; otherwise the call does
+  bn(x) and the custom kernels add z and apply ReLU (and mask dy in backward). That path needs a reserve buffer
+  kept from forward to backward: batch_norm_train returns it.
+- NCHW: the plain cuDNN calls and the custom kernels.
+bn(x) + z without ReLU always leaves the add to the kernels (cuDNN has no add-only op).
 Mode: SPATIAL_PERSISTENT for NHWC, SPATIAL for NCHW (cuDNN's NCHW persistent reduction can overflow to inf/NaN on
-large activations); set_mode() forces one. bf16 fusion is off unless set_fuse_bf16(True): cuDNN documents its
-fused kernels for fp16.
+large activations); set_mode() forces one. set_fuse_bf16(False) keeps bf16 to the BN-only *Ex call.
 
 Outputs not given are allocated with cupy once every argument has been validated (pass them in to reuse
 buffers, e.g. for CUDA graphs); the native core checks every argument and raises TypeError / ValueError naming it.
@@ -76,8 +77,9 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
 
 
 def last_path() -> dict:
-    """What this thread's last batch-norm call ran: {'op': 'train'|'infer'|'backward', 'fused': bool,
-    'mode': 'persistent'|'spatial', 'detail': the cuDNN call(s) and kernels, and why it was not fused}."""
+    """What this thread's last batch-norm call ran: {'op': 'train'|'infer'|'backward', 'fused': bool (one cuDNN
+    call did the whole op), 'ex': bool (a *Ex call: cuDNN's persistent NHWC kernels), 'mode': 'persistent'|'spatial',
+    'detail': the cuDNN call(s) and kernels, and why it was not fused}."""
     return dict(_C.batch_norm_last_path())
 
 
@@ -91,7 +93,8 @@ def mode() -> str:
 
 
 def set_fuse_bf16(enabled: bool) -> None:
-    """Let NHWC bf16 try cuDNN's fused kernels (documented for fp16; a refusal falls back to the unfused path)."""
+    """Whether NHWC bf16 takes cuDNN's fused BN + add + ReLU calls (on by default; off: the BN-only *Ex call and the
+    elementwise kernels). A shape cuDNN refuses falls back by itself either way."""
     _C.set_batch_norm_fuse_bf16(bool(enabled))
 
 

@@ -90,7 +90,7 @@ def test_batchnorm2d(rng, layout, precision, relu, residual):
     x, x64 = to_device(2 * rng.standard_normal(shape) + 0.5, precision)
     z, z64 = to_device(rng.standard_normal(shape), precision) if residual else (None, None)
     y = bn.forward(x, train=True, z=z)
-    if layout == "NHWC" and precision == "fp16" and relu:
+    if layout == "NHWC" and precision in ("fp16", "bf16") and relu:
         assert rn.norm.last_path()["fused"], rn.norm.last_path()  # cuDNN's fused BN (+add) + ReLU kernel ran
     tol = TOLERANCE[precision]
     rm, rv = np.zeros(c), np.ones(c)

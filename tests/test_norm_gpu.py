@@ -113,8 +113,11 @@ def check_training_step(p, relu, momentum=0.1, reserve=None):
 
 
 def expected_fused(layout, dtype, relu, residual, c):
-    """Where one *Ex call is documented to do the whole op: relu(bn(x) [+ z]) or bn(x) (no add-only op)."""
-    return layout == "NHWC" and dtype == "fp16" and c % 4 == 0 and (relu or not residual)
+    """Where one *Ex call does the whole op: bn(x) in every dtype, relu(bn(x) [+ z]) in half precision with C % 4
+    == 0 (cuDNN has no add-only op)."""
+    if layout != "NHWC":
+        return False
+    return (not relu and not residual) or (relu and dtype in ("fp16", "bf16") and c % 4 == 0)
 
 
 # ---- training ------------------------------------------------------------------------------------------------------
@@ -133,10 +136,20 @@ def test_training_forward_and_backward_match_reference(layout, dtype, relu, resi
         else:
             assert not path["fused"], f"{key}: fused where cuDNN documents no fused kernel: {path}"
         if path["fused"]:
-            assert path["mode"] == "persistent", path
+            assert path["mode"] == "persistent" and path["ex"], path
+        # NHWC takes cuDNN's persistent NHWC kernels (a *Ex call) in every dtype, never the generic ones.
+        assert path["ex"] == (layout == "NHWC") or "refused" in path["detail"], f"{key}: {path}"
         # NCHW runs spatial; NHWC persistent unless cuDNN refused it (then spatial).
         assert path["mode"] == "spatial" or layout == "NHWC", path
     assert result["forward_path"]["op"] == "train" and result["backward_path"]["op"] == "backward"
+
+
+@pytest.mark.parametrize("relu, residual", [(False, False), (True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nhwc_reserve_is_never_empty(dtype, relu, residual):
+    """Every NHWC problem takes a *Ex call, whose forward records what it ran under its reserve buffer."""
+    for c in (16, 6):
+        assert norm.batch_norm_reserve_size((4, 8, 8, c), layout="NHWC", relu=relu, has_z=residual, dtype=dtype) >= 4
 
 
 def test_momentum_and_a_second_step_update_running_stats(rng):
@@ -196,16 +209,40 @@ def test_forced_persistent_mode_on_nchw(dtype, rng):
     assert not result["forward_path"]["fused"]  # fusion is NHWC only
 
 
-def test_bf16_fusion_when_enabled_is_correct_whichever_path_runs(rng):
+def test_bf16_fusion_disabled_keeps_the_ex_call_with_bn_ops(rng):
     p = Problem(rng, (4, 16, 5, 5), "NHWC", "bf16", residual=True)
-    norm.set_fuse_bf16(True)
+    norm.set_fuse_bf16(False)
     try:
-        result = check_training_step(p, relu=True)  # asserts the numbers, fused or not
+        result = check_training_step(p, relu=True)  # asserts the numbers
     finally:
-        norm.set_fuse_bf16(False)
-        norm.clear_refusals()
-    path = result["forward_path"]
-    assert path["fused"] or "refused" in path["detail"], path
+        norm.set_fuse_bf16(True)
+    for key in ("forward_path", "backward_path"):
+        path = result[key]
+        assert path["ex"] and not path["fused"] and "bf16 fusion disabled" in path["detail"], (key, path)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_backward_after_a_fused_forward_can_take_bn_ops(residual, rng):
+    """The backward follows the forward's record: after a fused forward, a backward whose fused ops may not run
+    (bf16 fusion switched off in between, as a refusal of the backward's fused call would) masks dy with the
+    kernels and runs the *Ex call with BN ops."""
+    p = Problem(rng, (4, 16, 5, 5), "NHWC", "bf16", residual=residual)
+    y, save_mean, save_invstd, reserve = train(p, relu=True)
+    assert norm.last_path()["fused"], norm.last_path()
+    norm.set_fuse_bf16(False)
+    try:
+        dx, dgamma, dbeta, dz = backward(p, y, save_mean, save_invstd, reserve, relu=True)
+    finally:
+        norm.set_fuse_bf16(True)
+    path = norm.last_path()
+    assert path["ex"] and not path["fused"] and "relu_backward kernel" in path["detail"], path
+    _, mean, invstd, _, _ = forward_reference(p, relu=True)
+    dx_ref, dgamma_ref, dbeta_ref, dz_ref = backward_reference(p, host_values(y, p.layout), mean, invstd, relu=True)
+    p.check(dx, dx_ref, "dx")
+    p.check(dgamma, dgamma_ref, "dgamma")
+    p.check(dbeta, dbeta_ref, "dbeta")
+    if residual:
+        p.check(dz, dz_ref, "dz")
 
 
 def test_training_runs_on_the_current_cupy_stream(rng):

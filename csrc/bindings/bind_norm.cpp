@@ -249,6 +249,7 @@ void bind_norm(py::module_& m) {
     py::dict d;
     d["op"] = p.op;
     d["fused"] = p.fused;
+    d["ex"] = p.ex;
     d["mode"] = p.mode;
     d["detail"] = p.detail;
     return d;

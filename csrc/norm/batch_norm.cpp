@@ -14,7 +14,8 @@ namespace rn {
 namespace {
 
 using bn_path::decide_fusion;
-using bn_path::filled_by_fused_forward;
+using bn_path::forward_record;
+using bn_path::ForwardRecord;
 using bn_path::Fusion;
 using bn_path::is_refusal;
 using bn_path::mode_name;
@@ -65,12 +66,12 @@ std::string run_epilogue(const TensorView& y, const TensorView& z, bool relu, cu
 
 // *no_workspace is set (and SUCCESS returned without running anything) when the workspace pool cannot provide
 // the workspace (its limit): the caller then runs the unfused path, without remembering a refusal.
-cudnnStatus_t fused_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
-                            const BatchNormTrainArgs& a, const std::array<int, 4>& d, cudaStream_t stream,
-                            bool* no_workspace) {
+cudnnStatus_t ex_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                         const BatchNormTrainArgs& a, const std::array<int, 4>& d, cudaStream_t stream,
+                         bool* no_workspace) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
   const ActivationDescriptor act = make_relu();
-  const bool has_z = a.z.defined();
+  const bool adds_z = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
   size_t workspace_bytes = 0, reserve_bytes = 0;
   cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
       handle, mode, ops, desc.data.get(), desc.data.get(), desc.data.get(), desc.param.get(), act.get(),
@@ -81,8 +82,8 @@ cudnnStatus_t fused_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cud
   if (status != CUDNN_STATUS_SUCCESS) return status;
   const size_t reserve_given = a.reserve.defined() ? a.reserve.nbytes() : 0;
   if (reserve_given < reserve_bytes) {
-    throw ValueError("reserve: the fused batch-norm path needs " + std::to_string(reserve_bytes) +
-                     " bytes of reserve space, got " + std::to_string(reserve_given) +
+    throw ValueError("reserve: the batch-norm path with ops " + std::string(ops_name(ops)) + " needs " +
+                     std::to_string(reserve_bytes) + " bytes of reserve space, got " + std::to_string(reserve_given) +
                      " (allocate it with resnet_native.norm.batch_norm_reserve_size)");
   }
   workspace_bytes = std::max(workspace_bytes, kMinWorkspace);
@@ -90,7 +91,7 @@ cudnnStatus_t fused_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cud
   *no_workspace = workspace == nullptr;
   if (*no_workspace) return CUDNN_STATUS_SUCCESS;
   return cudnnBatchNormalizationForwardTrainingEx(
-      handle, mode, ops, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), has_z ? a.z.data : nullptr,
+      handle, mode, ops, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), adds_z ? a.z.data : nullptr,
       desc.data.get(), a.y.data, desc.param.get(), a.gamma.data, a.beta.data, a.momentum, a.running_mean.data,
       a.running_var.data, a.eps, a.save_mean.data, a.save_invstd.data, act.get(), workspace, workspace_bytes,
       reserve_given ? a.reserve.data : nullptr, reserve_given);
@@ -111,21 +112,23 @@ struct ParamGrads {
   TensorView dgamma, dbeta;
 };
 
-cudnnStatus_t fused_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
-                             const BatchNormBackwardArgs& a, const ParamGrads& g, void* workspace,
-                             size_t workspace_bytes, const std::array<int, 4>& d) {
+// dy: the gradient the call takes (a.dy with fused ops; with BN ops, dy already masked by the ReLU).
+cudnnStatus_t ex_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                          const BatchNormBackwardArgs& a, const TensorView& dy, const ParamGrads& g, void* workspace,
+                          size_t workspace_bytes, const std::array<int, 4>& d) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
   const ActivationDescriptor act = make_relu();
   const void* y = ops == CUDNN_BATCHNORM_OPS_BN ? nullptr : a.y.data;  // the ReLU mask's source; BN alone needs none
-  return cudnnBatchNormalizationBackwardEx(
-      handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), y, desc.data.get(),
-      a.dy.data, desc.data.get(), a.has_z ? a.dz.data : nullptr, desc.data.get(), a.dx.data, desc.param.get(),
-      a.gamma.data, a.beta.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data, a.save_invstd.data, act.get(),
-      workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
+  void* dz = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION ? a.dz.data : nullptr;
+  return cudnnBatchNormalizationBackwardEx(handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data,
+                                           desc.data.get(), y, desc.data.get(), dy.data, desc.data.get(), dz,
+                                           desc.data.get(), a.dx.data, desc.param.get(), a.gamma.data, a.beta.data,
+                                           g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data, a.save_invstd.data,
+                                           act.get(), workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
 }
 
-cudnnStatus_t fused_backward_workspace(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
-                                       const BatchNormBackwardArgs& a, const std::array<int, 4>& d, size_t* bytes) {
+cudnnStatus_t ex_backward_workspace(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                                    const BatchNormBackwardArgs& a, const std::array<int, 4>& d, size_t* bytes) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
   const ActivationDescriptor act = make_relu();
   return cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, mode, ops, desc.data.get(), desc.data.get(),
@@ -204,15 +207,15 @@ size_t batch_norm_reserve_size(Layout layout, DType dtype, const std::array<int,
                                cudaStream_t stream) {
   const cudnnBatchNormMode_t mode = preferred_mode(layout);
   const Fusion fusion = decide_fusion(true, layout, dtype, d, relu, has_z, mode);
-  if (!fusion.fused) return 0;
+  if (!fusion.ex) return 0;
   const BnDescriptors desc = make_descriptors(layout, dtype, d, mode);
   const ActivationDescriptor act = make_relu();
   size_t bytes = 0;
   const cudnnStatus_t status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
       cudnn_handle(stream), mode, fusion.ops, act.get(), desc.data.get(), &bytes);
-  // At least one float: the buffer is also the token by which the backward knows a fused forward filled it.
+  // At least one float: the buffer is also the key under which the forward records what it ran for the backward.
   if (status == CUDNN_STATUS_SUCCESS) return std::max(bytes, sizeof(float));
-  if (is_refusal(status)) return 0;  // the forward will be refused too and run unfused
+  if (is_refusal(status)) return 0;  // the forward will be refused too and take the plain call
   throw_cudnn_error(status, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", __FILE__, __LINE__);
 }
 
@@ -224,30 +227,32 @@ void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t strea
   const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
   const ProblemKey problem = problem_key(true, dtype, d, has_z);
   Fusion fusion = decide_fusion(true, a.layout, dtype, d, a.relu, has_z, mode);
-  if (fusion.fused) {
+  // A refused *Ex call is remembered and the decision taken again: fused ops narrow to BN, BN to the plain call.
+  while (fusion.ex) {
     bool no_workspace = false;
-    const cudnnStatus_t status = fused_forward(handle, mode, fusion.ops, a, d, stream, &no_workspace);
+    const cudnnStatus_t status = ex_forward(handle, mode, fusion.ops, a, d, stream, &no_workspace);
     if (no_workspace) {
       fusion.why_not = "workspace over the limit";
-    } else if (status == CUDNN_STATUS_SUCCESS) {
-      record_forward(a.reserve, problem, true);
-      t_last_path = {"train", true, mode_name(mode),
-                     std::string("cudnnBatchNormalizationForwardTrainingEx(") + ops_name(fusion.ops) + ")"};
-      return;
-    } else if (is_refusal(status)) {
-      remember_refusal(true, dtype, d, has_z, status);
-      fusion.why_not = "cuDNN refused the fused call (" + cudnn_status_name(status) + ")";
-    } else {
-      throw_cudnn_error(status, "cudnnBatchNormalizationForwardTrainingEx", __FILE__, __LINE__);
+      break;
     }
+    if (status == CUDNN_STATUS_SUCCESS) {
+      record_forward(a.reserve, problem, {true, fusion.ops});
+      std::string detail = std::string("cudnnBatchNormalizationForwardTrainingEx(") + ops_name(fusion.ops) + ")";
+      if (!fusion.fused) detail += run_epilogue(a.y, a.z, a.relu, stream) + " (unfused: " + fusion.why_not + ")";
+      t_last_path = {"train", fusion.fused, true, mode_name(mode), detail};
+      return;
+    }
+    if (!is_refusal(status)) throw_cudnn_error(status, "cudnnBatchNormalizationForwardTrainingEx", __FILE__, __LINE__);
+    remember_refusal(true, dtype, d, has_z, fusion.ops, status);
+    fusion = decide_fusion(true, a.layout, dtype, d, a.relu, has_z, mode);
   }
-  record_forward(a.reserve, problem, false);
+  record_forward(a.reserve, problem, {});
   const cudnnBatchNormMode_t ran =
       run_with_mode_fallback(mode, "cudnnBatchNormalizationForwardTraining",
                              [&](cudnnBatchNormMode_t m) { return plain_forward(handle, m, a, d); });
   std::string detail = "cudnnBatchNormalizationForwardTraining" + run_epilogue(a.y, a.z, a.relu, stream);
   detail += " (unfused: " + fusion.why_not + ")";
-  t_last_path = {"train", false, mode_name(ran), detail};
+  t_last_path = {"train", false, false, mode_name(ran), detail};
 }
 
 void batch_norm_forward_inference(const BatchNormInferArgs& a, cudaStream_t stream) {
@@ -258,67 +263,102 @@ void batch_norm_forward_inference(const BatchNormInferArgs& a, cudaStream_t stre
   RN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
       cudnn_handle(stream), mode, &kOne, &kZero, desc.data.get(), a.x.data, desc.data.get(), a.y.data, desc.param.get(),
       a.gamma.data, a.beta.data, a.running_mean.data, a.running_var.data, a.eps));
-  t_last_path = {"infer", false, mode_name(mode),
+  t_last_path = {"infer", false, false, mode_name(mode),
                  "cudnnBatchNormalizationForwardInference" + run_epilogue(a.y, a.z, a.relu, stream)};
 }
 
+namespace {
+
+// The gradient reaching bn(x) [+ z] when the add / ReLU ran outside cuDNN: dy masked by y > 0 (into dz with z,
+// else into `masked`), or dy itself copied to dz for an add without ReLU. Returns it and says what ran.
+TensorView unfused_epilogue_grad(const BatchNormBackwardArgs& a, const TensorView& masked, cudaStream_t stream,
+                                 std::string* detail) {
+  if (a.relu) {
+    kernels::relu_backward(a.dy, a.y, a.has_z ? a.dz : masked, stream);
+    *detail += "relu_backward kernel + ";
+    return a.has_z ? a.dz : masked;
+  }
+  if (a.has_z) {
+    RN_CUDA_CHECK(cudaMemcpyAsync(a.dz.data, a.dy.data, a.dy.nbytes(), cudaMemcpyDeviceToDevice, stream));
+    *detail += "dz copy + ";
+  }
+  return a.dy;
+}
+
+// The *Ex backward, when the forward into a.reserve ran a *Ex call: with its ops if they fused the add / ReLU
+// (cuDNN reads the ReLU mask it left in the reserve) and the backward's are not refused, else with BN ops after
+// the masking kernels. Returns false (having changed nothing but what a retry overwrites) when it cannot run:
+// *why_not says why.
+bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d, cudnnBatchNormMode_t mode,
+                     cudaStream_t stream, std::string* why_not) {
+  const DType dtype = a.x.dtype;
+  const ForwardRecord forward = forward_record(a.reserve, problem_key(true, dtype, d, a.has_z));
+  const Fusion decision = decide_fusion(false, a.layout, dtype, d, a.relu, a.has_z, mode);
+  if (!decision.ex) {
+    *why_not = decision.why_not;
+    return false;
+  }
+  if (!forward.ex) {
+    *why_not = a.reserve.defined() ? "the forward that filled `reserve` took the plain call" : "no reserve given";
+    return false;
+  }
+  const bool fused_ops = forward.ops != CUDNN_BATCHNORM_OPS_BN && decision.fused && decision.ops == forward.ops;
+  const cudnnBatchNormOps_t ops = fused_ops ? forward.ops : CUDNN_BATCHNORM_OPS_BN;
+  const bool fused = fused_ops || (!a.relu && !a.has_z);
+  const cudnnHandle_t handle = cudnn_handle(stream);
+  size_t workspace_bytes = 0;
+  cudnnStatus_t status = ex_backward_workspace(handle, mode, ops, a, d, &workspace_bytes);
+  workspace_bytes = std::max(workspace_bytes, kMinWorkspace);
+  const bool masks = !fused && a.relu && !a.has_z;
+  const size_t scratch_bytes = align_up(workspace_bytes) + (masks ? align_up(a.dy.nbytes()) : 0) +
+                               (a.accumulate ? 2 * align_up(a.dgamma.nbytes()) : 0);
+  if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(scratch_bytes)) {
+    *why_not = "workspace over the limit";
+    return false;
+  }
+  std::string detail;
+  if (status == CUDNN_STATUS_SUCCESS) {
+    const BackwardScratch scratch = carve_scratch(a, workspace_bytes, masks, stream);
+    const TensorView grad = fused ? a.dy : unfused_epilogue_grad(a, scratch.masked_dy, stream, &detail);
+    status = ex_backward(handle, mode, ops, a, grad, scratch.grads, scratch.workspace, scratch.workspace_bytes, d);
+    if (status == CUDNN_STATUS_SUCCESS) finish_param_grads(a, scratch.grads, stream);
+  }
+  if (status != CUDNN_STATUS_SUCCESS) {
+    if (!is_refusal(status)) throw_cudnn_error(status, "cudnnBatchNormalizationBackwardEx", __FILE__, __LINE__);
+    remember_refusal(false, dtype, d, a.has_z, ops, status);
+    *why_not = "cuDNN refused the *Ex backward (" + cudnn_status_name(status) + ")";
+    return false;
+  }
+  detail += std::string("cudnnBatchNormalizationBackwardEx(") + ops_name(ops) + ")";
+  if (a.accumulate) detail += " + add kernels (accumulate)";
+  if (!fused) {
+    const std::string why =
+        decision.why_not.empty() ? "the forward left the add and ReLU to the elementwise kernels" : decision.why_not;
+    detail += " (unfused: " + why + ")";
+  }
+  t_last_path = {"backward", fused, true, mode_name(mode), detail};
+  return true;
+}
+
+}  // namespace
+
 void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
   const std::array<int, 4> d = nchw_dims(a.x, a.layout);
-  const DType dtype = a.x.dtype;
-  const cudnnHandle_t handle = cudnn_handle(stream);
   const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
-  Fusion fusion = decide_fusion(false, a.layout, dtype, d, a.relu, a.has_z, mode);
-  if (fusion.fused && !filled_by_fused_forward(a.reserve, problem_key(true, dtype, d, a.has_z))) {
-    fusion.fused = false;
-    fusion.why_not =
-        a.reserve.defined() ? "the forward call that filled `reserve` did not run fused" : "no reserve space given";
-  }
-  const std::string accumulate_note = a.accumulate ? " + add kernels (accumulate)" : "";
-  if (fusion.fused) {
-    size_t workspace_bytes = 0;
-    cudnnStatus_t status = fused_backward_workspace(handle, mode, fusion.ops, a, d, &workspace_bytes);
-    const size_t scratch_bytes =
-        align_up(std::max(workspace_bytes, kMinWorkspace)) + (a.accumulate ? 2 * align_up(a.dgamma.nbytes()) : 0);
-    if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(scratch_bytes)) {
-      fusion.fused = false;
-      fusion.why_not = "workspace over the limit";
-    } else if (status == CUDNN_STATUS_SUCCESS) {
-      const BackwardScratch scratch =
-          carve_scratch(a, std::max(workspace_bytes, kMinWorkspace), /*need_masked_dy=*/false, stream);
-      status =
-          fused_backward(handle, mode, fusion.ops, a, scratch.grads, scratch.workspace, scratch.workspace_bytes, d);
-      if (status == CUDNN_STATUS_SUCCESS) {
-        finish_param_grads(a, scratch.grads, stream);
-        t_last_path = {
-            "backward", true, mode_name(mode),
-            std::string("cudnnBatchNormalizationBackwardEx(") + ops_name(fusion.ops) + ")" + accumulate_note};
-        return;
-      }
-    }
-    if (fusion.fused) {
-      if (!is_refusal(status)) throw_cudnn_error(status, "cudnnBatchNormalizationBackwardEx", __FILE__, __LINE__);
-      remember_refusal(false, dtype, d, a.has_z, status);
-      fusion.why_not = "cuDNN refused the fused call (" + cudnn_status_name(status) + ")";
-    }
-  }
-  // Unfused: the gradient reaching bn(x) [+ z] is dy masked by y > 0; with z it is also dz.
+  std::string why_not;
+  if (try_ex_backward(a, d, mode, stream, &why_not)) return;
+  // The plain call: the masking kernels, then cudnnBatchNormalizationBackward.
   const BackwardScratch scratch = carve_scratch(a, 0, /*need_masked_dy=*/a.relu && !a.has_z, stream);
   std::string detail;
-  TensorView grad = a.dy;
-  if (a.relu) {
-    grad = a.has_z ? a.dz : scratch.masked_dy;
-    kernels::relu_backward(a.dy, a.y, grad, stream);
-    detail = "relu_backward kernel + ";
-  } else if (a.has_z) {
-    RN_CUDA_CHECK(cudaMemcpyAsync(a.dz.data, a.dy.data, a.dy.nbytes(), cudaMemcpyDeviceToDevice, stream));
-    detail = "dz copy + ";
-  }
+  const TensorView grad = unfused_epilogue_grad(a, scratch.masked_dy, stream, &detail);
+  const cudnnHandle_t handle = cudnn_handle(stream);
   const cudnnBatchNormMode_t ran = run_with_mode_fallback(
       mode, "cudnnBatchNormalizationBackward",
       [&](cudnnBatchNormMode_t m) { return plain_backward(handle, m, a, grad, scratch.grads, d); });
   finish_param_grads(a, scratch.grads, stream);
-  detail += "cudnnBatchNormalizationBackward" + accumulate_note + " (unfused: " + fusion.why_not + ")";
-  t_last_path = {"backward", false, mode_name(ran), detail};
+  detail += "cudnnBatchNormalizationBackward";
+  if (a.accumulate) detail += " + add kernels (accumulate)";
+  t_last_path = {"backward", false, false, mode_name(ran), detail + " (unfused: " + why_not + ")"};
 }
 
 BatchNormPath batch_norm_last_path() {

@@ -7,17 +7,18 @@
 // integer atomics that can overflow to inf/NaN on large activations (PyTorch avoids it there for accuracy).
 // set_batch_norm_mode_policy() forces either mode; a persistent call cuDNN refuses is retried in spatial mode.
 //
-// Fusion: y = relu(bn(x) [+ z]) runs as ONE cudnnBatchNormalizationForwardTrainingEx call (ops BN_ACTIVATION /
-// BN_ADD_ACTIVATION), and its gradient as one cudnnBatchNormalizationBackwardEx call, where cuDNN documents the
-// fused kernels: NHWC, fp16 (bf16 only when enabled: cuDNN documents fp16), persistent mode, C a multiple of 4.
-// Plain bn(x) takes the same *Ex calls (ops BN) there: on NHWC the non-Ex calls pick cuDNN's generic
+// NHWC (persistent mode) takes cuDNN's *Ex calls in every dtype: on NHWC the non-Ex calls pick cuDNN's generic
 // single-read kernels, several times slower than the persistent NHWC ones (measured in benchmarks/RESULTS.md).
-// Elsewhere the plain BN call runs and the elementwise kernels (csrc/kernels/elementwise.h) add z and apply ReLU;
-// bn(x) + z without ReLU always does (cuDNN has no add-only op).
-// A fused call that cuDNN refuses falls back to that path, and the refusal is remembered per shape. The fused
-// backward runs only when the reserve buffer it is given was filled by a fused forward of the same problem
-// (recorded per buffer); otherwise the unfused backward runs, which needs only y (for the ReLU mask) and is
-// correct after either forward path. batch_norm_last_path() tells which path this thread's last call took.
+// Fusion: y = relu(bn(x) [+ z]) runs as ONE cudnnBatchNormalizationForwardTrainingEx call (ops BN_ACTIVATION /
+// BN_ADD_ACTIVATION), and its gradient as one cudnnBatchNormalizationBackwardEx call, for fp16 and bf16 with C a
+// multiple of 4 (set_batch_norm_fuse_bf16(false) keeps bf16 to BN ops). Otherwise the *Ex call runs with ops BN and
+// the elementwise kernels (csrc/kernels/elementwise.h) add z and apply ReLU, and mask dy in backward; bn(x) + z
+// without ReLU always does (cuDNN has no add-only op). NCHW takes the plain calls and those kernels.
+// A *Ex call that cuDNN refuses is remembered per shape and ops: the fused ops narrow to BN ops, BN ops to the
+// plain call. The training forward records per reserve buffer what it ran; the backward follows that record (the
+// fused backward reads the ReLU mask the fused forward left in the reserve) and takes the plain call, which needs
+// only y and is correct after either forward, without one. batch_norm_last_path() tells which path this thread's
+// last call took.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -64,6 +65,7 @@ struct BatchNormBackwardArgs {
 struct BatchNormPath {
   std::string op;      // "train", "infer" or "backward"
   bool fused = false;  // one cuDNN *Ex call did the whole op: BN [+ add + ReLU]
+  bool ex = false;     // a *Ex call ran (cuDNN's persistent NHWC kernels), fused or followed by elementwise kernels
   std::string mode;    // "persistent" or "spatial"
   std::string detail;  // the calls that ran and, when unfused, why
 };

@@ -12,22 +12,23 @@ namespace bn_path {
 namespace {
 
 std::atomic<int> g_mode_policy{static_cast<int>(BatchNormModePolicy::Auto)};
-std::atomic<bool> g_fuse_bf16{false};
+std::atomic<bool> g_fuse_bf16{true};
 
-// Shapes for which cuDNN refused a fused call -> status name.
+// (problem, ops) pairs cuDNN refused in a *Ex call -> status name.
+using RefusalKey = std::tuple<ProblemKey, int>;
 std::mutex g_refusals_mutex;
-std::map<ProblemKey, std::string>& refusals() {
-  static auto* map = new std::map<ProblemKey, std::string>();
+std::map<RefusalKey, std::string>& refusals() {
+  static auto* map = new std::map<RefusalKey, std::string>();
   return *map;
 }
 
-// Which reserve buffers were last filled by a fused forward call, and for which problem. The fused backward
-// reads the ReLU mask cuDNN left in the reserve, so it may run only after a fused forward of the same problem
-// into that same buffer; anything else (a refusal, a policy change, a buffer reused) takes the unfused backward,
-// which needs only y.
+// What the last training forward into each reserve buffer ran, and for which problem. The fused backward reads
+// the ReLU mask cuDNN left in the reserve, so it may run only after a fused forward of the same problem into
+// that same buffer; the backward follows the forward's record, and without one takes the plain call (which needs
+// only y, and is correct after either forward path).
 struct ReserveRecord {
   ProblemKey problem;
-  bool fused;
+  ForwardRecord forward;
 };
 std::map<const void*, ReserveRecord>& reserve_records() {
   static auto* map = new std::map<const void*, ReserveRecord>();
@@ -76,51 +77,68 @@ cudnnBatchNormMode_t preferred_mode(Layout layout) {
   return layout == Layout::NHWC ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
 }
 
+namespace {
+// Why cuDNN refused (problem, ops) before, or "".
+std::string refused(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnBatchNormOps_t ops) {
+  std::lock_guard<std::mutex> lock(g_refusals_mutex);
+  const auto it = refusals().find({problem_key(forward, dtype, d, has_z), static_cast<int>(ops)});
+  return it == refusals().end() ? "" : it->second;
+}
+}  // namespace
+
 Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
                      cudnnBatchNormMode_t mode) {
   Fusion f;
-  if (!relu && has_z) {
-    f.why_not = "an add without ReLU (cuDNN has no BN_ADD op)";
-  } else if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
+  if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) {
     f.why_not = "spatial mode";
   } else if (layout != Layout::NHWC) {
     f.why_not = "NCHW layout";
+  } else if (const std::string status = refused(forward, dtype, d, has_z, CUDNN_BATCHNORM_OPS_BN); !status.empty()) {
+    f.why_not = "cuDNN refused this shape (" + status + ")";
+  }
+  f.ex = f.why_not.empty();
+  if (!f.ex) return f;
+  if (!relu && !has_z) {
+    f.fused = true;  // bn(x) is the whole op
+    return f;
+  }
+  const cudnnBatchNormOps_t ops = has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+  if (!relu) {
+    f.why_not = "an add without ReLU (cuDNN has no BN_ADD op)";
   } else if (dtype == DType::F32) {
-    f.why_not = "fp32 activations";
+    f.why_not = "fp32 activations (cuDNN's fused ops are for half precision)";
   } else if (dtype == DType::BF16 && !g_fuse_bf16.load()) {
-    f.why_not = "bf16 fusion disabled (cuDNN documents fp16)";
+    f.why_not = "bf16 fusion disabled";
   } else if (d[1] % 4 != 0) {
     f.why_not = "C not a multiple of 4";
-  } else {
-    std::lock_guard<std::mutex> lock(g_refusals_mutex);
-    const auto it = refusals().find(problem_key(forward, dtype, d, has_z));
-    if (it != refusals().end()) f.why_not = "cuDNN refused this shape (" + it->second + ")";
+  } else if (const std::string status = refused(forward, dtype, d, has_z, ops); !status.empty()) {
+    f.why_not = "cuDNN refused the fused ops for this shape (" + status + ")";
   }
   f.fused = f.why_not.empty();
-  f.ops = !relu   ? CUDNN_BATCHNORM_OPS_BN
-          : has_z ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
-                  : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+  if (f.fused) f.ops = ops;
   return f;
 }
 
-void record_forward(const TensorView& reserve, const ProblemKey& problem, bool fused) {
+void record_forward(const TensorView& reserve, const ProblemKey& problem, ForwardRecord record) {
   if (!reserve.defined()) return;
   std::lock_guard<std::mutex> lock(g_refusals_mutex);
   auto& records = reserve_records();
   if (records.size() >= kMaxReserveRecords) records.clear();
-  records[reserve.data] = {problem, fused};
+  records[reserve.data] = {problem, record};
 }
 
-bool filled_by_fused_forward(const TensorView& reserve, const ProblemKey& problem) {
-  if (!reserve.defined()) return false;
+ForwardRecord forward_record(const TensorView& reserve, const ProblemKey& problem) {
+  if (!reserve.defined()) return {};
   std::lock_guard<std::mutex> lock(g_refusals_mutex);
   const auto it = reserve_records().find(reserve.data);
-  return it != reserve_records().end() && it->second.fused && it->second.problem == problem;
+  if (it == reserve_records().end() || it->second.problem != problem) return {};
+  return it->second.forward;
 }
 
-void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnStatus_t status) {
+void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnBatchNormOps_t ops,
+                      cudnnStatus_t status) {
   std::lock_guard<std::mutex> lock(g_refusals_mutex);
-  refusals()[problem_key(forward, dtype, d, has_z)] = cudnn_status_name(status);
+  refusals()[{problem_key(forward, dtype, d, has_z), static_cast<int>(ops)}] = cudnn_status_name(status);
 }
 
 }  // namespace bn_path

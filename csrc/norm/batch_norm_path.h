@@ -1,6 +1,7 @@
 // Which path a batch-norm call takes (batch_norm.cpp runs it): the cuDNN mode (the policy, persistent or spatial),
-// whether the fused *Ex call may run (cuDNN's documented conditions, the bf16 switch, and the shapes cuDNN refused
-// before), and which reserve buffers a fused forward last filled (the fused backward's precondition).
+// whether a *Ex call runs (cuDNN's persistent NHWC kernels) and with which ops (the add and ReLU fused into it, or
+// left to the elementwise kernels), the shapes cuDNN refused before, and what the training forward did with each
+// reserve buffer (the backward follows it).
 #pragma once
 
 #include <cudnn.h>
@@ -27,22 +28,30 @@ const char* ops_name(cudnnBatchNormOps_t ops);
 cudnnBatchNormMode_t preferred_mode(Layout layout);
 
 struct Fusion {
-  bool fused = false;
+  bool ex = false;     // a *Ex call runs bn(x) in cuDNN's persistent NHWC kernels; else the plain call
+  bool fused = false;  // that call also does the add and the ReLU (ops below): the whole op in one call
   cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
-  std::string why_not;  // when !fused
+  std::string why_not;  // why no *Ex call, or (with ex) why the add / ReLU are left to the elementwise kernels
 };
 
-// Whether the fused *Ex call may run for this problem in `mode`, and with which ops.
+// The path of this problem in `mode`: a *Ex call where the mode and layout allow it and cuDNN has not refused the
+// shape; its ops the fused ones where cuDNN has them (half precision, C % 4 == 0, an op with a ReLU), else BN.
 Fusion decide_fusion(bool forward, Layout layout, DType dtype, const std::array<int, 4>& d, bool relu, bool has_z,
                      cudnnBatchNormMode_t mode);
 
-// cuDNN refused the fused call for this problem: later calls of it take the unfused path (until
-// clear_batch_norm_refusals).
-void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnStatus_t status);
+// cuDNN refused a *Ex call with `ops` for this problem: later calls narrow to BN ops, then to the plain call
+// (until clear_batch_norm_refusals).
+void remember_refusal(bool forward, DType dtype, const std::array<int, 4>& d, bool has_z, cudnnBatchNormOps_t ops,
+                      cudnnStatus_t status);
 
-// A training forward of `problem` filled `reserve` (fused or not); nothing for an undefined reserve.
-void record_forward(const TensorView& reserve, const ProblemKey& problem, bool fused);
-// Whether `reserve` was last filled by a fused forward of `problem`.
-bool filled_by_fused_forward(const TensorView& reserve, const ProblemKey& problem);
+// What a training forward of `problem` did with `reserve`: a *Ex call with `ops`, or the plain call (ex false).
+struct ForwardRecord {
+  bool ex = false;
+  cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
+};
+// Nothing for an undefined reserve.
+void record_forward(const TensorView& reserve, const ProblemKey& problem, ForwardRecord record);
+// What the last training forward of `problem` into `reserve` ran; {ex false} when none did (or another problem).
+ForwardRecord forward_record(const TensorView& reserve, const ProblemKey& problem);
 
 }  // namespace rn::bn_path
