@@ -69,8 +69,12 @@ def time_ours(shape, dtype, relu, has_z):
     fwd_path = norm.last_path()
     backward()
     bwd_path = norm.last_path()
+    # The timing runs on a non-blocking stream: nothing of the default stream's may still run beside it (two
+    # of cuDNN's persistent batch-norm kernels running at once on one GPU is not a case they are known to handle).
+    cp.cuda.Device().synchronize()
     row = {"fwd_ms": cupy_graphed_time(forward)["median_ms"]}
     forward()  # the backward's reserve must come from the forward of this problem
+    cp.cuda.Device().synchronize()
     row["bwd_ms"] = cupy_graphed_time(backward)["median_ms"]
     nbytes = x.nbytes
     row["fwd_gbs"] = (3 + has_z) * nbytes / row["fwd_ms"] / 1e6
@@ -132,6 +136,7 @@ def main(argv=None) -> int:
                     row.update(time_torch(torch, shape, dtype, relu, has_z))
                     row["ratio"] = row["torch_fwdbwd_ms"] / (row["fwd_ms"] + row["bwd_ms"])
                 rows.append(row)
+                print(format_table([row], COLUMNS), flush=True)
     norm.set_fuse_bf16(True)
     print(format_table(rows, COLUMNS, title=f"training batch norm, NHWC (bandwidth floor {COPY_GBS:.0f} GB/s)"))
     if args.json:

@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     norm)
       # shellcheck disable=SC2086
-      python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" ${NORM_ARGS:-} 2>&1 | tail -60
+      python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" ${NORM_ARGS:-} 2>&1 | tee "$OUT/bench_norm.txt" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     profile)
       # shellcheck disable=SC2086
