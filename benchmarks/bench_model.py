@@ -17,9 +17,10 @@ CIFAR rows are 32x32 with the CIFAR stem and 10 classes; --imagenet rows are Res
 stem and 1000 classes. Times are CUDA-event medians of single steps after warm-up. `speedup` is torch_graph over
 the faster of ours (above 1: ours is faster). TFLOP/s count 3x the forward's convolution FLOPs (forward, data
 gradient, weight gradient; 2*N*K*C*R*S*P*Q, the classifier included) and `mfu` is that against --peak-tflops (the
-dense fp16/bf16 rate an H200 reaches, 790). Memory: the device memory each side's step holds once it has run,
-read from cudaMemGetInfo before it is built and after it is timed (caching pools, workspace and CUDA graphs
-included); for PyTorch also the caching allocator's peak allocated bytes.
+dense fp16/bf16 rate an H200 reaches, 790). Memory, what each side's allocators hold at their peak: ours the
+cupy pools (the default pool, which holds the model, its buffers and the batch, and each captured step's private
+pool) plus the cuDNN workspace pool; PyTorch's caching allocator's peak reserved bytes (its cuDNN workspace and
+graph pools included), and its peak allocated bytes beside it.
 """
 
 from __future__ import annotations
@@ -56,13 +57,6 @@ def median_ms(fn, warmup: int, steps: int, new_event, elapsed_ms) -> float:
     return statistics.median(times)
 
 
-def device_used_bytes() -> int:
-    import cupy as cp
-
-    free, total = cp.cuda.runtime.memGetInfo()
-    return total - free
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Ours
 
@@ -91,7 +85,8 @@ def time_ours(config, warmup, steps) -> dict:
     import resnet_native as rn
     from resnet_native.inference.plan import build_plan
 
-    before = device_used_bytes()
+    default_pool = cp.get_default_memory_pool()
+    before = default_pool.total_bytes()
     model, opt, scaler, x, y = build_ours(config)
     flops = 3 * build_plan(model.state_dict(), config["stem"], config["dtype"], config["image"]).conv_flops(
         config["batch"])
@@ -106,8 +101,9 @@ def time_ours(config, warmup, steps) -> dict:
             row[name] = float("nan")
         steps_kept.append(step)
     cp.cuda.Device().synchronize()
-    row["ours_mem_gib"] = (device_used_bytes() - before) / 2**30
+    pools = default_pool.total_bytes() - before + sum(p.total_bytes() for s in steps_kept for p in s._pools.values())
     row["workspace_gib"] = rn.workspace_stats()["size"] / 2**30
+    row["ours_mem_gib"] = pools / 2**30 + row["workspace_gib"]
     for step in steps_kept:
         step.reset_graphs()
     del model, opt, scaler, x, y, steps_kept
@@ -166,7 +162,6 @@ def time_torch(torch, config, warmup, steps) -> dict:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    before = device_used_bytes()
     eager, capturable, opt = torch_step(torch, config)
     row = {"torch_eager_ms": median_ms(eager, warmup, steps, **events)}
     # Whole-step capture as torch.cuda.graph's documentation shows it: warm up on a side stream, grads set to
@@ -184,7 +179,7 @@ def time_torch(torch, config, warmup, steps) -> dict:
         capturable()
     row["torch_graph_ms"] = median_ms(graph.replay, warmup, steps, **events)
     torch.cuda.synchronize()
-    row["torch_mem_gib"] = (device_used_bytes() - before) / 2**30
+    row["torch_mem_gib"] = torch.cuda.max_memory_reserved() / 2**30
     row["torch_peak_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
     del graph, eager, capturable, opt
     gc.collect()

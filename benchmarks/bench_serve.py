@@ -1,14 +1,17 @@
 """Load test of the HTTP server on loopback: dynamic batching against one engine call per image.
 
-    python benchmarks/bench_serve.py --fake-engine-ms 20,0.1 [--clients 32] [--requests 500] [--time-limit-s 60]
-                                     [--max-batch N] [--max-delay-ms 2] [--modes batched,server_batch_1,sequential]
+    python benchmarks/bench_serve.py --fake-engine-ms 20,0.1 [--clients 32] [--client-processes 2] [--requests 500]
+                                     [--time-limit-s 60] [--max-batch N] [--max-delay-ms 2]
+                                     [--modes batched,server_batch_1,sequential]
                                      [--out serve.json]
     python benchmarks/bench_serve.py --release cifar10_models/version_A ...      # on a GPU: its InferenceEngine
     python benchmarks/bench_serve.py --model resnet18 ...                       # GPU: an untrained network's engine
 
 Modes, each against the same engine, one after the other:
   batched          the server (in this process, 127.0.0.1, a free port, its own event loop in a thread) with a
-                   Batcher(max_batch, max_delay_ms); --clients aiohttp clients each POST one PNG at a time
+                   Batcher(max_batch, max_delay_ms); --clients aiohttp clients each POST one PNG at a time, spread
+                   over --client-processes processes (default 2) so that they do not compete with the server for
+                   its interpreter
   server_batch_1   the same server and clients with Batcher(max_batch=1, max_delay_ms=0): HTTP without batching
   sequential       no HTTP: engine(image[None]) for one image after another, the floor of one call per image
 A mode stops after --requests requests or when its share of --time-limit-s is spent, whichever comes first (the
@@ -125,8 +128,31 @@ async def _load(url: str, pngs: list, requests: int, clients: int, deadline: flo
     return latencies, failed[0], wall, "requests" if sent[0] >= requests else "time_limit"
 
 
+def _load_process(url: str, pngs: list, requests: int, clients: int, deadline: float) -> tuple:
+    return asyncio.run(_load(url, pngs, requests, clients, deadline))
+
+
+def _load_from(processes: int, url: str, pngs: list, requests: int, clients: int, deadline: float) -> tuple:
+    """_load's results with the clients and requests split among `processes` client processes (0: in this one,
+    sharing the server's interpreter). time.monotonic is the system's clock, so the deadline holds in each."""
+    if processes == 0:
+        return asyncio.run(_load(url, pngs, requests, clients, deadline))
+    import concurrent.futures
+    import multiprocessing
+
+    shares = [(requests // processes + (i < requests % processes), clients // processes + (i < clients % processes))
+              for i in range(processes)]
+    shares = [(r, c) for r, c in shares if r and c]
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=spawn) as pool:
+        parts = list(pool.map(_load_process, *zip(*[(url, pngs, r, c, deadline) for r, c in shares], strict=True)))
+    latencies = [t for part in parts for t in part[0]]
+    stopped = "time_limit" if any(part[3] == "time_limit" for part in parts) else "requests"
+    return latencies, sum(part[1] for part in parts), max(part[2] for part in parts), stopped
+
+
 def run_server(mode: str, engine, classes, pngs, *, requests: int, clients: int, deadline: float, max_batch,
-               max_delay_ms: float) -> dict:
+               max_delay_ms: float, client_processes: int = 0) -> dict:
     """The HTTP server with a Batcher of these settings, loaded by `clients` concurrent clients."""
     from resnet_native.serve import Batcher, make_app
     from resnet_native.serve.server import ServerThread
@@ -137,13 +163,14 @@ def run_server(mode: str, engine, classes, pngs, *, requests: int, clients: int,
             warm = min(clients, 16)
             asyncio.run(_load(url, pngs, warm, warm, deadline))
             before = batcher.counters()
-            latencies, failed, wall, stopped_by = asyncio.run(_load(url, pngs, requests, clients, deadline))
+            latencies, failed, wall, stopped_by = _load_from(client_processes, url, pngs, requests, clients, deadline)
             after = batcher.counters()
     batches = after["batches"] - before["batches"]
     served = after["completed"] - before["completed"]
     return summarize(mode, latencies, failed, wall, stopped_by, max_batch=batcher.max_batch,
                      max_delay_ms=batcher.max_delay_ms, clients=clients,
-                     mean_batch=served / batches if batches else None, batches=batches)
+                     mean_batch=served / batches if batches else None, batches=batches,
+                     client_processes=client_processes)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -180,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-batches", type=lambda v: tuple(int(b) for b in v.split(",")),
                    default=(1, 8, 32, 64, 128, 256), help="--model: the engine's captured batch sizes")
     p.add_argument("--clients", type=int, default=32, help="concurrent HTTP clients (default 32)")
+    p.add_argument("--client-processes", type=int, default=2,
+                   help="processes the clients run in, so they do not share the server's interpreter (0: this one)")
     p.add_argument("--requests", type=int, default=500, help="requests per mode (default 500)")
     p.add_argument("--time-limit-s", type=float, default=60.0, help="wall-time limit of the whole run (default 60)")
     p.add_argument("--max-batch", type=int, default=None, help="the batched mode's max_batch (default: the engine's)")
@@ -198,6 +227,8 @@ def resolve_args(argv=None):
     for name in ("clients", "requests"):
         if getattr(args, name) < 1:
             p.error(f"--{name}: expected a positive number, got {getattr(args, name)}")
+    if not 0 <= args.client_processes <= args.clients:
+        p.error(f"--client-processes: expected 0 to --clients ({args.clients}), got {args.client_processes}")
     if not args.time_limit_s > 0:
         p.error(f"--time-limit-s: expected a positive number, got {args.time_limit_s}")
     if args.fake_engine_ms is not None:
@@ -229,7 +260,8 @@ def main(argv=None) -> dict:
             batched = mode == "batched"
             rows.append(run_server(mode, engine, classes, pngs, requests=args.requests, clients=args.clients,
                                    deadline=deadline, max_batch=args.max_batch if batched else 1,
-                                   max_delay_ms=args.max_delay_ms if batched else 0.0))
+                                   max_delay_ms=args.max_delay_ms if batched else 0.0,
+                                   client_processes=args.client_processes))
         print(format_table(rows[-1:], COLUMNS), flush=True)
     by_mode = {r["mode"]: r for r in rows}
     speedup = None
