@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm profile (default: info build test bench)
+#   norm profile reliability sanitize (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -53,6 +53,25 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       python3 tools/profile_step.py ${PROFILE_ARGS:-} 2>&1 | tee -a "$OUT/profile.txt" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    reliability)
+      # The GPU half of the reliability sweep (tools/reliability.py): leak soak, memory pressure, SIGKILLed trainer.
+      # shellcheck disable=SC2086
+      for what in ${RELIABILITY:-soak pressure kill}; do
+        extra=""; [ "$what" = kill ] && extra="--data .data/cifar10-jpeg.tar.xz"
+        python3 tools/reliability.py "$what" $extra --json "$OUT/reliability_$what.json" 2>&1 | tail -25
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    sanitize)
+      # compute-sanitizer over the custom kernels' tests and a few captured training steps (one log per tool).
+      sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+      for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck}; do
+        { "$sanitizer" --tool "$tool" --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_kernels_gpu.py tests/test_multi_tensor_gpu.py tests/test_pool_gpu.py \
+          && "$sanitizer" --tool "$tool" --error-exitcode 99 python3 tools/reliability.py step; } \
+          >"$OUT/sanitize_$tool.log" 2>&1
+        rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
+        [ "$rc" -eq 0 ] || status=1
+      done ;;
     serve)
       # Loopback load test of the HTTP server: batched, unbatched, and one engine call per image.
       for m in ${SERVE_MODELS:-resnet18 resnet50}; do

@@ -1,0 +1,278 @@
+"""The GPU half of the reliability sweep, in one script: leak soak, memory pressure, and SIGKILLs of the real trainer.
+
+    python tools/reliability.py soak     [--models 1000] [--steps 10000] [--json PATH]
+    python tools/reliability.py pressure [--json PATH]
+    python tools/reliability.py kill     --data .data/cifar10-jpeg.tar.xz [--kills 12] [--json PATH]
+    python tools/reliability.py step     (a few small training steps, eager and captured: for compute-sanitizer)
+
+soak      builds and drops --models ResNet-18s with an InferenceEngine each (fp16, NHWC, batch sizes 1 and 32),
+          then runs --steps captured training steps of one ResNet-18 (batch 128); samples live cuDNN descriptors,
+          the device's used memory and the process's RSS along the way, and reports each one's least-squares slope
+          over the second half of the samples (per 100 models, per 1000 steps): flat is what passes.
+pressure  one ResNet-18 fp16 training step under workspace caps from none down to 0 bytes (every convolution must
+          still run, on an algorithm that fits), then with the device filled by a cupy allocation until a step
+          cannot run: the error must be a clear out-of-memory exception, never a crash, and a step after the
+          memory is given back must run again.
+kill      trains a small run (recipe A's ResNet-18, --subset images, --epochs epochs, a checkpoint every
+          epoch), SIGKILLs it at random points --kills times, resuming each time, then lets it finish. It checks
+          that no temporary file is left once each resume starts, that last.npz is always complete (the epoch each
+          resume starts at is recorded), that the finished run logged every epoch once, and that its final test
+          accuracy is that of an uninterrupted run of the same seed within --accuracy-gap.
+Every check that fails is reported with what it saw and the script exits 1; --json writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+FAILURES: list = []
+
+
+def check(ok: bool, what: str) -> None:
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
+    if not ok:
+        FAILURES.append(what)
+
+
+def slope(samples: list) -> float:
+    """Least-squares slope of the second half of [(x, y)] samples (the first half includes warm-up growth)."""
+    half = samples[len(samples) // 2:]
+    x, y = (np.array(v, dtype=np.float64) for v in zip(*half, strict=True))
+    return float(np.polyfit(x, y, 1)[0]) if len(half) >= 2 else 0.0
+
+
+def probe() -> dict:
+    import cupy as cp
+
+    import resnet_native as rn
+
+    free, total = cp.cuda.runtime.memGetInfo()
+    return {"descriptors": sum(rn.live_descriptors().values()), "device_mib": (total - free) / 2**20,
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def soak(args) -> dict:
+    import gc
+
+    import cupy as cp
+
+    import resnet_native as rn
+
+    x = cp.random.randint(0, 256, (32, 32, 32, 3)).astype(cp.uint8)
+    per_model = []
+    for i in range(args.models):
+        model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=i).cuda().eval()
+        engine = rn.InferenceEngine(model, batch_sizes=(1, 32), dtype="fp16")
+        engine(x).get()
+        del model, engine
+        if i % max(1, args.models // 50) == 0:
+            gc.collect()
+            per_model.append((i, probe()))
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
+    xb = rn.kernels.cast(cp.random.standard_normal((128, 32, 32, 3), dtype=cp.float32),
+                         cp.empty((128, 32, 32, 3), cp.float16))
+    yb = cp.random.randint(0, 10, 128).astype(cp.int32)
+    per_step = []
+    for i in range(args.steps):
+        step.run(xb, yb)
+        if i % max(1, args.steps // 50) == 0:
+            cp.cuda.Device().synchronize()
+            per_step.append((i, probe()))
+    loss_sum, _, seen = step.read_totals()
+    check(np.isfinite(loss_sum) and seen == args.steps * 128, f"soak: {args.steps} steps ran, loss finite")
+    out = {"models": args.models, "steps": args.steps}
+    for name, samples, unit in (("per_100_models", per_model, 100), ("per_1000_steps", per_step, 1000)):
+        out[name] = {key: slope([(i, p[key]) for i, p in samples]) * unit for key in samples[0][1]}
+        out[name + "_last"] = samples[-1][1]
+        for key, value in out[name].items():
+            # Flat: under one descriptor and 1 MiB of device memory per unit; RSS under 4 MiB (allocator noise).
+            limit = {"descriptors": 1.0, "device_mib": 1.0, "rss_mib": 4.0}[key]
+            check(abs(value) < limit, f"soak: {key} slope {value:.3f} {name.replace('_', ' ')} (limit {limit})")
+    return out
+
+
+def pressure(args) -> dict:
+    import cupy as cp
+
+    import resnet_native as rn
+
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
+    x = rn.kernels.cast(cp.random.standard_normal((256, 32, 32, 3), dtype=cp.float32),
+                        cp.empty((256, 32, 32, 3), cp.float16))
+    y = cp.random.randint(0, 10, 256).astype(cp.int32)
+    out = {"caps": {}}
+    for cap in (None, 256 * 2**20, 16 * 2**20, 2**20, 0):
+        rn.set_workspace_limit(cap)
+        try:
+            start = time.perf_counter()
+            loss, _ = step(x, y)
+            ok = bool(np.isfinite(float(loss)))
+            out["caps"][str(cap)] = {"ok": ok, "s": time.perf_counter() - start,
+                                     "peak_request": rn.workspace_stats()["peak_request"]}
+            check(ok, f"pressure: a training step under a workspace cap of {cap} bytes")
+        except Exception as e:  # noqa: BLE001 - the figure is what was raised
+            out["caps"][str(cap)] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
+            check(False, f"pressure: workspace cap {cap}: {type(e).__name__}: {str(e)[:200]}")
+    rn.set_workspace_limit(None)
+    rn.release_workspace()
+    cp.get_default_memory_pool().free_all_blocks()
+    hogs, error = [], None
+    free = cp.cuda.runtime.memGetInfo()[0]
+    chunk = 1 << 30
+    while error is None and chunk >= 16 << 20:
+        try:
+            hogs.append(cp.cuda.alloc(chunk))  # cupy's own pool is bypassed: these bytes are really taken
+            step(x, y)
+        except cp.cuda.memory.OutOfMemoryError:
+            chunk //= 2  # the hog itself did not fit: take smaller bites
+        except Exception as e:  # noqa: BLE001 - what a full device makes a step raise
+            error = e
+    out["filled_mib"] = sum(h.mem.size for h in hogs) / 2**20
+    out["free_before_mib"] = free / 2**20
+    out["error"] = None if error is None else f"{type(error).__name__}: {error}"[:400]
+    check(error is not None and ("memory" in str(error).lower() or isinstance(error, MemoryError)),
+          f"pressure: a full device gives a clear out-of-memory error ({out['error']})")
+    del hogs
+    cp.get_default_memory_pool().free_all_blocks()
+    loss, _ = step(x, y)
+    check(bool(np.isfinite(float(loss))), "pressure: a step runs again once the memory is given back")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def trainer(args, out: Path, *extra) -> list:
+    return [sys.executable, "-m", "resnet_native.train", "--recipe", "A", "--model", "resnet18", "--subset",
+            str(args.subset), "--epochs", str(args.epochs), "--seed", "3", "--data", args.data, "--out", str(out),
+            "--checkpoint-every", "1", "--no-progress", "--no-tensorboard", *extra]
+
+
+def final_accuracy(run: Path) -> float:
+    return float(json.loads((run / "summary.json").read_text())["test_acc"])
+
+
+def checkpoint_epoch(last: Path):
+    """The epoch a resume from `last` starts at (None without a readable checkpoint)."""
+    from resnet_native.checkpoint import load_checkpoint
+
+    try:
+        return int(load_checkpoint(last)["rng"]["next_epoch"])
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable: {e}"
+
+
+def logged_epochs(run: Path) -> list:
+    lines = (run / "metrics.csv").read_text().splitlines()[1:]
+    return [int(line.split(",")[0]) for line in lines if line]
+
+
+def temporaries(run: Path) -> list:
+    return sorted(p.name for p in run.iterdir() if ".tmp" in p.name)
+
+
+def kill(args) -> dict:
+    rng = random.Random(args.seed)
+    base = Path(args.workdir)
+    reference, killed = base / "uninterrupted", base / "killed"
+    subprocess.run(trainer(args, reference), check=True, timeout=args.timeout_s)
+    events = []
+    proc = subprocess.Popen(trainer(args, killed))
+    for k in range(args.kills):
+        time.sleep(rng.uniform(2.0, args.max_wait_s))
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        left = temporaries(killed) if killed.exists() else []
+        last = killed / "last.npz"
+        events.append({"kill": k, "temporaries_after_kill": left,
+                       "resumes_at_epoch": checkpoint_epoch(last) if last.exists() else None})
+        check(not isinstance(events[-1]["resumes_at_epoch"], str), f"kill {k}: last.npz is complete and readable")
+        proc = subprocess.Popen(trainer(args, killed, *(["--resume"] if last.exists() else [])))
+        time.sleep(1.0)  # the resume has started: its writer has removed what killed writes left
+        events[-1]["temporaries_after_resume_start"] = temporaries(killed)
+        check(not events[-1]["temporaries_after_resume_start"], f"kill {k}: no temporary file once resumed")
+    rc = proc.wait(timeout=args.timeout_s)
+    check(rc == 0, f"kill: the run finished after {len(events)} kills (exit {rc})")
+    check(not temporaries(killed), "kill: no temporary file at the end")
+    if rc == 0:
+        epochs = logged_epochs(killed)
+        check(epochs == list(range(1, args.epochs + 1)), f"kill: every epoch logged once, in order ({epochs})")
+    out = {"kills": len(events), "events": events}
+    if rc == 0:
+        out["reference_accuracy"], out["killed_accuracy"] = final_accuracy(reference), final_accuracy(killed)
+        gap = abs(out["reference_accuracy"] - out["killed_accuracy"])
+        check(gap <= args.accuracy_gap, f"kill: final accuracy {out['killed_accuracy']:.4f} against the "
+              f"uninterrupted {out['reference_accuracy']:.4f} (gap {gap:.4f}, allowed {args.accuracy_gap})")
+    return out
+
+
+def small_step(args) -> dict:
+    import cupy as cp
+
+    import resnet_native as rn
+
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
+    x = rn.kernels.cast(cp.random.standard_normal((8, 16, 16, 3), dtype=cp.float32), cp.empty((8, 16, 16, 3),
+                                                                                               cp.float16))
+    y = cp.random.randint(0, 10, 8).astype(cp.int32)
+    for _ in range(3):  # eager (warm-up), captured, replayed
+        step.run(x, y)
+    loss_sum, _, seen = step.read_totals()
+    check(np.isfinite(loss_sum) and seen == 24 and step.num_graphs == 1, "step: three steps, one captured graph")
+    return {"loss_sum": loss_sum}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("soak")
+    s.add_argument("--models", type=int, default=1000)
+    s.add_argument("--steps", type=int, default=10000)
+    sub.add_parser("pressure")
+    sub.add_parser("step")
+    k = sub.add_parser("kill")
+    k.add_argument("--data", required=True)
+    k.add_argument("--kills", type=int, default=12)
+    k.add_argument("--subset", type=int, default=8192)
+    k.add_argument("--epochs", type=int, default=6)
+    k.add_argument("--max-wait-s", type=float, default=15.0)
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--accuracy-gap", type=float, default=0.03, help="allowed final-accuracy gap (noise of a short run)")
+    k.add_argument("--timeout-s", type=float, default=400.0)
+    k.add_argument("--workdir", default="/tmp/rn_kill")
+    for sp in (s, k, sub.choices["pressure"], sub.choices["step"]):
+        sp.add_argument("--json")
+    args = p.parse_args(argv)
+    result = {"soak": soak, "pressure": pressure, "kill": kill, "step": small_step}[args.what](args)
+    result["failures"] = FAILURES
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: v for k, v in result.items() if k != "events"}, indent=1, default=str))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    sys.exit(main())
