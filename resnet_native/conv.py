@@ -50,6 +50,7 @@ from .names import (
     bounded_int,
     canonical_dtype,
     choice,
+    flag,
 )
 
 _CACHE_FORMAT = "resnet_native.algorithm_cache"
@@ -107,9 +108,7 @@ def conv2d_backward_filter(x, dy, spec: ConvSpec, w_shape, *, out=None, accumula
     if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):  # host arrays: the float64 reference
         return reference.conv.conv2d_backward_filter(x, dy, spec, w_shape, out=out, accumulate=accumulate)
     spec = _check_spec(spec)
-    if not isinstance(accumulate, bool):
-        raise ValueError(f"accumulate: expected a bool, got {accumulate!r}")
-    return _C.conv_backward_filter(x, dy, out, _shape4(w_shape, "w_shape"), accumulate,
+    return _C.conv_backward_filter(x, dy, out, _shape4(w_shape, "w_shape"), flag("accumulate", accumulate),
                                    _native_spec(spec, "backward_filter"), _stream())
 
 

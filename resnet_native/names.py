@@ -5,6 +5,7 @@ Every Python module takes its names from here. The native core's typed enums (re
 """
 
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,14 +55,54 @@ def choice(name: str, value, allowed):
     return value
 
 
+def _integral(name: str, value, expected: str) -> int:
+    """`value` as an int (NumPy integers too), else a TypeError naming the argument: bools (Python's and NumPy's)
+    are refused (True is not a count), and so are floats and strings int() would turn into one."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected {expected}, got {value!r}")
+    return int(value)
+
+
 def bounded_int(name: str, value, low: int, high: int, unit: str) -> int:
     """`value` as an int (NumPy integers too) in [low, high], else a TypeError / ValueError naming the argument;
     bools are refused (True is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int number of {unit}, got {value!r}")
-    if not low <= int(value) <= high:
+    value = _integral(name, value, f"an int number of {unit}")
+    if not low <= value <= high:
         raise ValueError(f"{name}: expected a number of {unit} between {low} and {high}, got {value}")
-    return int(value)
+    return value
+
+
+def whole_number(name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int (NumPy integers too; not a bool, a float or a string), else a TypeError naming the
+    argument; with a minimum, a ValueError below it."""
+    expected = "an int" if minimum is None else f"an int >= {minimum}"
+    value = _integral(name, value, expected)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}: expected {expected}, got {value}")
+    return value
+
+
+def whole_numbers(name: str, value, minimum: int | None = None, count: int | None = None) -> tuple:
+    """A tuple of ints, each as whole_number checks it (named name[i]), from a sequence (not a string) or a NumPy
+    array; an int alone stands for `count` copies of itself (with no count: a tuple of one). Anything else: a
+    TypeError; an empty sequence, or one of another length than count: a ValueError."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
+        value = (value,) * (count or 1)
+    what = "a sequence of ints" if count is None else "a pair of ints" if count == 2 else f"{count} ints"
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | np.ndarray):
+        raise TypeError(f"{name}: expected an int or {what}, got {value!r}")
+    if len(value) == 0 or (count is not None and len(value) != count):
+        raise ValueError(f"{name}: expected {'a non-empty sequence of ints' if count is None else what}, "
+                         f"got {value!r}")
+    return tuple(whole_number(f"{name}[{i}]", v, minimum) for i, v in enumerate(value))
+
+
+def flag(name: str, value) -> bool:
+    """`value` as a bool if it is True or False (NumPy's bools too), else a TypeError naming the argument: 1, 0,
+    None and strings are not flags."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
 
 
 def canonical_dtype(value, name: str = "dtype") -> str:

@@ -22,7 +22,6 @@ whether BN was folded, and, from a release, its version, class names and normali
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import pathlib
 
@@ -32,6 +31,7 @@ from .checkpoint import atomic_write_bytes
 from .inference.fold import BN_EPS, conv_step_params
 from .inference.plan import build_plan
 from .inference.source import model_source
+from .names import flag, whole_number
 
 INSTALL_HINT = 'pip install "resnet_native[onnx]"'
 INPUT, OUTPUT, BATCH = "input", "logits", "batch"
@@ -70,17 +70,10 @@ def supported_opsets() -> range:
 
 def _check_opset(opset) -> int:
     opsets = supported_opsets()
-    if not isinstance(opset, numbers.Integral) or isinstance(opset, bool):
-        raise TypeError(f"opset: expected an int, got {type(opset).__name__}")
-    if int(opset) not in opsets:
+    opset = whole_number("opset", opset)
+    if opset not in opsets:
         raise ValueError(f"opset: expected {opsets.start}..{opsets.stop - 1}, got {opset}")
-    return int(opset)
-
-
-def _check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
-    return bool(value)
+    return opset
 
 
 def _check_path(path) -> pathlib.Path | None:
@@ -195,8 +188,8 @@ def export_onnx(model_or_release, path=None, *, opset: int = DEFAULT_OPSET, dyna
     """
     onnx = import_onnx()
     opset = _check_opset(opset)
-    dynamic_batch = _check_flag("dynamic_batch", dynamic_batch)
-    fold_bn = _check_flag("fold_bn", fold_bn)
+    dynamic_batch = flag("dynamic_batch", dynamic_batch)
+    fold_bn = flag("fold_bn", fold_bn)
     target = _check_path(path)
     source = model_source(model_or_release, models_dir)
     plan = build_plan(source.state, source.stem, precision="fp32", image_size=image_size)

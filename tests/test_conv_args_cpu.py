@@ -91,7 +91,7 @@ def test_valid_fake_arguments_reach_the_device_check():
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
                                              accumulate=True), ValueError, "accumulate"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
-                                             accumulate=1), ValueError, "accumulate"),
+                                             accumulate=1), TypeError, "accumulate: expected True or False"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 5, 8, 8)), SPEC, (4, 3, 3, 3)),
          ValueError, "dy"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),

@@ -99,7 +99,7 @@ def _expect_device_stage():
     [
         ({"batch_sizes": ()}, ValueError, "batch_sizes: expected a non-empty"),
         ({"batch_sizes": (1, 0)}, ValueError, "batch_sizes"),
-        ({"batch_sizes": (1, True)}, ValueError, "batch_sizes"),
+        ({"batch_sizes": (1, True)}, TypeError, r"batch_sizes\[1\]: expected an int >= 1, got True"),
         ({"batch_sizes": None}, TypeError, "batch_sizes"),
         ({"dtype": "fp8"}, ValueError, "dtype: expected one of"),
         ({"dtype": "float16"}, ValueError, "dtype: expected one of"),

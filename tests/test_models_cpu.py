@@ -147,12 +147,16 @@ def test_load_state_dict_errors():
         (dict(depth=18, precision="float16"), "precision"),
         (dict(depth=18, engine="cudnn"), "engine"),
         (dict(depth=18, num_classes=0), "num_classes"),
-        (dict(depth=18, num_classes=2.5), "num_classes"),
     ],
 )
 def test_argument_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ResNet(**kwargs)
+
+
+def test_num_classes_must_be_an_int():
+    with pytest.raises(TypeError, match="num_classes: expected an int >= 1, got 2.5"):
+        ResNet(depth=18, num_classes=2.5)
 
 
 def test_constructors_defaults_and_exports():

@@ -95,7 +95,7 @@ def test_warmup_alone_and_validation():
         with pytest.raises(ValueError, match=r"start_factor.*\(0, 1\]"):
             WarmupSchedule(_FakeOptimizer(lr=1.0), 4, start_factor=bad)
     assert WarmupSchedule(_FakeOptimizer(lr=1.0), 4, start_factor=1.0).optimizer.lr == 1.0
-    with pytest.raises(ValueError, match="total_steps"):
+    with pytest.raises(TypeError, match="total_steps: expected an int >= 1, got 2.5"):
         CosineSchedule(opt, 2.5)
     with pytest.raises(ValueError, match="pct_start"):
         OneCycleSchedule(opt, 10, pct_start=1.0)

@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from ..names import whole_number
 from .augment import STREAM_AUTOAUGMENT, STREAM_AUTOAUGMENT_CROP, epoch_rng
 
 # The 25 sub-policies for CIFAR-10: ((op, probability, magnitude bin or None), (op, probability, bin or None)).
@@ -222,9 +223,7 @@ class AutoAugmentWorkers:
     def __init__(self, images: np.ndarray, *, seed: int = 0, workers: int | None = None, chunk: int = 512,
                  crop_padding: int = 0, flip: bool = False):
         images = np.ascontiguousarray(images, dtype=np.uint8)
-        if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or crop_padding < 0:
-            raise ValueError(f"crop_padding: expected an int >= 0, got {crop_padding!r}")
-        self.crop_padding, self.flip = crop_padding, bool(flip)
+        self.crop_padding, self.flip = whole_number("crop_padding", crop_padding, 0), bool(flip)
         if images.ndim != 4 or images.shape[3] != 3:
             raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.shape}")
         self.images = images

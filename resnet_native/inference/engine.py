@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import numbers
 import os
 import warnings
 
@@ -39,7 +38,7 @@ import numpy as np
 from .. import conv, kernels
 from .._runtime import require_gpu
 from ..cuda_graph import WorkspaceHold, capture_graph
-from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice
+from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice, flag, whole_numbers
 from .buffers import plan_buffers
 from .fold import conv_step_params
 from .input_stage import InputStage, as_device_array
@@ -49,18 +48,6 @@ from .source import model_source
 from .tuning import decide_fusion
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 256, 1024)
-
-
-def _batch_sizes(value) -> tuple:
-    if isinstance(value, numbers.Integral):
-        value = (value,)
-    try:
-        sizes = tuple(value)
-    except TypeError:
-        raise TypeError(f"batch_sizes: expected a sequence of positive ints, got {value!r}") from None
-    if not sizes or not all(isinstance(b, numbers.Integral) and not isinstance(b, bool) and b >= 1 for b in sizes):
-        raise ValueError(f"batch_sizes: expected a non-empty sequence of positive ints, got {value!r}")
-    return tuple(sorted({int(b) for b in sizes}))
 
 
 def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
@@ -81,12 +68,6 @@ def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
     return chunks
 
 
-def _flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
-    return value
-
-
 class InferenceEngine(contextlib.AbstractContextManager):
     def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, dtype="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
@@ -100,14 +81,14 @@ class InferenceEngine(contextlib.AbstractContextManager):
         fused-or-unfused timing (undecided keys stay fused where cuDNN accepts it; decided ones keep their
         choice). algorithm_cache: a cache file path."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
-        self.batch_sizes = _batch_sizes(batch_sizes)
+        self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         self.precision = choice("dtype", dtype, PRECISIONS)
         self.dtype = DTYPE_ALIASES[self.precision]
         self.layout = choice("layout", layout, LAYOUTS)
-        self.split = _flag("split", split)
-        self.cuda_graph = _flag("cuda_graph", cuda_graph)
-        self.deterministic = _flag("deterministic", deterministic)
-        self.tune_fusion = _flag("tune_fusion", tune_fusion)
+        self.split = flag("split", split)
+        self.cuda_graph = flag("cuda_graph", cuda_graph)
+        self.deterministic = flag("deterministic", deterministic)
+        self.tune_fusion = flag("tune_fusion", tune_fusion)
         self.conv_engine = choice("conv_engine", conv_engine, ENGINES)
         if algorithm_cache is not None and not isinstance(algorithm_cache, (str, os.PathLike)):
             raise TypeError(f"algorithm_cache: expected a file path or None, got {type(algorithm_cache).__name__}")

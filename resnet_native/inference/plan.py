@@ -17,10 +17,9 @@ Values are per-sample shapes (C, H, W) in a dtype; value 0 is the model input an
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
-from ..names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISION_STORAGE, PRECISIONS, choice
+from ..names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISION_STORAGE, PRECISIONS, choice, whole_numbers
 from .fold import BN_FIELDS
 
 STEMS = ("cifar", "imagenet")
@@ -193,22 +192,13 @@ class _Builder:
         return out
 
 
-def _image_size(image_size) -> tuple:
-    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool):
-        image_size = (image_size, image_size)
-    if (not isinstance(image_size, (tuple, list)) or len(image_size) != 2
-            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in image_size)):
-        raise ValueError(f"image_size: expected a positive int or a pair (height, width), got {image_size!r}")
-    return (int(image_size[0]), int(image_size[1]))
-
-
 def build_plan(state: dict, stem: str = "cifar", precision: str = "fp16", image_size=32) -> Plan:
     """The plan of the ResNet whose torchvision-named state_dict is `state`, for (3, H, W) inputs in `precision`."""
     if not isinstance(state, dict):
         raise TypeError(f"state: expected a state_dict (dict), got {type(state).__name__}")
     choice("stem", stem, STEMS)
     choice("precision", precision, PRECISIONS)
-    height, width = _image_size(image_size)
+    height, width = whole_numbers("image_size", image_size, 1, count=2)
     b = _Builder(state, precision)
     x = b.value((3, height, width))
     kernel, stride, padding = STEM_CONV[stem]

@@ -15,8 +15,8 @@ import numbers
 import numpy as np
 
 from .. import norm
-from ..names import LAYOUTS, choice
-from .checks import check_activation, check_same_shape, positive_int
+from ..names import LAYOUTS, choice, whole_number
+from .checks import check_activation, check_same_shape
 from .module import Module
 from .placement import host_copy, native_dtype
 
@@ -24,7 +24,7 @@ from .placement import host_copy, native_dtype
 class BatchNorm2d(Module):
     def __init__(self, num_features, *, layout="NHWC", eps=1e-5, momentum=0.1, relu=False, residual=False):
         super().__init__()
-        self.num_features = positive_int("num_features", num_features)
+        self.num_features = whole_number("num_features", num_features, 1)
         self.layout = choice("layout", layout, LAYOUTS)
         if not eps > 0:
             raise ValueError(f"eps: expected > 0, got {eps!r}")

@@ -1,13 +1,5 @@
 """Argument checks shared by the layers: clear ValueError/TypeError naming the argument, raised before any op
-runs (choices of names: resnet_native.names.choice)."""
-
-import numpy as np
-
-
-def positive_int(name, value, minimum=1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return int(value)
+runs (choices of names: resnet_native.names.choice; ints: resnet_native.names.whole_number)."""
 
 
 def channel_axis(layout: str) -> int:

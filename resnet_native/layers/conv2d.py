@@ -3,8 +3,8 @@
 import numpy as np
 
 from .. import conv
-from ..names import ENGINES, LAYOUTS, PRECISIONS, choice
-from .checks import check_activation, positive_int
+from ..names import ENGINES, LAYOUTS, PRECISIONS, choice, whole_number
+from .checks import check_activation
 from .module import Module
 from .placement import low_copy_dtype
 
@@ -43,13 +43,13 @@ class Conv2d(Module):
         rng=None,
     ):
         super().__init__()
-        self.in_channels = positive_int("in_channels", in_channels)
-        self.out_channels = positive_int("out_channels", out_channels)
-        self.kernel_size = positive_int("kernel_size", kernel_size)
-        self.stride = positive_int("stride", stride)
-        self.padding = positive_int("padding", padding, minimum=0)
-        self.dilation = positive_int("dilation", dilation)
-        self.groups = positive_int("groups", groups)
+        self.in_channels = whole_number("in_channels", in_channels, 1)
+        self.out_channels = whole_number("out_channels", out_channels, 1)
+        self.kernel_size = whole_number("kernel_size", kernel_size, 1)
+        self.stride = whole_number("stride", stride, 1)
+        self.padding = whole_number("padding", padding, 0)
+        self.dilation = whole_number("dilation", dilation, 1)
+        self.groups = whole_number("groups", groups, 1)
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}"

@@ -12,7 +12,7 @@ keeping the logits exact (strict fp32 math, no TF32). The weight and bias are us
 import numpy as np
 
 from .. import conv, kernels
-from .checks import positive_int
+from ..names import whole_number
 from .module import Module
 
 
@@ -20,8 +20,8 @@ class Linear(Module):
     def __init__(self, in_features, out_features, *, deterministic=False, rng=None):
         super().__init__()
         self.deterministic = bool(deterministic)  # only deterministic cuDNN algorithms (read at first use)
-        self.in_features = positive_int("in_features", in_features)
-        self.out_features = positive_int("out_features", out_features)
+        self.in_features = whole_number("in_features", in_features, 1)
+        self.out_features = whole_number("out_features", out_features, 1)
         rng = rng if rng is not None else np.random.default_rng()
         bound = 1.0 / np.sqrt(in_features)  # torch.nn.Linear's default init
         self.weight = self.add_parameter("weight", rng.uniform(-bound, bound, (out_features, in_features)))

@@ -1,8 +1,8 @@
 """MaxPool2d on cuDNN pooling (resnet_native.pool); backward needs the saved input and output."""
 
 from .. import pool
-from ..names import LAYOUTS, choice
-from .checks import check_activation, check_same_shape, positive_int
+from ..names import LAYOUTS, choice, whole_number
+from .checks import check_activation, check_same_shape
 from .module import Module
 from .placement import native_dtype
 
@@ -10,9 +10,9 @@ from .placement import native_dtype
 class MaxPool2d(Module):
     def __init__(self, kernel_size=3, stride=2, padding=1, *, layout="NHWC"):
         super().__init__()
-        self.kernel_size = positive_int("kernel_size", kernel_size)
-        self.stride = positive_int("stride", stride)
-        self.padding = positive_int("padding", padding, minimum=0)
+        self.kernel_size = whole_number("kernel_size", kernel_size, 1)
+        self.stride = whole_number("stride", stride, 1)
+        self.padding = whole_number("padding", padding, 0)
         if 2 * self.padding > self.kernel_size:
             raise ValueError(f"padding: {padding} must be at most half of kernel_size {kernel_size}")
         self.layout = choice("layout", layout, LAYOUTS)

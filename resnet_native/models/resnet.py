@@ -16,10 +16,10 @@ import numpy as np
 
 from .. import kernels
 from ..layers import BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, Sequential
-from ..layers.checks import check_activation, positive_int
+from ..layers.checks import check_activation
 from ..layers.module import Module
 from ..layers.placement import low_copy_dtype
-from ..names import ENGINES, LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
+from ..names import ENGINES, LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice, whole_number
 from .blocks import BasicBlock, Bottleneck
 
 DEPTHS = {
@@ -50,7 +50,7 @@ class ResNet(Module):
         if depth not in DEPTHS:
             raise ValueError(f"depth: expected one of {sorted(DEPTHS)}, got {depth!r}")
         self.depth = depth
-        self.num_classes = positive_int("num_classes", num_classes)
+        self.num_classes = whole_number("num_classes", num_classes, 1)
         self.stem = choice("stem", stem, STEMS)
         self.layout = choice("layout", layout, LAYOUTS)
         self.precision = choice("precision", precision, PRECISIONS)

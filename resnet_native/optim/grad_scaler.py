@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import multi_tensor
 from ..layers import placement as placements
+from ..names import whole_number
 
 
 def update_scale(
@@ -55,15 +56,9 @@ class GradScaler:
             raise ValueError(f"growth_factor: expected > 1, got {growth_factor!r}")
         if not 0.0 < backoff_factor < 1.0:
             raise ValueError(f"backoff_factor: expected a float in (0, 1), got {backoff_factor!r}")
-        if (
-            isinstance(growth_interval, bool)
-            or int(growth_interval) != growth_interval
-            or growth_interval < 1
-        ):
-            raise ValueError(f"growth_interval: expected an int >= 1, got {growth_interval!r}")
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
-        self.growth_interval = int(growth_interval)
+        self.growth_interval = whole_number("growth_interval", growth_interval, 1)
         self.enabled = bool(enabled)
         self._host_scale = float(init_scale)  # the state until the device arrays exist
         self._host_tracker = 0

@@ -10,6 +10,8 @@ function of its step count (lr_at(t)), so state_dict() is the count plus the val
 
 import math
 
+from ..names import whole_number
+
 
 class Schedule:
     captured = ()  # values fixed at construction, saved in state_dict so a reload does not re-capture them
@@ -45,12 +47,6 @@ class Schedule:
         self.apply(self.last_step)
 
 
-def _positive_steps(name, value) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-    return int(value)
-
-
 class CosineSchedule(Schedule):
     """lr_t = min_lr + (base_lr - min_lr) * (1 + cos(pi * t / total_steps)) / 2, and min_lr after
     total_steps."""
@@ -59,7 +55,7 @@ class CosineSchedule(Schedule):
 
     def __init__(self, optimizer, total_steps, *, min_lr=0.0, base_lr=None):
         super().__init__(optimizer)
-        self.total_steps = _positive_steps("total_steps", total_steps)
+        self.total_steps = whole_number("total_steps", total_steps, 1)
         self.min_lr = float(min_lr)
         self.base_lr = float(optimizer.lr if base_lr is None else base_lr)
         self.apply(0)
@@ -95,7 +91,7 @@ class OneCycleSchedule(Schedule):
         max_momentum=0.95,
     ):
         super().__init__(optimizer)
-        self.total_steps = _positive_steps("total_steps", total_steps)
+        self.total_steps = whole_number("total_steps", total_steps, 1)
         if not 0.0 < pct_start < 1.0:
             raise ValueError(f"pct_start: expected a float in (0, 1), got {pct_start!r}")
         if anneal not in ("cos", "linear"):
@@ -157,7 +153,7 @@ class WarmupSchedule(Schedule):
 
     def __init__(self, optimizer, warmup_steps, after=None, *, start_factor=1.0 / 3.0):
         super().__init__(optimizer)
-        self.warmup_steps = _positive_steps("warmup_steps", warmup_steps)
+        self.warmup_steps = whole_number("warmup_steps", warmup_steps, 1)
         if not 0.0 < start_factor <= 1.0:
             raise ValueError(f"start_factor: expected a float in (0, 1], got {start_factor!r}")
         if after is not None and after.optimizer is not optimizer:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..names import ACTIVATIONS, DTYPE_ALIASES, LAYOUTS, PRECISIONS, choice
+from ..names import ACTIVATIONS, DTYPE_ALIASES, LAYOUTS, PRECISIONS, choice, flag, whole_number, whole_numbers
 from . import storage
 from .layout import from_nchw, shape_from_nchw, shape_to_nchw, to_nchw
 
@@ -31,25 +31,15 @@ class _Geometry(NamedTuple):
     precision: str
 
 
-def _pair(value, name: str, minimum: int) -> tuple:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (value, value)
-    ok = isinstance(value, (tuple, list)) and len(value) == 2
-    if not ok or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= minimum for v in value):
-        raise ValueError(f"{name}: expected an int or a pair of ints >= {minimum}, got {value!r}")
-    return (int(value[0]), int(value[1]))
-
-
 def _geometry(spec) -> _Geometry:
     try:
         fields = (spec.stride, spec.padding, spec.dilation, spec.groups, spec.layout, spec.precision)
     except AttributeError:
         raise TypeError(f"spec: expected a resnet_native.conv.ConvSpec, got {type(spec).__name__}") from None
     stride, padding, dilation, groups, layout, precision = fields
-    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
-        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
-    return _Geometry(_pair(stride, "stride", 1), _pair(padding, "padding", 0), _pair(dilation, "dilation", 1),
-                     int(groups), choice("layout", layout, LAYOUTS), choice("precision", precision, PRECISIONS))
+    return _Geometry(whole_numbers("stride", stride, 1, 2), whole_numbers("padding", padding, 0, 2),
+                     whole_numbers("dilation", dilation, 1, 2), whole_number("groups", groups, 1),
+                     choice("layout", layout, LAYOUTS), choice("precision", precision, PRECISIONS))
 
 
 def _shape4(shape, name: str) -> tuple:
@@ -177,8 +167,7 @@ def conv2d_backward_filter(x, dy, spec, w_shape, *, out=None, accumulate=False):
     """dw, the gradient of conv2d's filter (of shape w_shape, in the spec's layout); with accumulate=True it is added
     to `out` (which must then be given) instead of overwriting it."""
     g = _geometry(spec)
-    if not isinstance(accumulate, bool):
-        raise ValueError(f"accumulate: expected a bool, got {accumulate!r}")
+    accumulate = flag("accumulate", accumulate)
     if accumulate and out is None:
         raise ValueError("accumulate: needs out, the gradient to add to")
     dtype = _operands(g, x=x, dy=dy)

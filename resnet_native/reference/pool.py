@@ -6,28 +6,18 @@ its gradient goes to the first maximum of each window in row-major order (cuDNN'
 where windows overlap. Global average pooling gives (N, C) in the input's dtype.
 """
 
-import numbers
 
 import numpy as np
 
-from ..names import LAYOUTS, choice
+from ..names import LAYOUTS, choice, whole_numbers
 from . import storage
 from .layout import from_nchw, shape_from_nchw, shape_to_nchw, to_nchw
 
 
-def _pair(value, name: str) -> tuple:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return (int(value), int(value))
-    ok = isinstance(value, (tuple, list)) and len(value) == 2
-    if not ok or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"{name}: expected an int or a pair of ints, got {value!r}")
-    return (int(value[0]), int(value[1]))
-
-
 def _window(kernel, stride, padding):
-    kernel = _pair(kernel, "kernel")
-    stride = kernel if stride is None else _pair(stride, "stride")
-    padding = _pair(padding, "padding")
+    kernel = whole_numbers("kernel", kernel, count=2)
+    stride = kernel if stride is None else whole_numbers("stride", stride, count=2)
+    padding = whole_numbers("padding", padding, count=2)
     if min(kernel) < 1 or min(stride) < 1 or min(padding) < 0:
         raise ValueError(f"kernel, stride, padding: expected >= 1, >= 1, >= 0, got {kernel}, {stride}, {padding}")
     return kernel, stride, padding

@@ -39,6 +39,7 @@ except ImportError as e:  # the server is an optional extra; the Batcher itself 
 import numpy as np
 
 from ..classifier import softmax
+from ..names import flag, whole_number
 from .batcher import BatcherClosed, BatcherFull
 from .images import DEFAULT_MAX_PIXELS, ImageError, check_content_type, decode_image, media_type
 
@@ -107,11 +108,9 @@ def make_app(batcher, classes, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYT
     accept images of other sizes and resize them to 32x32 (else 400). registry: the prometheus_client
     CollectorRegistry the metrics go to (default: a new one for this app). model: what /health says the model is
     (a JSON-able value, e.g. the release's name and device). max_pixels: the largest declared image decoded."""
-    for name, value in (("max_upload_bytes", max_upload_bytes), ("max_pixels", max_pixels)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    if not isinstance(resize, bool):
-        raise TypeError(f"resize: expected True or False, got {resize!r}")
+    max_upload_bytes = whole_number("max_upload_bytes", max_upload_bytes, 1)
+    max_pixels = whole_number("max_pixels", max_pixels, 1)
+    resize = flag("resize", resize)
     classes = tuple(classes)
     if not classes:
         raise ValueError("classes: expected the class names, got none")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import numbers
 import pathlib
 import sys
 import time
@@ -36,6 +35,7 @@ from ..checkpoint import atomic_write_text, load_checkpoint
 from ..data.augment import check_labels
 from ..data.cifar10 import CIFAR10Data
 from ..models.registry import NUM_CLASSES
+from ..names import whole_number
 from .builders import (
     augment_config,
     build_model,
@@ -73,8 +73,8 @@ class Trainer:
         self.progress = progress
         self.tensorboard = tensorboard
         self.aa_workers = aa_workers
-        self.log_every = max(1, _whole_number("log_every", log_every))
-        self.checkpoint_every = max(1, _whole_number("checkpoint_every", checkpoint_every))
+        self.log_every = max(1, whole_number("log_every", log_every))
+        self.checkpoint_every = max(1, whole_number("checkpoint_every", checkpoint_every))
 
     def run(self, *, resume: bool = False, stop_after: int | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
@@ -252,13 +252,6 @@ class _Parts:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
-
-
-def _whole_number(name: str, value) -> int:
-    """An int (NumPy's too), not a bool, a float or a string that int() would turn into one."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {value!r}")
-    return int(value)
 
 
 def _state_of(obj):
