@@ -29,6 +29,7 @@ MAX_ITEM_BYTES = 64 << 20  # a bound on what a malformed length can make either 
 REPLY_SLACK_S = 2.0  # how much longer than a request's own timeout a client waits for the host's reply
 CONNECT_RETRY_S = 0.05  # between attempts to reach a host that is not listening yet
 CLOSE_GRACE_S = 0.5  # how long a closing host gives waiting requests to receive their CLOSED reply
+POLL_S = 0.05  # how soon the serving thread notices close()
 
 
 def _pack(items) -> bytes:
@@ -83,7 +84,8 @@ class _Host(socketserver.ThreadingTCPServer):
         self.connections: set = set()
         self.waiting = 0
         self.closing = False
-        self.thread = threading.Thread(target=self.serve_forever, name="resnet_native store", daemon=True)
+        self.thread = threading.Thread(target=self.serve_forever, args=(POLL_S,), name="resnet_native store",
+                                       daemon=True)
         self.thread.start()
 
     def answer(self, op: int, timeout_s: float, items: list[bytes]):
