@@ -45,8 +45,15 @@ class _Handler(socketserver.StreamRequestHandler):
             host.connections.add(self.connection)
         try:
             while (request := self._read_request()) is not None:
-                status, reply = host.answer(*request)
-                self.wfile.write(REPLY.pack(status, len(reply)) + _pack(reply))
+                with host.cond:
+                    host.in_flight += 1  # until its reply is written: close() waits for it
+                try:
+                    status, reply = host.answer(*request)
+                    self.wfile.write(REPLY.pack(status, len(reply)) + _pack(reply))
+                finally:
+                    with host.cond:
+                        host.in_flight -= 1
+                        host.cond.notify_all()
         finally:
             with host.cond:
                 host.connections.discard(self.connection)
@@ -59,11 +66,12 @@ class _Handler(socketserver.StreamRequestHandler):
         op, timeout_s, count = REQUEST.unpack(header)
         items = []
         for _ in range(count):
-            length = self.rfile.read(LENGTH.size)
-            if len(length) < LENGTH.size or LENGTH.unpack(length)[0] > MAX_ITEM_BYTES:
+            field = self.rfile.read(LENGTH.size)
+            length = LENGTH.unpack(field)[0] if len(field) == LENGTH.size else MAX_ITEM_BYTES + 1
+            if length > MAX_ITEM_BYTES:
                 return None
-            item = self.rfile.read(LENGTH.unpack(length)[0])
-            if len(item) < LENGTH.unpack(length)[0]:
+            item = self.rfile.read(length)
+            if len(item) < length:
                 return None
             items.append(item)
         if op not in (OP_SET, OP_GET, OP_WAIT) or len(items) < (2 if op == OP_SET else 1 if op == OP_GET else 0):
@@ -82,7 +90,7 @@ class _Host(socketserver.ThreadingTCPServer):
         self.cond = threading.Condition()
         self.values: dict[bytes, bytes] = {}
         self.connections: set = set()
-        self.waiting = 0
+        self.in_flight = 0  # requests not answered yet
         self.closing = False
         self.thread = threading.Thread(target=self.serve_forever, args=(POLL_S,), name="resnet_native store",
                                        daemon=True)
@@ -96,10 +104,7 @@ class _Host(socketserver.ThreadingTCPServer):
                 return OK, []
             wanted = items[:1] if op == OP_GET else items
             missing = lambda: [k for k in wanted if k not in self.values]  # noqa: E731
-            self.waiting += 1
             self.cond.wait_for(lambda: self.closing or not missing(), max(timeout_s, 0.0))
-            self.waiting -= 1
-            self.cond.notify_all()
             left = missing()
             if not left:
                 return OK, [self.values[items[0]]] if op == OP_GET else []
@@ -110,7 +115,7 @@ class _Host(socketserver.ThreadingTCPServer):
         with self.cond:
             self.closing = True
             self.cond.notify_all()
-            self.cond.wait_for(lambda: self.waiting == 0, CLOSE_GRACE_S)
+            self.cond.wait_for(lambda: self.in_flight == 0, CLOSE_GRACE_S)
             connections = list(self.connections)
         for conn in connections:
             try:
