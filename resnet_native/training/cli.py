@@ -3,7 +3,8 @@
 Recipes live in resnet_native/recipes/*.yaml (or pass a path). Flags override the recipe's keys (OVERRIDES says which
 flag sets which key; its type and choices are the key's setting's), and the result goes through the same checks as
 the recipe itself. The run folder (--out, default runs/<recipe>-<model>) is described in training/loop.py; the last
-line printed is the run's summary as one line of JSON.
+line printed is the run's summary as one line of JSON. --nproc N > 1 starts N such processes, one per GPU
+(resnet_native.distributed.launch).
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import argparse
 import json
 import math
 import pathlib
+import sys
 import time
 
 from ..checkpoint import atomic_write_text
+from ..distributed.launch import launch, without_option
+from ..distributed.world import world_from_launcher_env
 from .config import TrainConfig, recipe_config
 from .loop import Trainer
 from .settings import setting_field
@@ -70,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop once N epochs are complete, as if interrupted (the schedule still spans --epochs)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes (GPUs) of a data-parallel run on this host (default 1; N > 1 is not "
+                        "implemented yet: the ranks stop with an error)")
     return p
 
 
@@ -126,11 +133,17 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_world(args, parser)
     try:
         cfg = resolve_config(args)
     except ValueError as e:
         parser.error(str(e))
     data_path = locate_data(args, parser)
+    if args.nproc > 1:  # the children check the GPU, fetch the data and train
+        code = launch(args.nproc, without_option(sys.argv[1:] if argv is None else argv, "--nproc"))
+        if code:
+            raise SystemExit(code)
+        return {"nproc": args.nproc}
     try:
         rn.require_gpu()  # before any download, decoding or run folder
     except rn.NoGPUError as e:
@@ -149,6 +162,22 @@ def main(argv=None) -> dict:
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(summary_line(summary))
     return summary
+
+
+def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Usage errors for a --nproc below 1, a --nproc > 1 inside a job, and for a process that is one rank of
+    several (its World: resnet_native.distributed.world), which the trainer cannot be yet (no gradient all-reduce)."""
+    if args.nproc < 1:
+        parser.error(f"--nproc: expected a number of processes >= 1, got {args.nproc}")
+    try:
+        world = world_from_launcher_env()
+    except ValueError as e:
+        parser.error(f"the launcher's environment: {e}")
+    if world.world_size > 1 and args.nproc > 1:
+        parser.error(f"--nproc {args.nproc}: this process already is rank {world.rank} of {world.world_size}")
+    if world.world_size > 1:
+        parser.error(f"rank {world.rank} of {world.world_size}: data-parallel training is not implemented yet "
+                     f"(the training step has no gradient all-reduce; issue 18); run one process")
 
 
 def summary_line(summary: dict) -> str:

@@ -1,0 +1,20 @@
+"""Data-parallel training over NCCL (issue 18): the parts that need no GPU.
+
+- world.py     the process's place in the job (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; mpirun, Slurm)
+- store.py     rendezvous over TCP (rank 0 hosts a small key-value store), barriers, the NCCL unique id exchange
+- sharding.py  each rank's disjoint, equal-sized share of an epoch's shuffled images
+- buckets.py   which gradients are all-reduced together, and where each lies in its bucket's flat buffer
+- launch.py    `python -m resnet_native.train --nproc N`: N local processes, one failure stops them all
+
+Not implemented yet: the all-reduce of gradients in the training step (NCCL through cupy.cuda.nccl over the
+buckets), so the trainer refuses to run as one rank of several (WORLD_SIZE > 1) until it is.
+"""
+
+from .buckets import bucket_offsets, plan_buckets
+from .launch import launch
+from .sharding import shard_indices
+from .store import Store, exchange_nccl_id, rendezvous
+from .world import World, world_from_launcher_env
+
+__all__ = ["Store", "World", "bucket_offsets", "exchange_nccl_id", "launch", "plan_buckets", "rendezvous",
+           "shard_indices", "world_from_launcher_env"]
