@@ -70,7 +70,8 @@ def run_ranks(ranks, size, timeout_s, steps=(), port=None, delays=None, limit_s=
 
 
 def test_three_ranks_meet_exchange_and_barrier():
-    results = run_ranks(range(3), 3, 5.0, ["nccl_id", "setget", "barrier", "barrier"], delays={1: 0.3, 0: 0.6})
+    # Timeouts leave room for child Pythons that start slowly on a loaded 2-core CI machine.
+    results = run_ranks(range(3), 3, 10.0, ["nccl_id", "setget", "barrier", "barrier"], delays={1: 0.3, 0: 0.6})
     assert all("error" not in r for r in results.values()), results
     assert {r["id"] for r in results.values()} == {(bytes(range(128)) * 2).hex()}  # rank 0's id, on every rank
     assert all(r["got"] == ["value of 0", "value of 1", "value of 2"] for r in results.values())
@@ -83,11 +84,11 @@ def test_a_missing_rank_is_named_on_every_waiting_rank_within_the_timeout():
         error = results[rank]["error"]
         assert error.startswith("TimeoutError: rendezvous at 127.0.0.1:"), error
         assert "ranks [2, 3] of 4 did not arrive within 2.0 s" in error
-        assert 1.9 < results[rank]["elapsed"] < 4.0, results[rank]
+        assert 1.9 < results[rank]["elapsed"] < 8.0, results[rank]
 
 
 def test_a_barrier_names_the_rank_that_never_comes():
-    results = run_ranks(range(3), 3, 2.0, ["skip_barrier_on_last", "barrier"])
+    results = run_ranks(range(3), 3, 8.0, ["skip_barrier_on_last", "barrier"], limit_s=40.0)
     for rank in (0, 1):
         assert "barrier 'b' at 127.0.0.1:" in results[rank]["error"], results[rank]
         assert "ranks [2] of 3 did not arrive" in results[rank]["error"]

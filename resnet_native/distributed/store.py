@@ -29,6 +29,9 @@ MAX_ITEM_BYTES = 64 << 20  # a bound on what a malformed length can make either 
 REPLY_SLACK_S = 2.0  # how much longer than a request's own timeout a client waits for the host's reply
 CONNECT_RETRY_S = 0.05  # between attempts to reach a host that is not listening yet
 CLOSE_GRACE_S = 0.5  # how long a closing host gives waiting requests to receive their CLOSED reply
+# How long a closing host waits for the other ranks to hang up first: a rank whose last barrier has just been
+# completed by its SET may not have sent the WAIT that reads the answer yet.
+HANGUP_GRACE_S = 5.0
 POLL_S = 0.05  # how soon the serving thread notices close()
 
 
@@ -57,6 +60,7 @@ class _Handler(socketserver.StreamRequestHandler):
         finally:
             with host.cond:
                 host.connections.discard(self.connection)
+                host.cond.notify_all()
 
     def _read_request(self):
         """(op, timeout_s, items), or None at the end of the connection or on a malformed request."""
@@ -111,8 +115,10 @@ class _Host(socketserver.ThreadingTCPServer):
             return (CLOSED if self.closing else ABSENT), left
 
     def close(self):
-        """Answer every waiting request (CLOSED), then drop the connections and stop listening."""
+        """Let the other ranks hang up (HANGUP_GRACE_S at most), answer every request still waiting (CLOSED), then
+        drop the connections and stop listening."""
         with self.cond:
+            self.cond.wait_for(lambda: not self.connections, HANGUP_GRACE_S)
             self.closing = True
             self.cond.notify_all()
             self.cond.wait_for(lambda: self.in_flight == 0, CLOSE_GRACE_S)
