@@ -88,7 +88,8 @@ def test_the_launchers_timeout(child, tmp_path, capfd):
 def test_sigterm_to_the_launcher_stops_the_children(child, tmp_path):
     script = (f"import sys; from resnet_native.distributed import launch; "
               f"sys.exit(launch(2, [{str(tmp_path)!r}, '0=sleep', '1=sleep'], command={child!r}, grace_s=1.0))")
-    launcher = subprocess.Popen([sys.executable, "-c", script], env=child_env(), stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-c", script], env=child_env(), stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path)  # not the checkout: its unbuilt source tree would shadow the package
     deadline = time.monotonic() + 10
     while not all((tmp_path / f"{r}.json").exists() for r in range(2)):  # both children are up
         assert time.monotonic() < deadline and launcher.poll() is None, "children never started"

@@ -4,6 +4,7 @@ the TimeoutErrors of a missing rank and of a rank 0 that never listens (resnet_n
 import json
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -54,7 +55,8 @@ def run_ranks(ranks, size, timeout_s, steps=(), port=None, delays=None, limit_s=
         time.sleep(max(start + delays.get(rank, 0.0) - time.monotonic(), 0.0))
         children.append(subprocess.Popen(
             [sys.executable, "-c", RANK_SCRIPT, str(rank), str(size), str(port), str(timeout_s), *steps],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            cwd=tempfile.gettempdir()))  # not the checkout: its unbuilt source tree would shadow the package
     results = {}
     for child in children:
         try:
