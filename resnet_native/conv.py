@@ -281,31 +281,6 @@ def _key_fields(key: str) -> dict:
     return fields
 
 
-def _check_key_geometry(f: dict) -> str | None:
-    """What is wrong with a key's problem (the output-size formula of conv_geometry.cpp), or None."""
-    if any(v < 1 for v in f["x"] + f["w"]):
-        return f"x={f['x']} w={f['w']}: every dimension must be positive"
-    if any(v < 1 for v in f["stride"]):
-        return f"stride={f['stride']}: must be >= 1"
-    if any(v < 1 for v in f["dil"]):
-        return f"dil={f['dil']}: must be >= 1"
-    if any(v < 0 for v in f["pad"]):
-        return f"pad={f['pad']}: must be >= 0"
-    groups = f["groups"]
-    if groups < 1 or f["x"][1] % groups or f["w"][0] % groups or f["w"][1] != f["x"][1] // groups:
-        return f"groups={groups}: does not divide x={f['x']} and w={f['w']}"
-    y = [f["x"][0], f["w"][0]]
-    for i in range(2):
-        extent = (f["w"][2 + i] - 1) * f["dil"][i] + 1
-        padded = f["x"][2 + i] + 2 * f["pad"][i]
-        if padded < extent:
-            return f"x={f['x']}: the padded input is smaller than the dilated filter"
-        y.append((padded - extent) // f["stride"][i] + 1)
-    if tuple(y) != f["y"]:
-        return f"y={f['y']}: the output of x={f['x']} and w={f['w']} is {tuple(y)}"
-    return None
-
-
 def _check_entry(entry, index: int, path="algorithm cache file") -> None:
     """ValueError naming the file, the entry and the field for anything save_algorithm_cache cannot have
     written: unknown engines or modes, algorithms outside the direction's list (legacy) or engine ids outside
@@ -330,13 +305,10 @@ def _check_entry(entry, index: int, path="algorithm cache file") -> None:
                                 or not 0 <= time_ms < float("inf")):
         raise ValueError(f"{where}: 'time_ms' {time_ms!r} is not a duration")
     try:
-        _C._conv_params_roundtrip(entry["key"])
+        _C._conv_key_check(entry["key"])  # parses, and the geometry is a convolution's (csrc/conv/conv_geometry.h)
     except ValueError as e:
         raise ValueError(f"{where}: 'key': {e}") from None
     key = _key_fields(entry["key"])
-    problem = _check_key_geometry(key)
-    if problem is not None:
-        raise ValueError(f"{where}: 'key' {problem}")
     algo = entry["algo"]
     if entry["engine"] == "legacy":
         direction = _NATIVE_DIRECTION[_KEY_DIRECTIONS[key["dir"]]]

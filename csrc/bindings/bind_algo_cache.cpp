@@ -8,6 +8,7 @@
 
 #include "../conv/algo_cache.h"
 #include "../conv/conv_dispatch.h"
+#include "../conv/conv_geometry.h"
 #include "../conv/conv_params.h"
 #include "../conv/legacy_algo_names.h"
 #include "../conv/legacy_descriptors.h"
@@ -143,6 +144,9 @@ void bind_algo_cache(py::module_& m) {
   m.def(
       "_conv_params_roundtrip", [](const std::string& key) { return ConvParams::from_string(key).to_string(); },
       py::arg("key"));
+  m.def(
+      "_conv_key_check", [](const std::string& key) { check_key_geometry(ConvParams::from_string(key)); },
+      py::arg("key"), "ValueError unless the key parses and describes a convolution (conv_geometry.h).");
   m.def(
       "_conv_params_equal",
       [](const std::string& a, const std::string& b) {

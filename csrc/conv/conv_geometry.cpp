@@ -122,4 +122,22 @@ Dims4 output_shape(const ConvParams& p) {
   return layout_dims({p.y[0], p.y[1], p.y[2], p.y[3]}, static_cast<Layout>(p.layout));
 }
 
+void check_key_geometry(const ConvParams& p) {
+  // Geometry does not depend on the layout: check the logical shapes as NCHW, so errors show the key's own dims.
+  const ConvSpec spec =
+      ConvSpec::make({p.stride[0], p.stride[1]}, {p.pad[0], p.pad[1]}, {p.dilation[0], p.dilation[1]}, p.groups,
+                     Layout::NCHW, static_cast<Precision>(p.precision), static_cast<ConvEngineKind>(p.engine),
+                     static_cast<AlgoMode>(p.algo_mode), p.fixed_algo, p.deterministic != 0);
+  const Dims4 x{p.x[0], p.x[1], p.x[2], p.x[3]};
+  const Dims4 w{p.w[0], p.w[1], p.w[2], p.w[3]};
+  const Dims4 y{p.y[0], p.y[1], p.y[2], p.y[3]};
+  const ConvParams rebuilt =
+      make_conv_params(static_cast<ConvDirection>(p.direction), spec, x, w, p.epilogue, "x", "w");
+  const Dims4 expected{rebuilt.y[0], rebuilt.y[1], rebuilt.y[2], rebuilt.y[3]};
+  if (expected != y) {
+    throw ValueError("y=" + dims_str(y) + ": the output of x=" + dims_str(x) + " and w=" + dims_str(w) + " is " +
+                     dims_str(expected));
+  }
+}
+
 }  // namespace rn

@@ -39,4 +39,9 @@ ConvParams make_conv_params(ConvDirection direction, const ConvSpec& spec, const
 // The output shape of a key in its layout's order.
 Dims4 output_shape(const ConvParams& params);
 
+// That a key (e.g. one parsed from an algorithm-cache file) describes a convolution: its geometry within
+// ConvSpec::make's ranges, its shapes accepted by make_conv_params, and its output the one the formula gives.
+// Throws rn::ValueError saying what is wrong.
+void check_key_geometry(const ConvParams& params);
+
 }  // namespace rn
