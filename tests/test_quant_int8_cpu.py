@@ -19,7 +19,8 @@ from resnet_native.quantization.int8 import (
     requantize_float,
 )
 
-finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+# Magnitudes below 1e-200 are left out: their scale (amax / 127) would be a subnormal float64, with fewer bits.
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False).filter(lambda v: v == 0 or abs(v) > 1e-200)
 
 
 @settings(max_examples=200, deadline=None)
