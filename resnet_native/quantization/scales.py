@@ -35,12 +35,14 @@ def max_abs(x, axis=None) -> np.ndarray:
 
 
 def scale_from_amax(amax, qmax: float) -> np.ndarray:
-    """amax / qmax; where amax is 0 (an all-zero tensor or channel) the scale is 1, since any scale represents
-    zero exactly and a zero scale would divide by zero."""
+    """amax / qmax; where that would not be a normal fp32 number (amax 0: an all-zero tensor or channel, or so
+    small that the engine's fp32 scale would be subnormal or 0) the scale is 1: every value then quantises to
+    0, off by at most amax, and no scale divides by zero."""
     amax = np.asarray(amax, np.float64)
     if np.any(amax < 0) or not np.all(np.isfinite(amax)):
         raise ValueError(f"amax: expected finite values >= 0, got {amax}")
-    return np.where(amax > 0, amax / float(qmax), 1.0)
+    usable = amax >= float(qmax) * np.finfo(np.float32).tiny
+    return np.where(usable, amax / float(qmax), 1.0)
 
 
 def broadcast_scale(scale, x: np.ndarray, axis) -> np.ndarray:
