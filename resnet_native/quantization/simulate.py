@@ -1,0 +1,157 @@
+"""Fake-quant forward of an inference plan on the host: the accuracy effect of a calibration, measured in float64.
+
+The plan (inference/plan.py, built in fp32 so every value is a float64 host array) runs through
+inference/runner.py's bind_forward, the binding the engine uses, whose op functions hand NumPy arrays to the
+float64 references; this module only says what each value and weight holds:
+
+- every convolution but the classifier (which the plan keeps in fp32 whatever the network's precision) reads its
+  folded weight quantised per output channel (int8: max|w_k| / 127, FP8: max|w_k| / 448) and its inputs, x and the
+  residual z, quantised per tensor at the calibration's scale for that value. Each value is quantised once, when
+  it is produced, as the engine will store it: so one value read by two convolutions (a block's input, read by
+  conv1 and the downsample) has one scale;
+- the bias stays float, as the fp32 bias of the requantisation (int8.py); the values no quantised convolution
+  reads (the last block's output, the pooled features, the logits) stay float.
+
+The int8 arithmetic is exact here: int8 x int8 products summed in float64 are exact integers (below 2**53), so
+conv(fake-quant x, fake-quant w) = acc * s_x * s_w[k] up to one rounding, as requantize_float defines it.
+Slow (NumPy convolutions): for small batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import conv
+from ..inference.fold import conv_step_params
+from ..inference.plan import build_plan
+from ..inference.runner import bind_forward
+from ..names import choice, whole_number
+from .calibration import METHODS, QUANT_DTYPES, make_observer
+from .calibration_file import Calibration
+from .fp8 import fake_quantize_fp8, fp8_scale
+from .int8 import fake_quantize_int8, int8_scale
+
+INPUT_NAME = "input"
+
+
+def value_names(plan) -> tuple:
+    """The plan's value names in value order: 'input', then each value named after the step that produces it."""
+    names = {plan.input: INPUT_NAME, **{s.out: s.name for s in plan.steps}}
+    return tuple(names[v] for v in range(len(plan.values)))
+
+
+def quantized_steps(plan) -> list:
+    """The convolutions that run quantised: all but the classifier (the one without a BatchNorm)."""
+    return [s for s in plan.conv_steps() if s.bn is not None]
+
+
+def quantized_values(plan) -> list:
+    """The values the quantised convolutions read (x and z), in value order."""
+    return sorted({v for s in quantized_steps(plan) for v in s.inputs})
+
+
+def fake_quantize(x, scale, dtype: str, axis=None) -> np.ndarray:
+    """x quantised to `dtype` ('int8' or 'fp8') at `scale` and back, float64."""
+    choice("dtype", dtype, QUANT_DTYPES)
+    return (fake_quantize_int8 if dtype == "int8" else fake_quantize_fp8)(x, scale, axis)
+
+
+def weight_scales(plan, state: dict, dtype: str) -> dict:
+    """{step name: (K,) per-output-channel scales of the folded weight} for every quantised convolution."""
+    choice("dtype", dtype, QUANT_DTYPES)
+    scale = int8_scale if dtype == "int8" else fp8_scale
+    return {s.name: scale(conv_step_params(s, state, "NCHW")[0], axis=0) for s in quantized_steps(plan)}
+
+
+def _images(images) -> np.ndarray:
+    x = np.asarray(images, np.float64)
+    if x.ndim != 4 or x.shape[1] != 3 or x.shape[0] == 0:
+        raise ValueError(f"images: expected a non-empty (N, 3, H, W) batch of normalised images, got shape {x.shape}")
+    return x
+
+
+def _plan(state: dict, stem: str, images: np.ndarray):
+    return build_plan(state, stem, "fp32", image_size=images.shape[2:])
+
+
+def _run(plan, images: np.ndarray, weights: dict, on_value, batch_size: int) -> np.ndarray:
+    """Logits of the plan over `images` in batches; on_value(v, array) may change each value in place once it is
+    produced (the input first)."""
+    specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout="NCHW", precision="fp32")
+             for s in plan.conv_steps()}
+    logits, batch_size = [], whole_number("batch_size", batch_size, 1)
+    for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
+        arrays = {v: np.empty((len(chunk), *value.shape)) for v, value in enumerate(plan.values)}
+        forward = bind_forward(plan, len(chunk), lambda v, _n, arrays=arrays: arrays[v], weights, specs, "NCHW")
+        forward.input[...] = chunk
+        on_value(plan.input, arrays[plan.input])
+        for step, call in zip(plan.steps, forward.calls, strict=True):
+            call()
+            on_value(step.out, arrays[step.out])
+        logits.append(forward.logits.copy())
+    return np.concatenate(logits)
+
+
+def _float_weights(plan, state: dict) -> dict:
+    return {s.name: conv_step_params(s, state, "NCHW") for s in plan.conv_steps()}
+
+
+def float_logits(state: dict, images, *, stem: str = "cifar", batch_size: int = 16) -> np.ndarray:
+    """(N, classes) logits of the float64 forward (BatchNorm folded), the baseline of simulate_logits."""
+    images = _images(images)
+    plan = _plan(state, stem, images)
+    return _run(plan, images, _float_weights(plan, state), lambda v, a: None, batch_size)
+
+
+def calibrate(state: dict, images, method: str = "entropy", *, dtype: str = "int8", stem: str = "cifar",
+              percentile: float = 99.99, batch_size: int = 16) -> Calibration:
+    """A Calibration of the network `state` from a float forward over `images`: one observer per quantised value
+    (calibration.py's `method`), weight scales from the folded weights' max |w| per output channel."""
+    choice("method", method, METHODS)
+    choice("dtype", dtype, QUANT_DTYPES)
+    images = _images(images)
+    plan = _plan(state, stem, images)
+    observers = {v: make_observer(method, percentile=percentile) for v in quantized_values(plan)}
+
+    def observe(v, array):
+        if v in observers:
+            observers[v].observe(array)
+
+    _run(plan, images, _float_weights(plan, state), observe, batch_size)
+    names = value_names(plan)
+    return Calibration(dtype, method, float(percentile) if method == "percentile" else None, names,
+                       {names[v]: o.scale(dtype) for v, o in observers.items()},
+                       {k: tuple(float(s) for s in v) for k, v in weight_scales(plan, state, dtype).items()})
+
+
+def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
+                    batch_size: int = 16) -> np.ndarray:
+    """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says."""
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration: expected a Calibration, got {type(calibration).__name__}")
+    images = _images(images)
+    plan = _plan(state, stem, images)
+    names = value_names(plan)
+    if tuple(calibration.values) != names:
+        raise ValueError("calibration: its value names do not match this network's plan (calibrated for another "
+                         "network or image size)")
+    scales = {}
+    for v in quantized_values(plan):
+        if names[v] not in calibration.activation_scales:
+            raise ValueError(f"calibration: no activation scale for value {names[v]!r}")
+        scales[v] = calibration.activation_scales[names[v]]
+    weights = _float_weights(plan, state)
+    for s in quantized_steps(plan):
+        w, b = weights[s.name]
+        s_w = np.asarray(calibration.weight_scales.get(s.name, ()), np.float64)
+        if s_w.shape != (w.shape[0],):
+            raise ValueError(f"calibration: weight_scales[{s.name!r}]: expected {w.shape[0]} scales (one per output "
+                             f"channel), got {s_w.shape[0] if s_w.ndim else 0}")
+        weights[s.name] = (fake_quantize(w, s_w, calibration.dtype, axis=0), b)
+
+    def quantize(v, array):
+        if v in scales:
+            array[...] = fake_quantize(array, scales[v], calibration.dtype)
+
+    return _run(plan, images, weights, quantize, batch_size)

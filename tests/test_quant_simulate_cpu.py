@@ -1,0 +1,63 @@
+"""The fake-quant forward of a tiny random ResNet-18 (CIFAR stem) on a few 32x32 images, int8 and FP8, against the
+float64 forward of the same plan.
+
+Tolerance: let d be half a quantisation step at the largest float logit (int8: max|f| / 254; E4M3, 3 mantissa
+bits: max|f| * 2**-4). Each of the L quantised values (and its weights) perturbs the logits by about one such
+step, independently, so the RMS error should stay below sqrt(L) * d and the largest below twice that. Top-1
+agreement on random images is printed, not asserted: random logits are close together, so one step flips some.
+"""
+
+import numpy as np
+import pytest
+from quant_helpers import tiny_resnet18_state
+
+from resnet_native.inference import build_plan
+from resnet_native.quantization import calibrate, float_logits, load_calibration, save_calibration, simulate_logits
+from resnet_native.quantization.simulate import quantized_values, value_names
+
+HALF_STEP = {"int8": 1 / 254, "fp8": 2.0**-4}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    state = tiny_resnet18_state()
+    images = np.random.default_rng(1).standard_normal((6, 3, 32, 32))
+    return state, images, float_logits(state, images, batch_size=4)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("method", ["max", "percentile", "entropy"])
+def test_fake_quant_logits_within_the_derived_tolerance(problem, dtype, method):
+    state, images, f = problem
+    cal = calibrate(state, images, method, dtype=dtype, batch_size=4)
+    q = simulate_logits(state, images, cal, batch_size=4)
+    plan = build_plan(state, "cifar", "fp32")
+    d = HALF_STEP[dtype] * np.abs(f).max()
+    bound = np.sqrt(len(quantized_values(plan))) * d
+    rms, worst = np.sqrt(np.mean((q - f) ** 2)), np.abs(q - f).max()
+    print(f"{dtype} {method}: rms {rms:.3g} max {worst:.3g} (bound {bound:.3g}), top-1 agreement "
+          f"{np.mean(q.argmax(1) == f.argmax(1)):.2f}")
+    assert rms <= bound and worst <= 2 * bound
+    assert not np.array_equal(q, f)  # quantisation did happen
+
+
+def test_calibration_names_the_plan_values_and_survives_a_file(problem, tmp_path):
+    state, images, _ = problem
+    cal = calibrate(state, images[:2], "max")
+    plan = build_plan(state, "cifar", "fp32")
+    assert cal.values == value_names(plan) and cal.values[0] == "input"
+    assert set(cal.activation_scales) == {value_names(plan)[v] for v in quantized_values(plan)}
+    assert "fc" not in cal.weight_scales and len(cal.weight_scales["conv1"]) == 8
+    loaded = load_calibration(save_calibration(cal, tmp_path / "cal.json"))
+    assert np.array_equal(simulate_logits(state, images[:2], loaded), simulate_logits(state, images[:2], cal))
+
+
+def test_a_calibration_of_another_network_is_refused(problem):
+    state, images, _ = problem
+    cal = calibrate(state, images[:1], "max")
+    other = tiny_resnet18_state()
+    del other["layer4.1.conv1.weight"]
+    with pytest.raises(ValueError, match="plan|state"):
+        simulate_logits(other, images[:1], cal)
+    with pytest.raises(ValueError, match="images"):
+        calibrate(state, images[:, :2], "max")
