@@ -109,7 +109,15 @@ def fsync_dir(folder) -> None:
 
 
 def current_umask() -> int:
-    """The process's umask (reading it means setting it: set it straight back)."""
+    """The process's umask. Linux reports it in /proc/self/status; elsewhere reading it means setting it and
+    setting it straight back, which another thread creating a file in between would see."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
