@@ -19,6 +19,10 @@ the layers' buffers are also kept referenced, and the cuDNN workspace pool holds
 After loading new state into the scaler (GradScaler.load_state_dict replaces its device arrays), call
 reset_graphs(). A capture that fails (an op that cannot be captured) warns, and the step stays eager.
 A model on the host (model.to_host(): NumPy and the reference ops) always runs eagerly.
+
+allreduce (a resnet_native.distributed GradientAllReduce): a data-parallel step; the gradients are averaged over
+the ranks after backward, before loss-scaler checks and the update. Eager only for now (with cuda_graph on the
+GPU it is a ValueError).
 """
 
 import contextlib
@@ -46,7 +50,7 @@ class _CapturedStep:
 
 
 class TrainStep:
-    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False):
+    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False, allreduce=None):
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -56,6 +60,13 @@ class TrainStep:
         if scaler is not None:
             scaler.place(self.placement)
         self.cuda_graph = bool(cuda_graph) and self.placement.on_gpu
+        # Data parallel: averages the gradients over the ranks after backward, before the scaler and optimizer.
+        self.allreduce = allreduce
+        if allreduce is not None and not callable(getattr(allreduce, "average", None)):
+            raise TypeError(f"allreduce: expected a GradientAllReduce, got {type(allreduce).__name__}")
+        if allreduce is not None and self.cuda_graph:
+            raise ValueError("cuda_graph: a data-parallel step (allreduce) runs eagerly for now; the gradient "
+                             "all-reduce is not part of the captured step yet (pass cuda_graph=False)")
         self.capture_error = None  # why capture was abandoned, if it was
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
@@ -119,6 +130,8 @@ class TrainStep:
         loss, correct = self.loss_fn.forward(logits, labels, train=True)
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
         model.backward(self.loss_fn.backward(scale))
+        if self.allreduce is not None:  # before the scaler's inf check: every rank then skips alike
+            self.allreduce.average([p.grad for p in optimizer.params])
         if scaler is not None:
             scaler.launch_step(optimizer)
             scaler.update()

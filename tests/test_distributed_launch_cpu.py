@@ -146,7 +146,7 @@ def test_cli_refuses_what_it_cannot_do_yet(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit):
         cli.main(["--data", str(tmp_path)])
-    assert "rank 1 of 2: data-parallel training is not implemented yet" in capsys.readouterr().err
+    assert "rank 1 of 2: data-parallel training from the command line is not enabled yet" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--nproc", "2"])
     assert "this process already is rank 1 of 2" in capsys.readouterr().err

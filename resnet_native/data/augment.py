@@ -281,7 +281,7 @@ class GpuAugmenter:
 
     def __init__(self, images, labels, *, batch_size: int, layout: str = "NHWC", dtype: str = "fp16",
                  config: AugmentConfig = AugmentConfig(), seed: int = 0, drop_last: bool = True,
-                 num_classes: int = 10):
+                 num_classes: int = 10, world=None):
         import cupy
 
         self.layout = check_layout(layout)
@@ -290,6 +290,9 @@ class GpuAugmenter:
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
+        # Data parallel (a resnet_native.distributed World of world_size > 1): each epoch this rank serves only its
+        # share of the epoch's table, the columns distributed.shard_indices gives it (disjoint between ranks).
+        self.world = world if world is not None and world.world_size > 1 else None
         images = np.asarray(images) if not hasattr(images, "__cuda_array_interface__") else images
         if images.ndim != 4 or images.shape[3] != 3 or images.dtype != np.uint8:
             raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.dtype} {images.shape}")
@@ -304,12 +307,18 @@ class GpuAugmenter:
         self._out = {}
 
     def __len__(self):
-        n = len(self.labels)
+        n = self.epoch_images
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     @property
     def num_images(self) -> int:
         return int(len(self.labels))
+
+    @property
+    def epoch_images(self) -> int:
+        """The images this process serves per epoch (its share when sharded)."""
+        n = self.num_images
+        return n if self.world is None else n // self.world.world_size
 
     def _buffer(self, batch):
         import cupy
@@ -329,11 +338,16 @@ class GpuAugmenter:
         if tuple(src.shape) != tuple(self.images.shape):
             raise ValueError(f"images: expected {tuple(self.images.shape)}, got {tuple(src.shape)}")
         _, h, w, _ = src.shape
-        table = cupy.asarray(sample_epoch(self.seed, epoch, self.num_images, self.config, h, w))
+        table = sample_epoch(self.seed, epoch, self.num_images, self.config, h, w)
+        if self.world is not None:
+            from ..distributed.sharding import shard_indices
+
+            table = np.ascontiguousarray(table[:, shard_indices(self.num_images, self.world, epoch, self.seed)])
+        table = cupy.asarray(table)
         labels = self.labels[table[ROW_INDEX]]  # epoch order; each batch's labels are a contiguous slice
         for i in range(len(self)):
             start = i * self.batch_size
-            batch = min(self.batch_size, self.num_images - start)
+            batch = min(self.batch_size, self.epoch_images - start)
             out = self._buffer(batch)
             launch_augment(src, table, start, batch, self.lut, out, layout=self.layout,
                            crop_padding=self.config.crop_padding, cutout=self.config.cutout)

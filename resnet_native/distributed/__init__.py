@@ -6,8 +6,11 @@
 - buckets.py   which gradients are all-reduced together, and where each lies in its bucket's flat buffer
 - launch.py    `python -m resnet_native.train --nproc N`: N local processes, one failure stops them all
 
-Not implemented yet: the all-reduce of gradients in the training step (NCCL through cupy.cuda.nccl over the
-buckets), so the trainer refuses to run as one rank of several (WORLD_SIZE > 1) until it is.
+- allreduce.py  the gradient all-reduce TrainStep calls (GradientAllReduce): StoreAllReduce (NumPy, through the
+               Store; CPU tests), NcclAllReduce (cupy.cuda.nccl over the buckets; not yet run on a GPU)
+
+training.loop.Trainer(world=..., store=...) trains data-parallel (shards, per-rank batch, eager step with the
+all-reduce, rank 0 writes); the command line still refuses WORLD_SIZE > 1 until the NCCL path is verified.
 """
 
 from .buckets import bucket_offsets, plan_buckets

@@ -68,11 +68,12 @@ def build_scaler(cfg: TrainConfig):
     return optim.GradScaler() if cfg.precision == "fp16" else None
 
 
-def build_train_step(cfg: TrainConfig, model, optimizer, scaler):
+def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None):
+    """allreduce: a data-parallel step's GradientAllReduce (None: a single process)."""
     from ..step import TrainStep
 
     return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
-                     cuda_graph=cfg.cuda_graph)
+                     cuda_graph=cfg.cuda_graph, allreduce=allreduce)
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:

@@ -166,7 +166,7 @@ def main(argv=None) -> dict:
 
 def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Usage errors for a --nproc below 1, a --nproc > 1 inside a job, and for a process that is one rank of
-    several (its World: resnet_native.distributed.world), which the trainer cannot be yet (no gradient all-reduce)."""
+    several (its World: resnet_native.distributed.world), which the command line does not enable yet."""
     if args.nproc < 1:
         parser.error(f"--nproc: expected a number of processes >= 1, got {args.nproc}")
     try:
@@ -176,8 +176,11 @@ def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
     if world.world_size > 1 and args.nproc > 1:
         parser.error(f"--nproc {args.nproc}: this process already is rank {world.rank} of {world.world_size}")
     if world.world_size > 1:
-        parser.error(f"rank {world.rank} of {world.world_size}: data-parallel training is not implemented yet "
-                     f"(the training step has no gradient all-reduce; issue 18); run one process")
+        # The Trainer takes a World, Store and GradientAllReduce (tested on the host backend with StoreAllReduce);
+        # its GPU path (NcclAllReduce, the eager step) has not run on a GPU yet, so the command line keeps refusing.
+        parser.error(f"rank {world.rank} of {world.world_size}: data-parallel training from the command line is "
+                     f"not enabled yet (the NCCL gradient all-reduce is unverified on a GPU, and the CUDA-graph "
+                     f"step has no all-reduce; issue 18); run one process")
 
 
 def summary_line(summary: dict) -> str:

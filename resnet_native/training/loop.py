@@ -17,6 +17,14 @@ checkpoint holds every other piece of state, so a run resumed after epoch k sees
 same updates as one that never stopped. The convolution algorithms are part of that state (another algorithm gives
 other rounding): they are saved to algos.json with each checkpoint and loaded on --resume instead of re-timed.
 
+Data parallel (world: a resnet_native.distributed World of world_size > 1, with its rendezvous Store): every rank
+trains on its shard of each epoch (distributed.shard_indices: the same seed and epoch everywhere, so the shards are
+disjoint) with a per-rank batch of batch_size / world_size, and its TrainStep averages the gradients over the ranks
+(a GradientAllReduce: NCCL on the GPU, the Store on the host) before the update; batch norm statistics stay per
+rank. Only rank 0 writes the run folder (and evaluates: the others' test metrics are NaN, their train metrics
+those of their own shard); with --resume every rank loads rank 0's last.npz, after a barrier. world_size 1 is the
+single-process run, with no store and no all-reduce.
+
 Host synchronisation is kept to the minimum: loss and correct counts accumulate on the device, and are read every
 log_every steps for the progress bar and once per epoch.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import pathlib
 import sys
 import time
@@ -51,6 +60,7 @@ from .config import TrainConfig, resume_differences
 STATE_FORMAT = "resnet_native.train/1"
 ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
 # Every file the run writes into its folder (their stale temporaries are removed when a run starts or resumes).
+BARRIER_TIMEOUT_S = 600.0  # a rank waits this long for the others at the resume and end-of-run barriers
 RUN_FILES = ("config.yaml", "metrics.csv", "last.npz", "best.npz", ALGOS_FILE, "curves.png", "summary.json")
 
 
@@ -64,8 +74,22 @@ class Trainer:
     """
 
     def __init__(self, cfg, out_dir, *, data=None, data_path=None, cache_dir=None, progress: bool = True,
-                 tensorboard: bool = True, aa_workers=None, log_every: int = 50, checkpoint_every: int = 1):
+                 tensorboard: bool = True, aa_workers=None, log_every: int = 50, checkpoint_every: int = 1,
+                 world=None, store=None, allreduce=None):
+        from ..distributed.world import World
+
         self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_dict(cfg)
+        self.world = World() if world is None else world
+        if not isinstance(self.world, World):
+            raise TypeError(f"world: expected a resnet_native.distributed World, got {type(world).__name__}")
+        self.store = store
+        self.allreduce = allreduce
+        n = self.world.world_size
+        if n > 1 and store is None:
+            raise ValueError(f"store: rank {self.world.rank} of {n} needs the job's Store (distributed.rendezvous)")
+        if self.cfg.batch_size % n:
+            raise ValueError(f"batch_size: {self.cfg.batch_size} does not divide among world_size {n} ranks "
+                             f"(each rank trains on batch_size / world_size images per step)")
         self.out = pathlib.Path(out_dir)
         self.data = data
         self.data_path = data_path
@@ -85,47 +109,60 @@ class Trainer:
 
         t_start = time.perf_counter()
         cfg = self.cfg
+        primary = self.world.is_primary
+        if resume and self.store is not None:  # rank 0's last.npz is complete: its last run ended in a barrier
+            self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
         data = self._load_data()
-        self.out.mkdir(parents=True, exist_ok=True)
+        if primary:
+            self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: checkpoint writer, metrics log, workers
             aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
                 load_algorithm_cache(self.out / ALGOS_FILE)
-            parts = _build(cfg, data)
+            parts = _build(cfg, data, self.world, self.store, self.allreduce)
             progress = _Progress()
             if state is not None:
                 parts.load_state_dict(state)
                 progress = _Progress.from_state(state)
-            atomic_write_text(self.out / "config.yaml", _yaml_dump(cfg.to_dict()))
+            if primary:
+                atomic_write_text(self.out / "config.yaml", _yaml_dump(cfg.to_dict()))
             end_epoch = cfg.epochs if stop_after is None else max(progress.next_epoch, min(cfg.epochs, stop_after))
             if aa is not None and progress.next_epoch < end_epoch:
                 aa.prefetch(progress.next_epoch)
-            log = stack.enter_context(contextlib.closing(MetricsLog(
-                self.out, rows=state["metrics"]["history"] if state else None, tensorboard=self.tensorboard)))
-            writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
+            rows = state["metrics"]["history"] if state else None
+            if primary:
+                log = stack.enter_context(contextlib.closing(MetricsLog(self.out, rows=rows,
+                                                                        tensorboard=self.tensorboard)))
+                writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
+            else:  # the other ranks keep their rows and write nothing
+                log, writer = _RowsOnly(rows), None
             for epoch in range(progress.next_epoch, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
                 train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
                 test_loss, test_acc = evaluate(parts.model, parts.test_inputs, parts.test_labels,
-                                               cfg.eval_batch_size)
+                                               cfg.eval_batch_size) if primary else (math.nan, math.nan)
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
                        "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                        "images_per_s": parts.images_per_epoch / epoch_time}
                 log.log_epoch(row)
                 is_best = progress.record(row)
-                print(f"epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | test loss "
-                      f"{test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
+                rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
+                print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
+                      f"test loss {test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s",
+                      file=sys.stderr)
                 due = (epoch + 1) % self.checkpoint_every == 0 or epoch + 1 == end_epoch
-                if due or is_best:
+                if primary and (due or is_best):
                     snapshot = self._state(parts, epoch, progress, log.rows)
                     if due:
                         writer.submit(self.out / "last.npz", snapshot, self.out / "best.npz" if is_best else None)
                     else:
                         writer.submit(self.out / "best.npz", snapshot)
                     save_algorithm_cache(self.out / ALGOS_FILE)
+        if self.store is not None:  # every rank returns once rank 0's checkpoints are on disk
+            self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model
         return self._summary(parts, progress, log.rows, end_epoch, t_start)
 
@@ -217,6 +254,10 @@ class Trainer:
             "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
             "out": str(self.out),
         }
+        if self.world.world_size > 1:
+            summary["rank"], summary["world_size"] = self.world.rank, self.world.world_size
+        if not self.world.is_primary:
+            return summary
         if rows:
             summary["plot_backend"] = plot_curves(rows, self.out / "curves.png",
                                                   title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
@@ -237,9 +278,12 @@ class _Parts:
     test_inputs: Any
     test_labels: Any
 
+    world_size: int = 1
+
     @property
     def images_per_epoch(self) -> int:
-        return len(self.augmenter) * self.augmenter.batch_size
+        """Over all ranks."""
+        return len(self.augmenter) * self.augmenter.batch_size * self.world_size
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -258,21 +302,44 @@ def _state_of(obj):
     return obj.state_dict() if obj is not None else None
 
 
-def _build(cfg: TrainConfig, data: CIFAR10Data) -> _Parts:
+def _build(cfg: TrainConfig, data: CIFAR10Data, world, store=None, allreduce=None) -> _Parts:
     import cupy
 
     from ..data.augment import GpuAugmenter, normalize_on_gpu
 
+    n = world.world_size
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
-    augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size, layout=cfg.layout,
-                             dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed)
+    augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
+                             layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
+                             world=world)
     schedule = build_schedule(cfg, optimizer, len(augmenter))
     scaler = build_scaler(cfg)
-    step = build_train_step(cfg, model, optimizer, scaler)
+    if n > 1 and allreduce is None:
+        allreduce = default_allreduce(model, world, store)
+    step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce if n > 1 else None)
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(data.test_labels, dtype=cupy.int32)
-    return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels)
+    return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
+
+
+def default_allreduce(model, world, store):
+    """The gradient all-reduce of a model where it lives: NCCL on the GPU, the Store on the host."""
+    from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
+
+    if model.ensure_placed().on_gpu:
+        return NcclAllReduce(store, world)
+    return StoreAllReduce(store, world)
+
+
+class _RowsOnly:
+    """A rank other than 0's stand-in for MetricsLog: it keeps the rows and writes nothing."""
+
+    def __init__(self, rows=None):
+        self.rows = [dict(r) for r in (rows or [])]
+
+    def log_epoch(self, row: dict) -> None:
+        self.rows.append(dict(row))
 
 
 @dataclass

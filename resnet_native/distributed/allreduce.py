@@ -1,0 +1,218 @@
+"""The gradient all-reduce of a data-parallel step: average(grads) replaces every rank's gradients, in place, by
+their mean over all ranks. TrainStep calls it after backward and before the optimizer's update (and before the
+loss scaler's inf/nan check: every rank then sees the same gradients and makes the same skip decision).
+
+- StoreAllReduce  NumPy gradients through the rendezvous Store (CPU tests, debugging): per bucket of
+                  plan_buckets, rank r sets its bucket's bytes, every rank gets all of them and sums them in
+                  float64 in rank order, so every rank computes bit-identical results; then / world_size.
+- NcclAllReduce   cupy gradients through cupy.cuda.nccl: one ncclAllReduce (sum) per bucket of flat device
+                  buffers, then * 1/world_size, on a given stream (default: the current one). cupy is imported
+                  only when one is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..names import bounded_int
+from .buckets import bucket_offsets, plan_buckets
+from .store import Store, exchange_nccl_id
+from .world import World
+
+STORE_BUCKET_BYTES = 4 << 20  # under the store's 64 MiB item limit, with room to spare
+NCCL_BUCKET_BYTES = 25 << 20  # PyTorch DDP's default
+NCCL_UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+
+
+class GradientAllReduce:
+    """average(grads): every array of grads (same shapes and dtypes, in the same order, on every rank) becomes,
+    in place, the mean of that array over all ranks. Every rank must call it the same number of times."""
+
+    world: World
+
+    def average(self, grads: Sequence) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the all-reduce holds (the NCCL communicator); the Store is its owner's to close."""
+
+
+def _checked_world_store(store, world) -> None:
+    if not isinstance(world, World):
+        raise TypeError(f"world: expected a World, got {type(world).__name__}")
+    if not isinstance(store, Store):
+        raise TypeError(f"store: expected a Store (from rendezvous), got {type(store).__name__}")
+    if store.world != world:
+        raise ValueError(f"store: it belongs to {store.world}, not to {world}")
+
+
+def _timeout(timeout_s) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < 1e9:
+        raise ValueError(f"timeout_s: expected a number of seconds > 0, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def _checked_grads(grads, kind: str, is_array) -> list:
+    if isinstance(grads, str | bytes) or not isinstance(grads, Sequence):
+        raise TypeError(f"grads: expected a sequence of {kind} arrays, got {type(grads).__name__}")
+    grads = list(grads)
+    for i, g in enumerate(grads):
+        if not is_array(g):
+            raise TypeError(f"grads[{i}]: expected a {kind} array, got {type(g).__name__}")
+        if not g.flags.c_contiguous:
+            raise ValueError(f"grads[{i}]: expected a C-contiguous array (it is written in place)")
+        if np.dtype(g.dtype).kind != "f":
+            raise TypeError(f"grads[{i}]: expected a floating-point array, got {np.dtype(g.dtype).name}")
+    return grads
+
+
+class _Plan:
+    """The buckets of one gradient layout (sizes and dtypes): indices, byte offsets, buffer sizes."""
+
+    def __init__(self, grads, bucket_bytes: int):
+        self.key = tuple((tuple(g.shape), np.dtype(g.dtype).str) for g in grads)
+        sizes = [int(g.nbytes) for g in grads]
+        self.buckets = plan_buckets(sizes, bucket_bytes)
+        self.layout = [bucket_offsets(sizes, b) for b in self.buckets]  # (offsets, total) per bucket
+
+
+class StoreAllReduce(GradientAllReduce):
+    """The all-reduce over the Store, for NumPy gradients. Values go through rank 0's process: slow, and meant for
+    tests and debugging. Rank r empties the values it set two calls earlier (every rank has read them by then:
+    a rank can start call n only once every rank has set its values of call n-1, after reading those of n-2),
+    so the store keeps at most two calls' gradients."""
+
+    def __init__(self, store: Store, world: World, *, bucket_bytes: int = STORE_BUCKET_BYTES,
+                 timeout_s: float = 60.0):
+        _checked_world_store(store, world)
+        self.store, self.world = store, world
+        self.bucket_bytes = bounded_int("bucket_bytes", bucket_bytes, 1, 64 << 20, "bytes")
+        self.timeout_s = _timeout(timeout_s)
+        self._plan = None
+        self._calls = 0
+        self._previous: list[list[str]] = []  # the keys this rank set in the last calls (oldest first)
+
+    def average(self, grads) -> None:
+        grads = _checked_grads(grads, "NumPy", lambda g: isinstance(g, np.ndarray))
+        if self.world.world_size == 1 or not grads:
+            return
+        plan = self._plan_for(grads)
+        call = self._calls
+        self._calls += 1
+        if len(self._previous) == 2:
+            for key in self._previous.pop(0):
+                self.store.set(key, b"")
+        keys = []
+        rank, size = self.world.rank, self.world.world_size
+        for b, (bucket, (offsets, _)) in enumerate(zip(plan.buckets, plan.layout, strict=True)):
+            total = offsets[-1] + grads[bucket[-1]].nbytes  # unpadded at the end: a size mismatch shows
+            buf = bytearray(total)
+            for i, off in zip(bucket, offsets, strict=True):
+                buf[off:off + grads[i].nbytes] = grads[i].tobytes()
+            prefix = f"allreduce/{call}/{b}/"
+            self.store.set(prefix + str(rank), buf)
+            keys.append(prefix + str(rank))
+            parts = [buf if r == rank else self.store.get(prefix + str(r), self.timeout_s) for r in range(size)]
+            for r, part in enumerate(parts):
+                if len(part) != total:
+                    raise ValueError(f"all-reduce call {call}, bucket {b}: rank {r} sent {len(part)} bytes, rank "
+                                     f"{rank} expected {total} (the ranks' gradients differ in shape or dtype)")
+            for i, off in zip(bucket, offsets, strict=True):
+                g = grads[i]
+                if g.size == 0:
+                    continue
+                acc = np.zeros(g.size, np.float64)
+                for part in parts:  # rank order: the same additions, in the same order, on every rank
+                    acc += np.frombuffer(part, dtype=g.dtype, count=g.size, offset=off)
+                acc /= size
+                g[...] = acc.reshape(g.shape)
+        self._previous.append(keys)
+
+    def _plan_for(self, grads) -> _Plan:
+        key = tuple((tuple(g.shape), np.dtype(g.dtype).str) for g in grads)
+        if self._plan is None or self._plan.key != key:
+            self._plan = _Plan(grads, self.bucket_bytes)
+        return self._plan
+
+
+def nccl_id_to_bytes(unique_id) -> bytes:
+    """cupy.cuda.nccl.get_unique_id()'s tuple of 128 C chars (ints in [-128, 127]) as the 128 bytes the Store
+    carries."""
+    if isinstance(unique_id, str | bytes) or not isinstance(unique_id, Sequence):
+        raise TypeError(f"unique_id: expected a tuple of {NCCL_UNIQUE_ID_BYTES} ints, got "
+                        f"{type(unique_id).__name__}")
+    if len(unique_id) != NCCL_UNIQUE_ID_BYTES:
+        raise ValueError(f"unique_id: expected {NCCL_UNIQUE_ID_BYTES} values, got {len(unique_id)}")
+    for i, v in enumerate(unique_id):
+        if isinstance(v, bool) or not isinstance(v, int) or not -128 <= v <= 255:
+            raise ValueError(f"unique_id[{i}]: expected a C char value in [-128, 255], got {v!r}")
+    return bytes(v & 0xFF for v in unique_id)
+
+
+def nccl_id_from_bytes(data: bytes) -> tuple:
+    """The inverse of nccl_id_to_bytes: the tuple of signed chars NcclCommunicator takes."""
+    if not isinstance(data, bytes | bytearray):
+        raise TypeError(f"data: expected bytes, got {type(data).__name__}")
+    if len(data) != NCCL_UNIQUE_ID_BYTES:
+        raise ValueError(f"data: expected an NCCL unique id of {NCCL_UNIQUE_ID_BYTES} bytes, got {len(data)}")
+    return tuple(b - 256 if b > 127 else b for b in data)
+
+
+_NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}
+
+
+class NcclAllReduce(GradientAllReduce):
+    """The all-reduce over NCCL (cupy.cuda.nccl), for cupy gradients of one device. Makes the communicator from the
+    unique id rank 0 sends through the Store. Per bucket: gradients copied into a flat buffer (kept), one in-place
+    ncclAllReduce (sum), * 1/world_size, copied back; all of it on stream (default: the current stream at each
+    call), so nothing synchronises the host. Not verified on a GPU yet."""
+
+    def __init__(self, store: Store, world: World, *, bucket_bytes: int = NCCL_BUCKET_BYTES, stream=None,
+                 timeout_s: float = 60.0):
+        _checked_world_store(store, world)
+        self.world = world
+        self.bucket_bytes = bounded_int("bucket_bytes", bucket_bytes, 1, 1 << 40, "bytes")
+        timeout_s = _timeout(timeout_s)
+        from cupy.cuda import nccl
+
+        self._nccl = nccl
+        self.stream = stream
+        uid = exchange_nccl_id(store, world, lambda: nccl_id_to_bytes(nccl.get_unique_id()), timeout_s)
+        self.comm = nccl.NcclCommunicator(world.world_size, nccl_id_from_bytes(uid), world.rank)
+        self._plan = None
+        self._buffers = []
+
+    def average(self, grads) -> None:
+        import cupy
+
+        grads = _checked_grads(grads, "cupy", lambda g: isinstance(g, cupy.ndarray))
+        if self.world.world_size == 1 or not grads:
+            return
+        dtypes = {np.dtype(g.dtype).name for g in grads}
+        if len(dtypes) != 1 or next(iter(dtypes)) not in _NCCL_TYPES:
+            raise TypeError(f"grads: expected one dtype of {sorted(_NCCL_TYPES)}, got {sorted(dtypes)}")
+        dtype = np.dtype(next(iter(dtypes)))
+        key = tuple((tuple(g.shape), dtype.str) for g in grads)
+        if self._plan is None or self._plan.key != key:
+            self._plan = _Plan(grads, self.bucket_bytes)
+            self._buffers = [cupy.empty(total // dtype.itemsize, dtype) for _, total in self._plan.layout]
+        stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
+        nccl_type = getattr(self._nccl, _NCCL_TYPES[dtype.name])
+        with stream:
+            for bucket, (offsets, _), buf in zip(self._plan.buckets, self._plan.layout, self._buffers, strict=True):
+                views = [buf[off // dtype.itemsize: off // dtype.itemsize + grads[i].size]
+                         for i, off in zip(bucket, offsets, strict=True)]
+                for i, view in zip(bucket, views, strict=True):
+                    view[...] = grads[i].ravel()
+                self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl_type, self._nccl.NCCL_SUM,
+                                    stream.ptr)
+                buf *= dtype.type(1.0 / self.world.world_size)
+                for i, view in zip(bucket, views, strict=True):
+                    grads[i][...] = view.reshape(grads[i].shape)
+
+    def close(self) -> None:
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            comm.destroy()
