@@ -20,7 +20,7 @@ from resnet_native.distributed import World, exchange_nccl_id, rendezvous
 rank, size, port = (int(a) for a in sys.argv[1:4])
 timeout, steps = float(sys.argv[4]), sys.argv[5:]
 world = World(rank, size, rank, "127.0.0.1", port)
-t0, out = time.monotonic(), {"rank": rank}
+t0, out, store = time.monotonic(), {"rank": rank}, None
 try:
     store = rendezvous(world, timeout)
     for step in steps:
@@ -37,9 +37,11 @@ try:
         elif step == "skip_barrier_on_last" and rank == size - 1:
             break
     store.barrier("end", timeout)
-    store.close()
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
+finally:
+    if store is not None:  # rank 0's close lets the others hang up first, so none loses an answer
+        store.close()
 out["elapsed"] = time.monotonic() - t0
 print(json.dumps(out), flush=True)
 """
