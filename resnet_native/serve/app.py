@@ -243,19 +243,26 @@ async def _decode(state: _State, data: bytes, kind: str) -> np.ndarray:
         raise _from_image_error(e) from None
 
 
+def _unavailable(e: Exception) -> Refused:
+    """503 with Retry-After: the queue is full (BatcherFull) or the batcher is closing (BatcherClosed)."""
+    if isinstance(e, BatcherFull):
+        return Refused(503, str(e), "queue_full", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    return Refused(503, "the server is shutting down", "closing", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+
+
 async def _classify(state: _State, images: list) -> list:
     try:
         futures = state.batcher.submit_many(images)
-    except BatcherFull as e:
-        raise Refused(503, str(e), "queue_full", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}) from None
-    except BatcherClosed:
-        raise Refused(503, "the server is shutting down", "closing", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)}) from None
+    except (BatcherFull, BatcherClosed) as e:
+        raise _unavailable(e) from None
     except ValueError as e:  # more images than the queue can ever hold
         raise Refused(413, f"{len(images)} images in one request: more than the server's queue holds ({e})",
                       "too_large") from None
     try:
         # Cancelling this (a cancelled handler) cancels the wrapped futures too: those not yet run are skipped.
         return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    except (BatcherFull, BatcherClosed) as e:  # a RemoteBatcher's (--workers) refusal arrives in the future
+        raise _unavailable(e) from None
     except Exception as e:
         raise Refused(500, f"inference failed: {type(e).__name__}: {e}", "inference") from None
 

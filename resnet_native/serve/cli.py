@@ -6,6 +6,10 @@ the server has no authentication, so reaching it from other machines is a decisi
 listening it prints one JSON line on stdout, {"event": "listening", "host": ..., "port": ..., "url": ...}, which
 gives the port --port 0 picked. SIGTERM or SIGINT: stop accepting connections, let in-flight requests finish,
 close the batcher (its queue drains first), print {"event": "stopped", ...} and exit 0.
+
+--workers N (N > 1): N HTTP processes on the one port in front of this process's engine (serve/workers.py: what
+/metrics and /health then report is per worker; a worker's death stops the server with exit code 1).
+--fake-engine-ms A,B serves a FakeEngine instead of a release, for tests and load tests without a model.
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m resnet_native.serve",
                                 description="Serve a CIFAR-10 model release over HTTP (POST /predict, GET /health, "
                                             "GET /metrics), with dynamic batching.")
-    p.add_argument("--release", required=True, help="a release folder (cifar10_models/version_A) or a version name")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--release", help="a release folder (cifar10_models/version_A) or a version name")
+    src.add_argument("--fake-engine-ms", metavar="A,B",
+                     help="for tests and load tests: serve a FakeEngine (A ms per call + B ms per image, logits from "
+                          "each image's first bytes) instead of a model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: a free one, printed)")
     p.add_argument("--max-batch", type=_positive(int), default=None,
@@ -63,7 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest image (declared width x height) decoded with --resize (default {DEFAULT_MAX_PIXELS})")
     p.add_argument("--shutdown-timeout", type=_positive(float), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                    help="on SIGTERM, how long in-flight requests may take to finish (default %(default)s s)")
+    p.add_argument("--workers", type=_positive(int), default=1,
+                   help="HTTP front processes on the same port (SO_REUSEPORT, Linux), each decoding and answering "
+                        "requests for the one engine process (default 1: a single process); see serve/workers.py")
     return p
+
+
+def load_fake_engine(spec: str):
+    """(FakeEngine, CIFAR-10 class names, what /health says) of --fake-engine-ms A,B."""
+    from ..release import CLASSES
+    from .fake_engine import FakeEngine
+
+    engine = FakeEngine.from_spec(spec, classes=len(CLASSES))
+    return engine, CLASSES, {"fake_engine": repr(engine), "device": "none"}
 
 
 def load_model(release):
@@ -113,11 +133,25 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .app import make_app  # the ImportError naming the serve extra, before the model is loaded
 
-    engine, classes, model = load_model(args.release)
+    if args.fake_engine_ms is not None:
+        try:
+            engine, classes, model = load_fake_engine(args.fake_engine_ms)
+        except ValueError as e:
+            build_parser().error(f"--fake-engine-ms: {e}")
+    else:
+        engine, classes, model = load_model(args.release)
     batcher = Batcher(engine, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue)
+    app_kwargs = {"classes": tuple(classes), "max_upload_bytes": args.max_upload_bytes, "resize": args.resize,
+                  "model": model, "max_pixels": args.max_pixels}
+    if args.workers > 1:
+        from .workers import serve_workers
+
+        try:
+            return serve_workers(batcher, app_kwargs, args.host, args.port, args.workers, args.shutdown_timeout, _url)
+        finally:
+            batcher.close()
     try:
-        app = make_app(batcher, classes, max_upload_bytes=args.max_upload_bytes, resize=args.resize, model=model,
-                       max_pixels=args.max_pixels)
+        app = make_app(batcher, **app_kwargs)
         counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout))
     except OSError as e:  # the address is taken or not this machine's
         print(f"serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)

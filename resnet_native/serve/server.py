@@ -24,13 +24,14 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
-                       shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S):
-    """Listen on host:port; returns (runner, host, port) with the port actually bound."""
+                       shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, reuse_port: bool = False):
+    """Listen on host:port; returns (runner, host, port) with the port actually bound. reuse_port: SO_REUSEPORT,
+    so that several processes listen on one port (the --workers servers; Linux)."""
     # handle_signals=False: signals are the caller's (the CLI installs its own), and a thread's loop cannot have them.
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
     except BaseException:
         await runner.cleanup()
