@@ -173,6 +173,52 @@ def run_server(mode: str, engine, classes, pngs, *, requests: int, clients: int,
                      client_processes=client_processes)
 
 
+def run_server_workers(mode: str, args, pngs, *, workers: int, requests: int, clients: int, deadline: float,
+                       max_batch, max_delay_ms: float, client_processes: int = 0) -> dict:
+    """As run_server, against python -m resnet_native.serve --workers N in a child process (the engine in its main
+    process). mean_batch and batches come from the server's final counters, the warm-up requests included."""
+    import json
+    import signal
+    import subprocess
+    import tempfile
+
+    import resnet_native
+
+    source = ["--fake-engine-ms", args.fake_engine_ms] if args.fake_engine_ms else ["--release", args.release]
+    cmd = [sys.executable, "-m", "resnet_native.serve", *source, "--workers", str(workers), "--port", "0",
+           "--max-delay-ms", str(max_delay_ms), "--max-queue", str(max(1024, 4 * clients))]
+    if max_batch is not None:
+        cmd += ["--max-batch", str(max_batch)]
+    # The resnet_native this process imported, never a source tree in the working directory.
+    path = [os.path.dirname(os.path.dirname(os.path.realpath(resnet_native.__file__))),
+            os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd, env=env)
+        try:
+            listening = json.loads(proc.stdout.readline() or "{}")
+            if listening.get("event") != "listening":
+                raise RuntimeError(f"bench_serve: the --workers {workers} server did not start ({proc.wait(30)})")
+            url = listening["url"] + "/predict"
+            warm = min(clients, 16)
+            asyncio.run(_load(url, pngs, warm, warm, deadline))
+            latencies, failed, wall, stopped_by = _load_from(client_processes, url, pngs, requests, clients, deadline)
+            proc.send_signal(signal.SIGTERM)
+            stopped = {}
+            for line in proc.stdout:
+                if line.startswith("{") and json.loads(line).get("event") == "stopped":
+                    stopped = json.loads(line)["batcher"]
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    batches, served = stopped.get("batches", 0), stopped.get("completed", 0)
+    return summarize(mode, latencies, failed, wall, stopped_by, max_batch=max_batch, max_delay_ms=max_delay_ms,
+                     clients=clients, mean_batch=served / batches if batches else None, batches=batches,
+                     client_processes=client_processes, workers=workers)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The run
 
@@ -214,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=None, help="the batched mode's max_batch (default: the engine's)")
     p.add_argument("--max-delay-ms", type=float, default=2.0, help="the batched mode's max_delay_ms (default 2)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--workers", type=int, default=1,
+                   help="batched and server_batch_1: HTTP worker processes (python -m resnet_native.serve --workers "
+                        "N in a child process; default 1: the in-process server); --fake-engine-ms or --release")
     p.add_argument("--out", default="bench_serve.json", help="the JSON results file (default bench_serve.json)")
     return p
 
@@ -229,6 +278,10 @@ def resolve_args(argv=None):
             p.error(f"--{name}: expected a positive number, got {getattr(args, name)}")
     if not 0 <= args.client_processes <= args.clients:
         p.error(f"--client-processes: expected 0 to --clients ({args.clients}), got {args.client_processes}")
+    if args.workers < 1:
+        p.error(f"--workers: expected a positive number, got {args.workers}")
+    if args.workers > 1 and args.model is not None:
+        p.error("--workers: the server runs as a child process, of --fake-engine-ms or --release, not --model")
     if not args.time_limit_s > 0:
         p.error(f"--time-limit-s: expected a positive number, got {args.time_limit_s}")
     if args.fake_engine_ms is not None:
@@ -258,6 +311,14 @@ def main(argv=None) -> dict:
             rows.append(run_sequential(engine, images, args.requests, deadline))
         else:
             batched = mode == "batched"
+            if args.workers > 1:
+                max_batch = (args.max_batch or getattr(engine, "batch_sizes", (None,))[-1]) if batched else 1
+                rows.append(run_server_workers(mode, args, pngs, workers=args.workers, requests=args.requests,
+                                               clients=args.clients, deadline=deadline, max_batch=max_batch,
+                                               max_delay_ms=args.max_delay_ms if batched else 0.0,
+                                               client_processes=args.client_processes))
+                print(format_table(rows[-1:], COLUMNS), flush=True)
+                continue
             rows.append(run_server(mode, engine, classes, pngs, requests=args.requests, clients=args.clients,
                                    deadline=deadline, max_batch=args.max_batch if batched else 1,
                                    max_delay_ms=args.max_delay_ms if batched else 0.0,

@@ -61,3 +61,19 @@ def test_the_time_limit_stops_every_mode(tmp_path):
     rows = payload["modes"]
     assert [r["stopped_by"] for r in rows.values()] == ["time_limit", "time_limit"]
     assert all(0 < r["ok"] < 100 for r in rows.values()), rows  # about 2 s each at 50 ms a call
+
+
+def test_workers_run_the_server_as_a_child_process(tmp_path, monkeypatch):
+    for bad in (["--fake-engine-ms", "1,1", "--workers", "0"], ["--model", "resnet18", "--workers", "2"]):
+        with pytest.raises(SystemExit):
+            bench_serve.resolve_args(bad)
+    monkeypatch.chdir(tmp_path)  # the child server imports the resnet_native this process did, from anywhere
+    start = time.monotonic()
+    payload = bench_serve.main(["--fake-engine-ms", "5,0.01", "--workers", "2", "--clients", "8", "--requests", "200",
+                                "--time-limit-s", "20", "--modes", "batched,server_batch_1", "--client-processes", "0",
+                                "--out", str(tmp_path / "serve.json")])
+    assert time.monotonic() - start < 20 + 15.0
+    for mode, row in payload["modes"].items():
+        assert row["workers"] == 2 and row["failed"] == 0 and row["ok"] > 0 and row["images_per_s"] > 0, row
+        assert row["batches"] > 0, mode
+    assert payload["modes"]["server_batch_1"]["mean_batch"] == 1.0
