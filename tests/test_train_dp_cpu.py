@@ -3,6 +3,7 @@ test_train_dryrun.py on the host backend, their gradients averaged by StoreAllRe
 come out bit-identical, only rank 0 writes a run folder. Also the sharded augmenter and the trainer's refusals."""
 
 import json
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -19,16 +20,11 @@ from resnet_native.training import loop
 
 # One rank: the CPU stand-ins of test_train_dryrun.py's cpu_backend fixture, then a Trainer of that rank.
 RANK_SCRIPT = r"""
-import json, pathlib, sys, types
+import json, pathlib, sys
 import numpy as np
-fake = types.ModuleType("cupy")
-for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
-             "float16", "float32", "float64", "uint8", "uint16"):
-    setattr(fake, name, getattr(np, name))
-stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
-fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
-fake.asnumpy = np.asarray
-sys.modules["cupy"] = fake
+sys.path.insert(0, sys.argv[6])  # the tests folder: cpu_stand_ins
+from cpu_stand_ins import launch_on_numpy, numpy_as_cupy
+sys.modules["cupy"] = numpy_as_cupy()
 import resnet_native as rn
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
@@ -36,11 +32,7 @@ from resnet_native.distributed import World, rendezvous
 from resnet_native.layers import Module
 from resnet_native.training import cli, loop
 
-def launch(images, params, start, batch, lut, out, *, layout="NHWC", crop_padding=4, cutout=0):
-    out[...] = aug.apply_reference(np.asarray(images), params[:, start:start + batch], lut, layout=layout,
-                                   crop_padding=crop_padding, cutout=cutout)
-
-aug.launch_augment = launch
+aug.launch_augment = launch_on_numpy
 rn.require_gpu = lambda: None
 rn.conv.save_algorithm_cache = lambda path: pathlib.Path(path).write_text('{"entries": []}') and 0
 rn.conv.load_algorithm_cache = lambda path: 0
@@ -55,7 +47,7 @@ def split(n):
     return images, labels
 (tr, trl), (te, tel) = split(32), split(16)
 data = CIFAR10Data(tr, trl, te, tel, source="tiny")
-cfg = cli.resolve_config(cli.build_parser().parse_args(sys.argv[6:]))
+cfg = cli.resolve_config(cli.build_parser().parse_args(sys.argv[7:]))
 world = World(rank, size, rank, "127.0.0.1", port)
 with rendezvous(world, 30.0) as store:
     trainer = loop.Trainer(cfg, out, data=data, progress=False, tensorboard=False, world=world, store=store)
@@ -72,7 +64,7 @@ def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_pat
     port, size = free_port(), 2
     children = [subprocess.Popen(
         [sys.executable, "-c", RANK_SCRIPT, str(r), str(size), str(port), str(tmp_path / f"run{r}"),
-         str(tmp_path / f"weights{r}.npz"), *ARGS],
+         str(tmp_path / f"weights{r}.npz"), str(pathlib.Path(__file__).parent), *ARGS],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(OPENBLAS_NUM_THREADS="1"),
         cwd=tempfile.gettempdir()) for r in range(size)]  # not the checkout: its source tree would shadow the package
     results = []

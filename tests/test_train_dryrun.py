@@ -10,11 +10,11 @@ release of such a run. Images are 8x8 to keep ResNet-18 in NumPy fast; the GPU t
 import pathlib
 import sys
 import threading
-import types
 
 import numpy as np
 import pytest
 import yaml
+from cpu_stand_ins import launch_on_numpy, numpy_as_cupy
 
 import resnet_native as rn
 from resnet_native import checkpoint, release
@@ -24,29 +24,12 @@ from resnet_native.layers import Module
 from resnet_native.training import checkpoint_writer, cli, loop
 
 
-def _numpy_as_cupy():
-    """The slice of cupy the trainer and augmenter use, on NumPy."""
-    fake = types.ModuleType("cupy")
-    for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
-                 "float16", "float32", "float64", "uint8", "uint16"):
-        setattr(fake, name, getattr(np, name))
-    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
-    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
-    fake.asnumpy = np.asarray
-    return fake
-
-
-def _launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NHWC", crop_padding=4, cutout=0):
-    out[...] = aug.apply_reference(np.asarray(images), params[:, batch_start:batch_start + batch], lut,
-                                   layout=layout, crop_padding=crop_padding, cutout=cutout)
-
-
 @pytest.fixture
 def cpu_backend(monkeypatch):
     """Yields the record of the conv algorithm cache calls: {"save": [paths], "load": [paths]} (the real functions
     need a GPU; the stand-in save writes a small JSON file so that the file's presence can be checked)."""
-    monkeypatch.setitem(sys.modules, "cupy", _numpy_as_cupy())
-    monkeypatch.setattr(aug, "launch_augment", _launch_on_numpy)
+    monkeypatch.setitem(sys.modules, "cupy", numpy_as_cupy())
+    monkeypatch.setattr(aug, "launch_augment", launch_on_numpy)
     monkeypatch.setattr(rn, "require_gpu", lambda: None)
     algo_calls = {"save": [], "load": []}
 

@@ -1,0 +1,27 @@
+"""The CPU stand-ins under which the trainer runs without a GPU (tests/test_train_dryrun.py's cpu_backend fixture,
+and the ranks of tests/test_train_dp_cpu.py): the slice of cupy the trainer and augmenter use, on NumPy, and the
+augmentation kernel replaced by its NumPy reference."""
+
+import types
+
+import numpy as np
+
+
+def numpy_as_cupy():
+    """A module standing in for cupy, on NumPy."""
+    fake = types.ModuleType("cupy")
+    for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
+                 "float16", "float32", "float64", "uint8", "uint16"):
+        setattr(fake, name, getattr(np, name))
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+    fake.asnumpy = np.asarray
+    return fake
+
+
+def launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NHWC", crop_padding=4, cutout=0):
+    """resnet_native.data.augment.launch_augment's NumPy reference."""
+    from resnet_native.data import augment as aug  # imported when used: a child installs the stand-ins first
+
+    out[...] = aug.apply_reference(np.asarray(images), params[:, batch_start:batch_start + batch], lut,
+                                   layout=layout, crop_padding=crop_padding, cutout=cutout)
