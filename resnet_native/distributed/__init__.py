@@ -1,4 +1,4 @@
-"""Data-parallel training over NCCL (issue 18): the parts that need no GPU.
+"""Data-parallel training over NCCL: the parts that need no GPU.
 
 - world.py     the process's place in the job (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; mpirun, Slurm)
 - store.py     rendezvous over TCP (rank 0 hosts a small key-value store), barriers, the NCCL unique id exchange

@@ -1,4 +1,4 @@
-"""resnet_native.quantization: the arithmetic and calibration of INT8 and FP8 inference (issue 17), on the host.
+"""resnet_native.quantization: the arithmetic and calibration of INT8 and FP8 inference, on the host.
 
     int8              symmetric per-tensor / per-channel int8 quantisation ([-127, 127], round half to even), the
                       requantisation of a conv with folded BatchNorm: the float formula and the kernel's fp32

@@ -1,12 +1,12 @@
 """Several HTTP front processes in front of one engine: python -m resnet_native.serve ... --workers N (N > 1).
 
-One interpreter decodes, parses and answers about 1.7k requests/s (PNG decode, aiohttp and JSON cost ~0.6 ms a
-request), less than a GPU engine does. With --workers N the main process is the engine process: it owns the engine
-and the one Batcher, and spawns N worker processes (multiprocessing, spawn context) that all listen on the same
-host:port (SO_REUSEPORT: the kernel spreads connections over them; Linux). A worker runs the same aiohttp app as
-the single-process server (make_app: validation, errors, metrics), given a RemoteBatcher instead of a Batcher: it
-sends each decoded uint8 image, with a request id, over one shared queue to the engine process and resolves the
-request's future when the answer comes back on the worker's own queue.
+One interpreter's time per request (PNG decode, aiohttp and JSON) caps a single server below what a GPU engine
+does (benchmarks/RESULTS.md has the measurement). With --workers N the main process is the engine process: it owns
+the engine and the one Batcher, and spawns N worker processes (multiprocessing, spawn context) that all listen on
+the same host:port (SO_REUSEPORT: the kernel spreads connections over them; Linux). A worker runs the same aiohttp
+app as the single-process server (make_app: validation, errors, metrics), given a RemoteBatcher instead of a
+Batcher: it sends each decoded uint8 image, with a request id, over one shared queue to the engine process and
+resolves the request's future when the answer comes back on the worker's own queue.
 
     worker i:  handler -> RemoteBatcher.submit_many -> requests queue --> engine: reader thread -> Batcher.submit_many
                future <- reader thread <- results[i] queue <----------- engine: writer thread <- done futures

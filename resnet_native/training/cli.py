@@ -180,7 +180,7 @@ def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
         # its GPU path (NcclAllReduce, the eager step) has not run on a GPU yet, so the command line keeps refusing.
         parser.error(f"rank {world.rank} of {world.world_size}: data-parallel training from the command line is "
                      f"not enabled yet (the NCCL gradient all-reduce is unverified on a GPU, and the CUDA-graph "
-                     f"step has no all-reduce; issue 18); run one process")
+                     f"step has no all-reduce); run one process")
 
 
 def summary_line(summary: dict) -> str:
