@@ -71,6 +71,20 @@ def check_image(image, name: str = "image") -> np.ndarray:
     return np.array(image, order="C", copy=True)
 
 
+def check_images(images, max_queue: int) -> list:
+    """submit_many's images (a sequence of (32, 32, 3) arrays or an (N, 32, 32, 3) array), each checked by
+    check_image; more than max_queue can never be queued: ValueError."""
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        images = list(images)
+    if isinstance(images, np.ndarray) or not hasattr(images, "__iter__"):
+        raise TypeError(f"images: expected a sequence of images or an (N, 32, 32, 3) array, got "
+                        f"{type(images).__name__}")
+    checked = [check_image(im, f"images[{i}]") for i, im in enumerate(images)]
+    if len(checked) > max_queue:
+        raise ValueError(f"images: {len(checked)} images are more than max_queue={max_queue} can hold")
+    return checked
+
+
 def _to_host_logits(out, n: int) -> np.ndarray:
     """An engine's output for a batch of n as a host float32 (n, classes) array (cupy arrays are copied over)."""
     if not isinstance(out, np.ndarray) and hasattr(out, "__cuda_array_interface__") and hasattr(out, "get"):
@@ -149,15 +163,7 @@ class Batcher:
         """Queue several images at once (a sequence of (32, 32, 3) arrays or an (N, 32, 32, 3) array): all of them
         or, when they do not all fit in the queue, none (BatcherFull). Returns one future per image, in order.
         More images than max_queue can never fit: ValueError."""
-        if isinstance(images, np.ndarray) and images.ndim == 4:
-            images = list(images)
-        if isinstance(images, np.ndarray) or not hasattr(images, "__iter__"):
-            raise TypeError(f"images: expected a sequence of images or an (N, 32, 32, 3) array, got "
-                            f"{type(images).__name__}")
-        requests = [_Request(check_image(im, f"images[{i}]")) for i, im in enumerate(images)]
-        if len(requests) > self.max_queue:
-            raise ValueError(f"images: {len(requests)} images are more than max_queue={self.max_queue} can hold")
-        return self._enqueue(requests)
+        return self._enqueue([_Request(im) for im in check_images(images, self.max_queue)])
 
     def _enqueue(self, requests: list) -> list:
         with self._cond:

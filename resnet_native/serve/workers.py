@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from .batcher import BatcherClosed, BatcherFull, check_image
+from .batcher import BatcherClosed, BatcherFull, check_images
 
 START_TIMEOUT_S = 60.0  # spawning a worker imports aiohttp, NumPy and resnet_native: seconds on a busy machine
 _PARENT_POLL_S = 0.5
@@ -94,11 +94,7 @@ class RemoteBatcher:
         return self.submit_many([image])[0]
 
     def submit_many(self, images) -> list:
-        if isinstance(images, np.ndarray) and images.ndim == 4:
-            images = list(images)
-        checked = [check_image(im, f"images[{i}]") for i, im in enumerate(images)]
-        if len(checked) > self.max_queue:
-            raise ValueError(f"images: {len(checked)} images are more than max_queue={self.max_queue} can hold")
+        checked = check_images(images, self.max_queue)
         with self._lock:
             if self._closed:
                 raise BatcherClosed("Batcher: closed, no new requests are accepted")
