@@ -18,7 +18,7 @@ import numpy as np
 
 from ..names import bounded_int
 from .buckets import bucket_offsets, plan_buckets
-from .store import Store, exchange_nccl_id
+from .store import Store, checked_timeout, exchange_nccl_id
 from .world import World
 
 STORE_BUCKET_BYTES = 4 << 20  # under the store's 64 MiB item limit, with room to spare
@@ -48,12 +48,6 @@ def _checked_world_store(store, world) -> None:
         raise ValueError(f"store: it belongs to {store.world}, not to {world}")
 
 
-def _timeout(timeout_s) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < 1e9:
-        raise ValueError(f"timeout_s: expected a number of seconds > 0, got {timeout_s!r}")
-    return float(timeout_s)
-
-
 def _checked_grads(grads, kind: str, is_array) -> list:
     if isinstance(grads, str | bytes) or not isinstance(grads, Sequence):
         raise TypeError(f"grads: expected a sequence of {kind} arrays, got {type(grads).__name__}")
@@ -71,11 +65,17 @@ def _checked_grads(grads, kind: str, is_array) -> list:
 class _Plan:
     """The buckets of one gradient layout (sizes and dtypes): indices, byte offsets, buffer sizes."""
 
-    def __init__(self, grads, bucket_bytes: int):
-        self.key = tuple((tuple(g.shape), np.dtype(g.dtype).str) for g in grads)
+    def __init__(self, key: tuple, grads, bucket_bytes: int):
+        self.key = key
         sizes = [int(g.nbytes) for g in grads]
         self.buckets = plan_buckets(sizes, bucket_bytes)
         self.layout = [bucket_offsets(sizes, b) for b in self.buckets]  # (offsets, total) per bucket
+
+
+def _plan_for(plan, grads, bucket_bytes: int) -> _Plan:
+    """`plan` when it was made for grads' layout (shapes and dtypes), else a new plan of it."""
+    key = tuple((tuple(g.shape), np.dtype(g.dtype).str) for g in grads)
+    return plan if plan is not None and plan.key == key else _Plan(key, grads, bucket_bytes)
 
 
 class StoreAllReduce(GradientAllReduce):
@@ -89,7 +89,7 @@ class StoreAllReduce(GradientAllReduce):
         _checked_world_store(store, world)
         self.store, self.world = store, world
         self.bucket_bytes = bounded_int("bucket_bytes", bucket_bytes, 1, 64 << 20, "bytes")
-        self.timeout_s = _timeout(timeout_s)
+        self.timeout_s = checked_timeout(timeout_s, zero=False)
         self._plan = None
         self._calls = 0
         self._previous: list[list[str]] = []  # the keys this rank set in the last calls (oldest first)
@@ -98,7 +98,7 @@ class StoreAllReduce(GradientAllReduce):
         grads = _checked_grads(grads, "NumPy", lambda g: isinstance(g, np.ndarray))
         if self.world.world_size == 1 or not grads:
             return
-        plan = self._plan_for(grads)
+        plan = self._plan = _plan_for(self._plan, grads, self.bucket_bytes)
         call = self._calls
         self._calls += 1
         if len(self._previous) == 2:
@@ -129,12 +129,6 @@ class StoreAllReduce(GradientAllReduce):
                 acc /= size
                 g[...] = acc.reshape(g.shape)
         self._previous.append(keys)
-
-    def _plan_for(self, grads) -> _Plan:
-        key = tuple((tuple(g.shape), np.dtype(g.dtype).str) for g in grads)
-        if self._plan is None or self._plan.key != key:
-            self._plan = _Plan(grads, self.bucket_bytes)
-        return self._plan
 
 
 def nccl_id_to_bytes(unique_id) -> bytes:
@@ -174,7 +168,7 @@ class NcclAllReduce(GradientAllReduce):
         _checked_world_store(store, world)
         self.world = world
         self.bucket_bytes = bounded_int("bucket_bytes", bucket_bytes, 1, 1 << 40, "bytes")
-        timeout_s = _timeout(timeout_s)
+        timeout_s = checked_timeout(timeout_s, zero=False)
         from cupy.cuda import nccl
 
         self._nccl = nccl
@@ -194,10 +188,10 @@ class NcclAllReduce(GradientAllReduce):
         if len(dtypes) != 1 or next(iter(dtypes)) not in _NCCL_TYPES:
             raise TypeError(f"grads: expected one dtype of {sorted(_NCCL_TYPES)}, got {sorted(dtypes)}")
         dtype = np.dtype(next(iter(dtypes)))
-        key = tuple((tuple(g.shape), dtype.str) for g in grads)
-        if self._plan is None or self._plan.key != key:
-            self._plan = _Plan(grads, self.bucket_bytes)
-            self._buffers = [cupy.empty(total // dtype.itemsize, dtype) for _, total in self._plan.layout]
+        plan = _plan_for(self._plan, grads, self.bucket_bytes)
+        if plan is not self._plan:
+            self._plan = plan
+            self._buffers = [cupy.empty(total // dtype.itemsize, dtype) for _, total in plan.layout]
         stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
         nccl_type = getattr(self._nccl, _NCCL_TYPES[dtype.name])
         with stream:

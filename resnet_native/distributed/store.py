@@ -151,7 +151,7 @@ class Store:
 
     def get(self, key: str, timeout_s: float) -> bytes:
         """The value under key, waiting up to timeout_s for some rank to set it; else a TimeoutError."""
-        status, items = self._request(OP_GET, _timeout(timeout_s), [_key(key)])
+        status, items = self._request(OP_GET, checked_timeout(timeout_s), [_key(key)])
         if status != OK:
             why = "was not set within" if status == ABSENT else "was not set before the store closed, after at most"
             raise TimeoutError(f"store at {self.world.address}: key {key!r} {why} {timeout_s} s")
@@ -160,7 +160,7 @@ class Store:
     def barrier(self, name: str, timeout_s: float) -> None:
         """Return once every rank has called barrier(name); a TimeoutError naming the missing ranks when they have
         not after timeout_s. Names can repeat: the n-th barrier of a name waits for every rank's n-th."""
-        self._barrier(name, _timeout(timeout_s), f"barrier {name!r}", timeout_s)
+        self._barrier(name, checked_timeout(timeout_s), f"barrier {name!r}", timeout_s)
 
     def _barrier(self, name: str, timeout_s: float, what: str, shown_timeout_s: float) -> None:
         prefix = self.next_key(f"barrier/{name}") + "/"
@@ -222,9 +222,11 @@ def _key(key: str) -> bytes:
     return key.encode()
 
 
-def _timeout(timeout_s) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 <= timeout_s < 1e9:
-        raise ValueError(f"timeout_s: expected a number of seconds >= 0, got {timeout_s!r}")
+def checked_timeout(timeout_s, *, zero: bool = True) -> float:
+    """timeout_s as a float number of seconds, >= 0 (> 0 without `zero`) and below 1e9, else a ValueError."""
+    number = not isinstance(timeout_s, bool) and isinstance(timeout_s, int | float)
+    if not number or not (timeout_s >= 0 if zero else timeout_s > 0) or not timeout_s < 1e9:
+        raise ValueError(f"timeout_s: expected a number of seconds {'>=' if zero else '>'} 0, got {timeout_s!r}")
     return float(timeout_s)
 
 
@@ -250,7 +252,7 @@ def rendezvous(world: World, timeout_s: float) -> Store:
     """Every rank of world checks in at rank 0's store, which rank 0 starts; returns this rank's Store once all
     have. A TimeoutError names the ranks missing after timeout_s (on every waiting rank), or the address when no
     store listens there in time."""
-    timeout_s = _timeout(timeout_s)
+    timeout_s = checked_timeout(timeout_s)
     deadline = time.monotonic() + timeout_s
     host = None
     if world.is_primary:
