@@ -58,9 +58,14 @@ def fake_quantize(x, scale, dtype: str, axis=None) -> np.ndarray:
 
 def weight_scales(plan, state: dict, dtype: str) -> dict:
     """{step name: (K,) per-output-channel scales of the folded weight} for every quantised convolution."""
+    return _weight_scales(plan, _float_weights(plan, state), dtype)
+
+
+def _weight_scales(plan, weights: dict, dtype: str) -> dict:
+    """weight_scales from the folded weights ({step name: (weight, bias)}) already at hand."""
     choice("dtype", dtype, QUANT_DTYPES)
     scale = int8_scale if dtype == "int8" else fp8_scale
-    return {s.name: scale(conv_step_params(s, state, "NCHW")[0], axis=0) for s in quantized_steps(plan)}
+    return {s.name: scale(weights[s.name][0], axis=0) for s in quantized_steps(plan)}
 
 
 def _images(images) -> np.ndarray:
@@ -118,11 +123,12 @@ def calibrate(state: dict, images, method: str = "entropy", *, dtype: str = "int
         if v in observers:
             observers[v].observe(array)
 
-    _run(plan, images, _float_weights(plan, state), observe, batch_size)
+    weights = _float_weights(plan, state)  # folded once: the forward and the weight scales both read them
+    _run(plan, images, weights, observe, batch_size)
     names = value_names(plan)
     return Calibration(dtype, method, float(percentile) if method == "percentile" else None, names,
                        {names[v]: o.scale(dtype) for v, o in observers.items()},
-                       {k: tuple(float(s) for s in v) for k, v in weight_scales(plan, state, dtype).items()})
+                       {k: tuple(float(s) for s in v) for k, v in _weight_scales(plan, weights, dtype).items()})
 
 
 def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
