@@ -1,6 +1,6 @@
 """The CPU stand-ins under which the trainer runs without a GPU (tests/test_train_dryrun.py's cpu_backend fixture,
-and the ranks of tests/test_train_dp_cpu.py): the slice of cupy the trainer and augmenter use, on NumPy, and the
-augmentation kernel replaced by its NumPy reference."""
+and the ranks of tests/test_train_dp_cpu.py): the slice of cupy the trainer and augmenter use, on NumPy, the
+augmentation kernel replaced by its NumPy reference, and a tiny data set."""
 
 import types
 
@@ -25,3 +25,17 @@ def launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NHW
 
     out[...] = aug.apply_reference(np.asarray(images), params[:, batch_start:batch_start + batch], lut,
                                    layout=layout, crop_padding=crop_padding, cutout=cutout)
+
+
+def tiny_cifar(rng):
+    """8x8 'CIFAR': a bright or dark image per class parity, learnable in a few steps (32 train, 16 test)."""
+    from resnet_native.data.cifar10 import CIFAR10Data  # imported when used, as above
+
+    def split(n):
+        labels = (np.arange(n) % 10).astype(np.int32)
+        images = rng.integers(0, 120, (n, 8, 8, 3)).astype(np.uint8)
+        images[labels % 2 == 1] += 120
+        return images, labels
+
+    (tr, trl), (te, tel) = split(32), split(16)
+    return CIFAR10Data(tr, trl, te, tel, source="tiny")

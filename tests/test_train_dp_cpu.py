@@ -23,11 +23,10 @@ RANK_SCRIPT = r"""
 import json, pathlib, sys
 import numpy as np
 sys.path.insert(0, sys.argv[6])  # the tests folder: cpu_stand_ins
-from cpu_stand_ins import launch_on_numpy, numpy_as_cupy
+from cpu_stand_ins import launch_on_numpy, numpy_as_cupy, tiny_cifar
 sys.modules["cupy"] = numpy_as_cupy()
 import resnet_native as rn
 from resnet_native.data import augment as aug
-from resnet_native.data.cifar10 import CIFAR10Data
 from resnet_native.distributed import World, rendezvous
 from resnet_native.layers import Module
 from resnet_native.training import cli, loop
@@ -39,14 +38,7 @@ rn.conv.load_algorithm_cache = lambda path: 0
 Module.cuda = lambda self: self.to_host(np.float32)
 
 rank, size, port, out, weights = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-rng = np.random.default_rng(7)  # the same data on every rank
-def split(n):
-    labels = (np.arange(n) % 10).astype(np.int32)
-    images = rng.integers(0, 120, (n, 8, 8, 3)).astype(np.uint8)
-    images[labels % 2 == 1] += 120
-    return images, labels
-(tr, trl), (te, tel) = split(32), split(16)
-data = CIFAR10Data(tr, trl, te, tel, source="tiny")
+data = tiny_cifar(np.random.default_rng(7))  # the same data on every rank
 cfg = cli.resolve_config(cli.build_parser().parse_args(sys.argv[7:]))
 world = World(rank, size, rank, "127.0.0.1", port)
 with rendezvous(world, 30.0) as store:

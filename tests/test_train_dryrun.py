@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 import yaml
-from cpu_stand_ins import launch_on_numpy, numpy_as_cupy
+from cpu_stand_ins import launch_on_numpy, numpy_as_cupy, tiny_cifar
 
 import resnet_native as rn
 from resnet_native import checkpoint, release
@@ -48,15 +48,7 @@ def cpu_backend(monkeypatch):
 
 @pytest.fixture
 def tiny(rng):
-    """8x8 'CIFAR': a bright or dark image per class parity, learnable in a few steps."""
-    def split(n):
-        labels = (np.arange(n) % 10).astype(np.int32)
-        images = rng.integers(0, 120, (n, 8, 8, 3)).astype(np.uint8)
-        images[labels % 2 == 1] += 120
-        return images, labels
-
-    (tr, trl), (te, tel) = split(32), split(16)
-    return CIFAR10Data(tr, trl, te, tel, source="tiny")
+    return tiny_cifar(rng)
 
 
 def config(*extra):
