@@ -21,8 +21,8 @@ reset_graphs(). A capture that fails (an op that cannot be captured) warns, and 
 A model on the host (model.to_host(): NumPy and the reference ops) always runs eagerly.
 
 allreduce (a resnet_native.distributed GradientAllReduce): a data-parallel step; the gradients are averaged over
-the ranks after backward, before loss-scaler checks and the update. Eager only for now (with cuda_graph on the
-GPU it is a ValueError).
+the ranks after backward, before loss-scaler checks and the update. With cuda_graph the all-reduce is recorded in
+the step's graph when it is capturable (NcclAllReduce); any other with cuda_graph on the GPU is a ValueError.
 """
 
 import contextlib
@@ -64,9 +64,9 @@ class TrainStep:
         self.allreduce = allreduce
         if allreduce is not None and not callable(getattr(allreduce, "average", None)):
             raise TypeError(f"allreduce: expected a GradientAllReduce, got {type(allreduce).__name__}")
-        if allreduce is not None and self.cuda_graph:
-            raise ValueError("cuda_graph: a data-parallel step (allreduce) runs eagerly for now; the gradient "
-                             "all-reduce is not part of the captured step yet (pass cuda_graph=False)")
+        if allreduce is not None and self.cuda_graph and not getattr(allreduce, "capturable", False):
+            raise ValueError(f"cuda_graph: {type(allreduce).__name__} cannot be captured in a CUDA graph (it "
+                             f"synchronises the host); pass cuda_graph=False, or an NcclAllReduce")
         self.capture_error = None  # why capture was abandoned, if it was
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)

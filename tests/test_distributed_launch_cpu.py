@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import child_env
 
+import resnet_native as rn
 from resnet_native.distributed import launch
 from resnet_native.distributed.launch import without_option
 from resnet_native.training import cli
@@ -134,9 +135,15 @@ def test_cli_nproc_dispatches_to_the_launcher(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 7
+    # No data found: the launcher downloads once and hands every rank --data.
+    monkeypatch.setattr(cli, "launch", lambda nproc, argv: calls.append((nproc, argv)) or 0)
+    monkeypatch.setattr(cli, "locate_data", lambda args, parser: None)
+    monkeypatch.setattr(cli, "fetch_data", lambda args: tmp_path / "fetched")
+    assert cli.main(["--nproc", "3", "--download"]) == {"nproc": 3}
+    assert calls[-1] == (3, ["--download", "--data", str(tmp_path / "fetched")])
 
 
-def test_cli_refuses_what_it_cannot_do_yet(tmp_path, monkeypatch, capsys):
+def test_cli_refusals_of_a_job(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "launch", lambda *a: pytest.fail("launched"))
     with pytest.raises(SystemExit):
         cli.main(["--nproc", "0"])
@@ -144,9 +151,11 @@ def test_cli_refuses_what_it_cannot_do_yet(tmp_path, monkeypatch, capsys):
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "locate_data", lambda args, parser: None)  # nothing found: a rank must not download
+    monkeypatch.setattr(rn, "require_gpu", lambda: None)
     with pytest.raises(SystemExit):
-        cli.main(["--data", str(tmp_path)])
-    assert "rank 1 of 2: data-parallel training from the command line is not enabled yet" in capsys.readouterr().err
+        cli.main([])
+    assert "rank 1 of 2: no CIFAR-10 found, and the ranks of a job do not download" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--nproc", "2"])
     assert "this process already is rank 1 of 2" in capsys.readouterr().err

@@ -6,8 +6,9 @@ loss scaler's inf/nan check: every rank then sees the same gradients and makes t
                   plan_buckets, rank r sets its bucket's bytes, every rank gets all of them and sums them in
                   float64 in rank order, so every rank computes bit-identical results; then / world_size.
 - NcclAllReduce   cupy gradients through cupy.cuda.nccl: one ncclAllReduce (sum) per bucket of flat device
-                  buffers, then * 1/world_size, on a given stream (default: the current one). cupy is imported
-                  only when one is made.
+                  buffers, then * 1/world_size, on a given stream (default: the current one). Nothing in it
+                  synchronises the host or allocates after its first call, so TrainStep captures it in the step's
+                  CUDA graph (capturable). cupy is imported only when one is made.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class GradientAllReduce:
     in place, the mean of that array over all ranks. Every rank must call it the same number of times."""
 
     world: World
+    capturable = False  # True: average() may be recorded into a CUDA graph and replayed
 
     def average(self, grads: Sequence) -> None:
         raise NotImplementedError
@@ -161,7 +163,10 @@ class NcclAllReduce(GradientAllReduce):
     """The all-reduce over NCCL (cupy.cuda.nccl), for cupy gradients of one device. Makes the communicator from the
     unique id rank 0 sends through the Store. Per bucket: gradients copied into a flat buffer (kept), one in-place
     ncclAllReduce (sum), * 1/world_size, copied back; all of it on stream (default: the current stream at each
-    call), so nothing synchronises the host. Not verified on a GPU yet."""
+    call), so nothing synchronises the host. It runs NCCL at world_size 1 too (a one-rank communicator: the
+    same code path as a job's, checked on one GPU)."""
+
+    capturable = True  # fixed buffers after the first call, no host synchronisation: NCCL calls can be captured
 
     def __init__(self, store: Store, world: World, *, bucket_bytes: int = NCCL_BUCKET_BYTES, stream=None,
                  timeout_s: float = 60.0):
@@ -182,7 +187,7 @@ class NcclAllReduce(GradientAllReduce):
         import cupy
 
         grads = _checked_grads(grads, "cupy", lambda g: isinstance(g, cupy.ndarray))
-        if self.world.world_size == 1 or not grads:
+        if not grads:
             return
         dtypes = {np.dtype(g.dtype).name for g in grads}
         if len(dtypes) != 1 or next(iter(dtypes)) not in _NCCL_TYPES:

@@ -4,12 +4,14 @@ Recipes live in resnet_native/recipes/*.yaml (or pass a path). Flags override th
 flag sets which key; its type and choices are the key's setting's), and the result goes through the same checks as
 the recipe itself. The run folder (--out, default runs/<recipe>-<model>) is described in training/loop.py; the last
 line printed is the run's summary as one line of JSON. --nproc N > 1 starts N such processes, one per GPU
-(resnet_native.distributed.launch).
+(resnet_native.distributed.launch); a process that one of them, torchrun, mpirun or Slurm placed (its World) takes
+its GPU and joins the job (distributed.rank.join), and rank 0 alone prints and writes the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import pathlib
@@ -18,6 +20,7 @@ import time
 
 from ..checkpoint import atomic_write_text
 from ..distributed.launch import launch, without_option
+from ..distributed.rank import join
 from ..distributed.world import world_from_launcher_env
 from .config import TrainConfig, recipe_config
 from .loop import Trainer
@@ -75,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop once N epochs are complete, as if interrupted (the schedule still spans --epochs)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="processes (GPUs) of a data-parallel run on this host (default 1; N > 1 is not "
-                        "implemented yet: the ranks stop with an error)")
+                   help="processes (GPUs) of a data-parallel run on this host, one per GPU (default 1); under "
+                        "torchrun, mpirun or Slurm leave it out: their variables place each rank")
     return p
 
 
@@ -133,14 +136,17 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_world(args, parser)
+    world = check_world(args, parser)
     try:
         cfg = resolve_config(args)
     except ValueError as e:
         parser.error(str(e))
     data_path = locate_data(args, parser)
-    if args.nproc > 1:  # the children check the GPU, fetch the data and train
-        code = launch(args.nproc, without_option(sys.argv[1:] if argv is None else argv, "--nproc"))
+    if args.nproc > 1:  # the children check the GPU and train; a download happens once, here
+        child_argv = without_option(sys.argv[1:] if argv is None else argv, "--nproc")
+        if data_path is None:
+            child_argv += ["--data", str(fetch_data(args))]
+        code = launch(args.nproc, child_argv)
         if code:
             raise SystemExit(code)
         return {"nproc": args.nproc}
@@ -149,24 +155,36 @@ def main(argv=None) -> dict:
     except rn.NoGPUError as e:
         parser.exit(1, f"{parser.prog}: {e}\n")
     if data_path is None:
-        from ..data.cifar10 import cache_folder
-        from ..data.download import download
-
-        data_path = download(cache_folder(args.cache_dir), progress=not args.no_progress)
+        if world.world_size > 1:  # every rank of a foreign launcher's job would download at once
+            parser.error(f"rank {world.rank} of {world.world_size}: no CIFAR-10 found, and the ranks of a job do "
+                         f"not download; fetch it first (one process with --download) and pass --data")
+        data_path = fetch_data(args)
     out = pathlib.Path(args.out) if args.out else default_out_dir(cfg)
-    trainer = Trainer(cfg, out, data_path=data_path, cache_dir=args.cache_dir, progress=not args.no_progress,
-                      tensorboard=not args.no_tensorboard, aa_workers=args.aa_workers, log_every=args.log_every,
-                      checkpoint_every=args.checkpoint_every)
-    summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
+    with contextlib.ExitStack() as job:
+        store = job.enter_context(join(world)) if world.world_size > 1 else None
+        trainer = Trainer(cfg, out, data_path=data_path, cache_dir=args.cache_dir,
+                          progress=not args.no_progress and world.is_primary, tensorboard=not args.no_tensorboard,
+                          aa_workers=args.aa_workers, log_every=args.log_every,
+                          checkpoint_every=args.checkpoint_every, world=world, store=store)
+        summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
     summary["wall_time_s"] = time.perf_counter() - t0  # the whole command, imports and data loading included
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    print(summary_line(summary))
+    if world.is_primary:  # the run folder is rank 0's
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        print(summary_line(summary))
     return summary
 
 
-def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Usage errors for a --nproc below 1, a --nproc > 1 inside a job, and for a process that is one rank of
-    several (its World: resnet_native.distributed.world), which the command line does not enable yet."""
+def fetch_data(args: argparse.Namespace) -> pathlib.Path:
+    """--download: the official CIFAR-10, fetched into the cache folder (once; a later run finds it there)."""
+    from ..data.cifar10 import cache_folder
+    from ..data.download import download
+
+    return download(cache_folder(args.cache_dir), progress=not args.no_progress)
+
+
+def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """This process's World (resnet_native.distributed.world: a single process, or one rank of a launcher's job);
+    usage errors for a --nproc below 1, a --nproc > 1 inside a job, and a malformed launcher environment."""
     if args.nproc < 1:
         parser.error(f"--nproc: expected a number of processes >= 1, got {args.nproc}")
     try:
@@ -175,12 +193,7 @@ def check_world(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
         parser.error(f"the launcher's environment: {e}")
     if world.world_size > 1 and args.nproc > 1:
         parser.error(f"--nproc {args.nproc}: this process already is rank {world.rank} of {world.world_size}")
-    if world.world_size > 1:
-        # The Trainer takes a World, Store and GradientAllReduce (tested on the host backend with StoreAllReduce);
-        # its GPU path (NcclAllReduce, the eager step) has not run on a GPU yet, so the command line keeps refusing.
-        parser.error(f"rank {world.rank} of {world.world_size}: data-parallel training from the command line is "
-                     f"not enabled yet (the NCCL gradient all-reduce is unverified on a GPU, and the CUDA-graph "
-                     f"step has no all-reduce); run one process")
+    return world
 
 
 def summary_line(summary: dict) -> str:
