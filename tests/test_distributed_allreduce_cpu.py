@@ -129,8 +129,11 @@ def test_nccl_unique_id_round_trip():
         nccl_id_to_bytes((1, 2, 3))
     with pytest.raises(ValueError, match=r"unique_id\[1\]: expected a C char value"):
         nccl_id_to_bytes((0, 300) + (0,) * 126)
-    with pytest.raises(TypeError, match="unique_id: expected a tuple"):
-        nccl_id_to_bytes(b"x" * 128)
+    assert nccl_id_to_bytes(data) == data and nccl_id_to_bytes(bytearray(data)) == data  # cupy 14 returns bytes
+    with pytest.raises(ValueError, match="unique_id: expected 128 bytes, got 4"):
+        nccl_id_to_bytes(b"xxxx")
+    with pytest.raises(TypeError, match="unique_id: expected 128 bytes or a tuple"):
+        nccl_id_to_bytes("x" * 128)
     with pytest.raises(ValueError, match="expected an NCCL unique id of 128 bytes, got 5"):
         nccl_id_from_bytes(b"12345")
     with pytest.raises(TypeError, match="data: expected bytes"):

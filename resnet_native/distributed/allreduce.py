@@ -134,11 +134,15 @@ class StoreAllReduce(GradientAllReduce):
 
 
 def nccl_id_to_bytes(unique_id) -> bytes:
-    """cupy.cuda.nccl.get_unique_id()'s tuple of 128 C chars (ints in [-128, 127]) as the 128 bytes the Store
-    carries."""
-    if isinstance(unique_id, str | bytes) or not isinstance(unique_id, Sequence):
-        raise TypeError(f"unique_id: expected a tuple of {NCCL_UNIQUE_ID_BYTES} ints, got "
-                        f"{type(unique_id).__name__}")
+    """cupy.cuda.nccl.get_unique_id()'s value as the 128 bytes the Store carries: cupy 14 returns those bytes,
+    older cupy a tuple of 128 C chars (ints in [-128, 127])."""
+    if isinstance(unique_id, bytes | bytearray):
+        if len(unique_id) != NCCL_UNIQUE_ID_BYTES:
+            raise ValueError(f"unique_id: expected {NCCL_UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
+        return bytes(unique_id)
+    if isinstance(unique_id, str) or not isinstance(unique_id, Sequence):
+        raise TypeError(f"unique_id: expected {NCCL_UNIQUE_ID_BYTES} bytes or a tuple of {NCCL_UNIQUE_ID_BYTES} "
+                        f"ints, got {type(unique_id).__name__}")
     if len(unique_id) != NCCL_UNIQUE_ID_BYTES:
         raise ValueError(f"unique_id: expected {NCCL_UNIQUE_ID_BYTES} values, got {len(unique_id)}")
     for i, v in enumerate(unique_id):
@@ -148,7 +152,7 @@ def nccl_id_to_bytes(unique_id) -> bytes:
 
 
 def nccl_id_from_bytes(data: bytes) -> tuple:
-    """The inverse of nccl_id_to_bytes: the tuple of signed chars NcclCommunicator takes."""
+    """The tuple of signed chars an older cupy's NcclCommunicator takes (cupy 14's takes the bytes)."""
     if not isinstance(data, bytes | bytearray):
         raise TypeError(f"data: expected bytes, got {type(data).__name__}")
     if len(data) != NCCL_UNIQUE_ID_BYTES:
@@ -179,7 +183,10 @@ class NcclAllReduce(GradientAllReduce):
         self._nccl = nccl
         self.stream = stream
         uid = exchange_nccl_id(store, world, lambda: nccl_id_to_bytes(nccl.get_unique_id()), timeout_s)
-        self.comm = nccl.NcclCommunicator(world.world_size, nccl_id_from_bytes(uid), world.rank)
+        try:  # cupy 14 takes the id as bytes, older cupy as a tuple of chars
+            self.comm = nccl.NcclCommunicator(world.world_size, uid, world.rank)
+        except TypeError:
+            self.comm = nccl.NcclCommunicator(world.world_size, nccl_id_from_bytes(uid), world.rank)
         self._plan = None
         self._buffers = []
 
