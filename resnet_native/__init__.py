@@ -43,7 +43,9 @@ def _byte_count(value, name: str, *, none_ok: bool = False):
 
 
 def set_workspace_limit(nbytes) -> None:
-    """Cap every workspace request (and what algorithm search may use) at `nbytes`; None: no cap."""
+    """Cap the workspace that choices may trade for speed at `nbytes` (None: no cap): convolution algorithm search
+    picks among those that fit, batch norm takes its plain call when the fused one's workspace does not. Scratch
+    an op cannot run without (batch norm's masked gradient and parameter-gradient scratch) is taken regardless."""
     _C.set_workspace_limit(_byte_count(nbytes, "nbytes", none_ok=True))
 
 

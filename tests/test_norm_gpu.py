@@ -196,6 +196,36 @@ def test_backward_accumulates_parameter_gradients(layout, dtype, rng):
     p.check(dbeta, dbeta_ref, "dbeta accumulated")
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_zero_workspace_limit_takes_the_plain_calls_and_still_trains(dtype, rng):
+    """The limit bounds the workspace a faster call may take, not the scratch the op needs: with a cap of 0 the
+    *Ex calls (which need cuDNN workspace) give way to the plain ones, which still mask dy (ReLU) and
+    accumulate the parameter gradients in pool scratch."""
+    import resnet_native as rn
+
+    p = Problem(rng, (4, 8, 5, 5), "NHWC", dtype, residual=False)
+    rn.set_workspace_limit(0)
+    try:
+        y, save_mean, save_invstd, reserve = train(p, relu=True)
+        forward_path = norm.last_path()
+        before_g, before_b = (rng.standard_normal(p.c).astype(np.float32) for _ in range(2))
+        dgamma, dbeta = f32(before_g), f32(before_b)
+        dx, *_ = backward(p, y, save_mean, save_invstd, reserve, relu=True, dgamma=dgamma, dbeta=dbeta,
+                          accumulate=True)
+        backward_path = norm.last_path()
+    finally:
+        rn.set_workspace_limit(None)
+    assert not forward_path["ex"] and not backward_path["ex"], (forward_path, backward_path)
+    y_ref, mean, invstd, _, _ = forward_reference(p, relu=True)
+    p.check(y, y_ref, "y")
+    dx_ref, dgamma_ref, dbeta_ref, _ = backward_reference(p, host_values(y, p.layout), mean, invstd, relu=True,
+                                                          dgamma=before_g.astype(np.float64),
+                                                          dbeta=before_b.astype(np.float64), accumulate=True)
+    p.check(dx, dx_ref, "dx")
+    p.check(dgamma, dgamma_ref, "dgamma accumulated")
+    p.check(dbeta, dbeta_ref, "dbeta accumulated")
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_forced_persistent_mode_on_nchw(dtype, rng):
     p = Problem(rng, (4, 8, 6, 6), "NCHW", dtype, residual=True)

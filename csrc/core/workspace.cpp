@@ -51,6 +51,13 @@ void* WorkspacePool::get(size_t bytes, cudaStream_t stream) {
   return grow(bytes, stream, /*throw_on_failure=*/true);
 }
 
+void* WorkspacePool::get_required(size_t bytes, cudaStream_t stream) {
+  ++requests_;
+  if (bytes > peak_request_) peak_request_ = bytes;
+  if (bytes <= size_) return data_;
+  return grow(bytes, stream, /*throw_on_failure=*/true);
+}
+
 void* WorkspacePool::try_get(size_t bytes, cudaStream_t stream) {
   ++requests_;
   if (bytes > peak_request_) peak_request_ = bytes;

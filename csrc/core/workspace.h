@@ -40,6 +40,9 @@ class WorkspacePool {
   void* get(size_t bytes, cudaStream_t stream);
   // Like get(), but returns nullptr instead of throwing when the request cannot be met (algorithm fallback).
   void* try_get(size_t bytes, cudaStream_t stream);
+  // Scratch an op cannot run without (no algorithm or call avoids it): like get(), but not bounded by the
+  // limit, which caps only the workspace that algorithm and call choices may trade for speed.
+  void* get_required(size_t bytes, cudaStream_t stream);
   // Whether a request of `bytes` is within the limit (it may still fail for lack of memory).
   bool within_limit(size_t bytes) const { return bytes <= limit_; }
 

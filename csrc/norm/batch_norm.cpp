@@ -150,7 +150,8 @@ size_t align_up(size_t bytes) {
 }
 
 // One workspace-pool buffer carved into: [cuDNN workspace | masked dy | dgamma scratch | dbeta scratch], each
-// part present only when needed.
+// part present only when needed. Only the cuDNN workspace is bounded by the pool's limit (the *Ex path checks
+// it and the plain call needs none); the other parts are required by either path.
 struct BackwardScratch {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -164,7 +165,7 @@ BackwardScratch carve_scratch(const BatchNormBackwardArgs& a, size_t workspace_b
   const size_t param_bytes = a.accumulate ? align_up(a.dgamma.nbytes()) : 0;
   workspace_bytes = workspace_bytes ? align_up(workspace_bytes) : 0;
   const size_t total = workspace_bytes + masked_bytes + 2 * param_bytes;
-  auto* base = static_cast<unsigned char*>(total ? WorkspacePool::current().get(total, stream) : nullptr);
+  auto* base = static_cast<unsigned char*>(total ? WorkspacePool::current().get_required(total, stream) : nullptr);
   BackwardScratch s;
   s.workspace = workspace_bytes ? base : nullptr;
   s.workspace_bytes = workspace_bytes;
@@ -310,9 +311,7 @@ bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d
   cudnnStatus_t status = ex_backward_workspace(handle, mode, ops, a, d, &workspace_bytes);
   workspace_bytes = std::max(workspace_bytes, kMinWorkspace);
   const bool masks = !fused && a.relu && !a.has_z;
-  const size_t scratch_bytes = align_up(workspace_bytes) + (masks ? align_up(a.dy.nbytes()) : 0) +
-                               (a.accumulate ? 2 * align_up(a.dgamma.nbytes()) : 0);
-  if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(scratch_bytes)) {
+  if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(align_up(workspace_bytes))) {
     *why_not = "workspace over the limit";
     return false;
   }
