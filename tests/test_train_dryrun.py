@@ -156,6 +156,16 @@ def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_back
     assert cpu_backend["save"] == [algos, algos]
 
 
+def test_another_runs_algorithms_are_loaded_before_a_fresh_run(cpu_backend, tiny, tmp_path, capsys):
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text('{"entries": []}')
+    run(config("--epochs", "1"), tmp_path / "run", tiny, algorithms=theirs).run()
+    assert cpu_backend["load"] == [theirs]
+    with pytest.raises(SystemExit):
+        cli.main(["--algos", str(tmp_path / "missing.json"), "--data", str(tmp_path)])
+    assert f"--algos: no file {tmp_path / 'missing.json'}" in capsys.readouterr().err
+
+
 def test_algorithm_cache_problems_only_warn(tmp_path, monkeypatch):
     # The real conv functions (no GPU needed to reach these failures).
     with pytest.warns(RuntimeWarning, match="no convolution algorithm cache"):

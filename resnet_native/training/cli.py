@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "next to --data, else ~/.cache/resnet_native/cifar10)")
     p.add_argument("--out", help="run folder (default runs/<recipe>-<model>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last.npz")
+    p.add_argument("--algos", metavar="FILE",
+                   help="convolution algorithms to use (another run's algos.json) instead of timing them: with "
+                        "--deterministic and the same seed, that run is repeated bit for bit")
     p.add_argument("--aa-workers", type=int, help="AutoAugment worker processes (default: CPUs - 1)")
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="write last.npz every N epochs and at the end (best.npz: whenever test accuracy improves)")
@@ -142,6 +145,8 @@ def main(argv=None) -> dict:
     except ValueError as e:
         parser.error(str(e))
     data_path = locate_data(args, parser)
+    if args.algos is not None and not pathlib.Path(args.algos).is_file():
+        parser.error(f"--algos: no file {args.algos}")
     if args.nproc > 1:  # the children check the GPU and train; a download happens once, here
         child_argv = without_option(sys.argv[1:] if argv is None else argv, "--nproc")
         if data_path is None:
@@ -165,7 +170,7 @@ def main(argv=None) -> dict:
         trainer = Trainer(cfg, out, data_path=data_path, cache_dir=args.cache_dir,
                           progress=not args.no_progress and world.is_primary, tensorboard=not args.no_tensorboard,
                           aa_workers=args.aa_workers, log_every=args.log_every,
-                          checkpoint_every=args.checkpoint_every, world=world, store=store)
+                          checkpoint_every=args.checkpoint_every, world=world, store=store, algorithms=args.algos)
         summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
     summary["wall_time_s"] = time.perf_counter() - t0  # the whole command, imports and data loading included
     if world.is_primary:  # the run folder is rank 0's

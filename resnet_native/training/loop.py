@@ -70,12 +70,14 @@ class Trainer:
     data: a CIFAR10Data to train on, else load_cifar10(data_path, cache_dir=cache_dir). progress: a progress bar
     per epoch; tensorboard: TensorBoard event files (when the package is installed); aa_workers: AutoAugment worker
     processes; log_every: steps between progress-bar updates (host syncs); checkpoint_every: epochs between writes
-    of last.npz (best.npz is written whenever the test accuracy improves).
+    of last.npz (best.npz is written whenever the test accuracy improves); algorithms: an algorithm cache file (a
+    run's algos.json) loaded before a run that does not resume, so a same-seed --deterministic run repeats that
+    run's rounding.
     """
 
     def __init__(self, cfg, out_dir, *, data=None, data_path=None, cache_dir=None, progress: bool = True,
                  tensorboard: bool = True, aa_workers=None, log_every: int = 50, checkpoint_every: int = 1,
-                 world=None, store=None, allreduce=None):
+                 world=None, store=None, allreduce=None, algorithms=None):
         from ..distributed.world import World
 
         self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_dict(cfg)
@@ -99,6 +101,7 @@ class Trainer:
         self.aa_workers = aa_workers
         self.log_every = max(1, whole_number("log_every", log_every))
         self.checkpoint_every = max(1, whole_number("checkpoint_every", checkpoint_every))
+        self.algorithms = None if algorithms is None else pathlib.Path(algorithms)
 
     def run(self, *, resume: bool = False, stop_after: int | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
@@ -121,6 +124,8 @@ class Trainer:
             aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
                 load_algorithm_cache(self.out / ALGOS_FILE)
+            elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
+                rn.conv.load_algorithm_cache(self.algorithms)
             parts = _build(cfg, data, self.world, self.store, self.allreduce)
             progress = _Progress()
             if state is not None:
