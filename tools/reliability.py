@@ -5,7 +5,7 @@
     python tools/reliability.py kill     --data .data/cifar10-jpeg.tar.xz [--kills 12] [--json PATH]
     python tools/reliability.py step     (a few small training steps, eager and captured: for compute-sanitizer)
 
-soak      builds and drops --models ResNet-18s with an InferenceEngine each (fp16, NHWC, batch sizes 1 and 32),
+soak      builds and drops --models ResNet-18s with an InferenceEngine each (fp16, NHWC, batch size 32),
           then runs --steps captured training steps of one ResNet-18 (batch 128); samples live cuDNN descriptors,
           the device's used memory and the process's RSS along the way, and reports each one's least-squares slope
           over the second half of the samples (per 100 models, per 1000 steps): flat is what passes.
@@ -76,15 +76,16 @@ def soak(args) -> dict:
     import resnet_native as rn
 
     x = cp.random.randint(0, 256, (32, 32, 32, 3)).astype(cp.uint8)
-    per_model = []
+    per_model, t0 = [], time.perf_counter()
     for i in range(args.models):
         model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=i).cuda().eval()
-        engine = rn.InferenceEngine(model, batch_sizes=(1, 32), dtype="fp16")
+        engine = rn.InferenceEngine(model, batch_sizes=(32,), dtype="fp16")
         engine(x).get()
         del model, engine
         if i % max(1, args.models // 50) == 0:
             gc.collect()
             per_model.append((i, probe()))
+            print(f"soak: model {i} at {time.perf_counter() - t0:.1f} s: {per_model[-1][1]}", flush=True)
     model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
@@ -97,6 +98,8 @@ def soak(args) -> dict:
         if i % max(1, args.steps // 50) == 0:
             cp.cuda.Device().synchronize()
             per_step.append((i, probe()))
+            if i % max(1, args.steps // 5) == 0:
+                print(f"soak: step {i} at {time.perf_counter() - t0:.1f} s: {per_step[-1][1]}", flush=True)
     loss_sum, _, seen = step.read_totals()
     check(np.isfinite(loss_sum) and seen == args.steps * 128, f"soak: {args.steps} steps ran, loss finite")
     out = {"models": args.models, "steps": args.steps}
