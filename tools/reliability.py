@@ -236,9 +236,14 @@ def kill(args) -> dict:
                        "resumes_at_epoch": checkpoint_epoch(last) if last.exists() else None})
         check(not isinstance(events[-1]["resumes_at_epoch"], str), f"kill {k}: last.npz is complete and readable")
         proc = subprocess.Popen(trainer(args, killed, *(["--resume"] if last.exists() else algos)), **quiet)
-        time.sleep(1.0)  # the resume has started: its writer has removed what killed writes left
-        events[-1]["temporaries_after_resume_start"] = temporaries(killed)
-        check(not events[-1]["temporaries_after_resume_start"], f"kill {k}: no temporary file once resumed")
+        # The resumed run's checkpoint writer removes what the killed one left once it starts (after the imports
+        # and the data load): wait for that, up to a bound.
+        deadline = time.monotonic() + args.cleanup_s
+        while set(left) & set(temporaries(killed)) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        events[-1]["left_over_after_resume_start"] = sorted(set(left) & set(temporaries(killed)))
+        check(not events[-1]["left_over_after_resume_start"],
+              f"kill {k}: the resumed run removed the {len(left)} temporary file(s) the kill left")
     rc = proc.wait(timeout=args.timeout_s)
     check(len(events) == args.kills, f"kill: {len(events)} of {args.kills} kills landed before the run ended")
     check(rc == 0, f"kill: the run finished after {len(events)} kills (exit {rc})")
@@ -296,6 +301,7 @@ def main(argv=None) -> int:
     k.add_argument("--accuracy-gap", type=float, default=0.001,
                    help="final-accuracy gap allowed when two uninterrupted runs agree exactly (10 of 10k images)")
     k.add_argument("--timeout-s", type=float, default=400.0)
+    k.add_argument("--cleanup-s", type=float, default=20.0, help="how long a resumed run may take to remove leftovers")
     k.add_argument("--workdir", default="/tmp/rn_kill")
     for sp in (s, k, sub.choices["pressure"], sub.choices["step"]):
         sp.add_argument("--json")
