@@ -11,6 +11,7 @@ of convolutions (default 300; batch norm and pooling get a third of that each).
 
 import collections
 import contextlib
+import hashlib
 import os
 import random
 
@@ -29,8 +30,18 @@ from resnet_native.reference.layout import shape_to_nchw
 
 pytestmark = pytest.mark.gpu
 
-SEED = (int(os.environ["RESNET_NATIVE_FUZZ_SEED"]) if os.environ.get("RESNET_NATIVE_FUZZ_SEED")
-        else random.SystemRandom().getrandbits(32))
+
+def _seed() -> int:
+    """RESNET_NATIVE_FUZZ_SEED, else one random seed per run: under pytest-xdist every worker derives it from the
+    run's shared id, so all workers draw the same cases (as collection requires) and a failure names the seed."""
+    if os.environ.get("RESNET_NATIVE_FUZZ_SEED"):
+        return int(os.environ["RESNET_NATIVE_FUZZ_SEED"])
+    if os.environ.get("PYTEST_XDIST_TESTRUNUID"):
+        return int(hashlib.sha256(os.environ["PYTEST_XDIST_TESTRUNUID"].encode()).hexdigest()[:8], 16)
+    return random.SystemRandom().getrandbits(32)
+
+
+SEED = _seed()
 CONV_CASES = int(os.environ.get("RESNET_NATIVE_GPU_FUZZ_CASES", "300"))
 UNSUPPORTED = collections.Counter()  # kind -> cases cuDNN refused
 RAN = collections.Counter()
