@@ -10,7 +10,8 @@ capture, or uploading the graph) leaves capture mode, clears the CUDA error it l
 report it otherwise) and raises; when fn failed, fn's error is the one raised.
 
 While any captured graph lives, the cuDNN workspace pool must keep its buffers (a growth retires the old buffer
-instead of freeing it, and release_workspace refuses): a WorkspaceHold is one such hold.
+instead of freeing it, and release_workspace refuses): a WorkspaceHold is one such hold. A replay is one of the
+pool's users: launch_ordered(graph, stream) orders it with the others on other streams.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ class WorkspaceHold:
 
     def release(self) -> None:
         self._release()  # a finalizer runs at most once
+
+
+def launch_ordered(graph, stream) -> None:
+    """Replay a captured graph that uses the workspace pool on `stream` (a cupy Stream), in order with the pool's
+    other users: after the last one on another stream, and before the next (the ops themselves do this when they
+    run eagerly; a replay does not pass through them)."""
+    _C._workspace_order(stream.ptr, True)
+    graph.launch(stream)
+    _C._workspace_order(stream.ptr, False)
 
 
 class CapturedGraph(NamedTuple):

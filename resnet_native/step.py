@@ -30,7 +30,7 @@ import warnings
 
 import numpy as np
 
-from .cuda_graph import WorkspaceHold, capture_graph
+from .cuda_graph import WorkspaceHold, capture_graph, launch_ordered
 from .losses import SoftmaxCrossEntropy
 
 
@@ -174,7 +174,7 @@ class TrainStep:
             cupy.copyto(entry.x, x)
             cupy.copyto(entry.labels, labels)
             self.optimizer.prepare_step()
-            entry.graph.launch(self._stream)
+            launch_ordered(entry.graph, self._stream)
             for m in entry.counted:
                 m.num_batches_tracked += 1
             return entry.loss, entry.correct

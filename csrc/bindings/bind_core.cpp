@@ -107,6 +107,7 @@ py::dict stats_dict(const WorkspaceStats& s) {
   d["requests"] = s.requests;
   d["graph_holds"] = s.graph_holds;
   d["retired"] = s.retired;
+  d["stream_waits"] = s.stream_waits;
   return d;
 }
 
@@ -230,7 +231,21 @@ void bind_core(py::module_& m) {
   });
   m.def(
       "workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
-      "The current device's workspace pool: size, peak_request, limit, grows, requests, graph_holds, retired.");
+      "The current device's workspace pool: size, peak_request, limit, grows, requests, graph_holds, retired, "
+      "stream_waits.");
+  m.def(
+      "_workspace_order",
+      [](uintptr_t stream, bool before) {
+        WorkspacePool& pool = WorkspacePool::current();
+        if (before) {
+          pool.wait_for_last_user(stream_arg(stream));
+        } else {
+          pool.mark_used(stream_arg(stream));
+        }
+      },
+      py::arg("stream"), py::arg("before"),
+      "Around a captured graph's replay on `stream`: before=True orders it after the workspace's last user on "
+      "another stream, before=False marks its end for the next user.");
   m.def(
       "_workspace_graph_hold",
       [](bool hold) {

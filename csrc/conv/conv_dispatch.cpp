@@ -5,6 +5,7 @@
 
 #include "../core/device.h"
 #include "../core/error.h"
+#include "../core/workspace.h"
 #include "auto_engine.h"
 #include "graph_engine.h"
 #include "legacy_descriptors.h"
@@ -80,6 +81,7 @@ AlgoCache::Entry convolution(const ConvParams& params, const ConvOperands& ops, 
                              cudaStream_t stream) {
   OpContext context(&describe_convolution, &params);
   cudnnHandle_t handle = cudnn_handle(stream);
+  const WorkspaceOrder order(stream);  // the search and the call may both use the shared workspace
   AlgoCache::Entry choice = cached_or_chosen(params, ops, allow_fusion, handle, stream);
 
   if (static_cast<ConvEngineKind>(choice->engine) == ConvEngineKind::Graph) {

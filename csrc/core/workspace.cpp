@@ -26,6 +26,16 @@ std::string mib(size_t bytes) {
   return std::to_string(bytes >> 20) + " MiB";
 }
 
+// A stream's process-unique id (handle values are reused once a stream is destroyed); 0 when it cannot be told.
+unsigned long long stream_id(cudaStream_t stream) {
+  unsigned long long id = 0;
+  if (cudaStreamGetId(stream, &id) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return id;
+}
+
 }  // namespace
 
 WorkspacePool& WorkspacePool::current() {
@@ -137,8 +147,40 @@ void WorkspacePool::free_retired() {
 }
 
 WorkspaceStats WorkspacePool::stats() const {
-  // In WorkspaceStats' member order: size, peak_request, limit, grows, requests, graph_holds, retired.
-  return WorkspaceStats{size_, peak_request_, limit_, grows_, requests_, graph_holds_, retired_bytes_};
+  // In WorkspaceStats' member order: size, peak_request, limit, grows, requests, graph_holds, retired, waits.
+  return WorkspaceStats{size_, peak_request_, limit_, grows_, requests_, graph_holds_, retired_bytes_, stream_waits_};
+}
+
+void WorkspacePool::wait_for_last_user(cudaStream_t stream) {
+  if (!last_recorded_ || stream_is_capturing(stream)) return;
+  const unsigned long long id = stream_id(stream);
+  if (id != 0 && id == last_stream_) return;  // the same stream: already in order
+  RN_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
+  ++stream_waits_;
+}
+
+void WorkspacePool::mark_used(cudaStream_t stream) {
+  if (stream_is_capturing(stream)) return;
+  if (!last_use_) RN_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
+  RN_CUDA_CHECK(cudaEventRecord(last_use_, stream));
+  last_stream_ = stream_id(stream);
+  last_recorded_ = true;
+}
+
+WorkspacePool::~WorkspacePool() {
+  if (last_use_) cudaEventDestroy(last_use_);  // no throw from a destructor; at exit the context may be gone
+}
+
+WorkspaceOrder::WorkspaceOrder(cudaStream_t stream) : pool_(WorkspacePool::current()), stream_(stream) {
+  pool_.wait_for_last_user(stream_);
+}
+
+WorkspaceOrder::~WorkspaceOrder() {
+  try {
+    pool_.mark_used(stream_);
+  } catch (...) {
+    // A failed record means a broken context: the next CUDA call reports it. Never throw from a destructor.
+  }
 }
 
 void set_out_of_memory_hook(std::function<void()> hook) {

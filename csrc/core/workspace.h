@@ -8,6 +8,10 @@
 // A captured CUDA graph keeps the buffer's address. While any graph holds the pool (add_graph_hold), growing
 // retires the old buffer instead of freeing it, and release() refuses; retired buffers are freed once the
 // last hold is dropped (at the next grow or release).
+//
+// Streams: ops on several streams share the one buffer safely because its users are ordered (WorkspaceOrder):
+// an op that may take workspace makes its stream wait for the last user on another stream, and marks its own
+// end with an event. A captured graph's replay is a user too (order_before_replay / mark_replayed).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +31,7 @@ struct WorkspaceStats {
   int64_t requests = 0;     // number of get() calls
   int64_t graph_holds = 0;  // captured graphs using the buffer
   size_t retired = 0;       // bytes of old buffers kept for them
+  int64_t stream_waits = 0;  // users made to wait for the last user on another stream
 };
 
 class WorkspacePool {
@@ -59,6 +64,16 @@ class WorkspacePool {
   int64_t graph_holds() const { return graph_holds_; }
   WorkspaceStats stats() const;
 
+  // Ordering across streams (see WorkspaceOrder). Nothing is waited for or recorded on a capturing stream: the
+  // graph's replays are ordered instead.
+  void wait_for_last_user(cudaStream_t stream);  // stream waits for the last user's end, if on another stream
+  void mark_used(cudaStream_t stream);           // records the end of stream's use (so far)
+
+  WorkspacePool() = default;
+  WorkspacePool(const WorkspacePool&) = delete;
+  WorkspacePool& operator=(const WorkspacePool&) = delete;
+  ~WorkspacePool();
+
  private:
   void* grow(size_t bytes, cudaStream_t stream, bool throw_on_failure);
   void free_retired();
@@ -72,6 +87,24 @@ class WorkspacePool {
   int64_t graph_holds_ = 0;
   std::vector<void*> retired_;  // old buffers that captured graphs may still use
   size_t retired_bytes_ = 0;
+  cudaEvent_t last_use_ = nullptr;       // recorded at the end of the last use (created on first use)
+  unsigned long long last_stream_ = 0;   // cudaStreamGetId of its stream (0: none recorded, or unknown)
+  bool last_recorded_ = false;
+  int64_t stream_waits_ = 0;
+};
+
+// Held by an op that may take workspace, for the op's duration (conv, batch-norm training and backward): orders
+// its stream after the last user on another stream, and marks the op's end for the next one.
+class WorkspaceOrder {
+ public:
+  explicit WorkspaceOrder(cudaStream_t stream);
+  ~WorkspaceOrder();
+  WorkspaceOrder(const WorkspaceOrder&) = delete;
+  WorkspaceOrder& operator=(const WorkspaceOrder&) = delete;
+
+ private:
+  WorkspacePool& pool_;
+  cudaStream_t stream_;
 };
 
 // Called once when cudaMalloc fails, before the single retry. The bindings install one that frees cupy's

@@ -221,6 +221,7 @@ size_t batch_norm_reserve_size(Layout layout, DType dtype, const std::array<int,
 }
 
 void batch_norm_forward_training(const BatchNormTrainArgs& a, cudaStream_t stream) {
+  const WorkspaceOrder order(stream);  // the *Ex call's workspace is the shared pool's
   const std::array<int, 4> d = nchw_dims(a.x, a.layout);
   const DType dtype = a.x.dtype;
   const bool has_z = a.z.defined();
@@ -342,6 +343,7 @@ bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d
 }  // namespace
 
 void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
+  const WorkspaceOrder order(stream);  // its workspace and scratch are the shared pool's
   const std::array<int, 4> d = nchw_dims(a.x, a.layout);
   const cudnnBatchNormMode_t mode = preferred_mode(a.layout);
   std::string why_not;

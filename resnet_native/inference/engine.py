@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import conv, kernels
 from .._runtime import require_gpu
-from ..cuda_graph import WorkspaceHold, capture_graph
+from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
 from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice, flag, whole_numbers
 from .buffers import plan_buffers
 from .fold import conv_step_params
@@ -134,7 +134,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
             if count < batch:  # padding rows: zeros, not whatever bits (NaN included) the buffer last held
                 forward.input[count:].fill(0)
             if self.cuda_graph:
-                self._graphs[batch].launch(stream)
+                launch_ordered(self._graphs[batch], stream)
             else:
                 forward.run()
             cupy.copyto(out[start:start + count], forward.logits[:count])
