@@ -14,6 +14,10 @@ installed (pip install "resnet_native[onnx]"): the release's model.onnx, or the 
 release without one (which needs onnx), fed the normalised batch in NCHW float32. Without onnxruntime the network
 runs on the host through the NumPy reference ops (resnet_native.reference), much slower. clf.backend says which of
 'engine', 'onnxruntime', 'numpy' (or 'model', for a network passed in) serves; without a GPU it says so once.
+
+CIFAR10Classifier(version, dtype='int8' | 'fp8') uses the release's calibration (release --int8 / --fp8): the
+quantised arithmetic, simulated exactly on the host in float64 (backend 'int8-simulated'; a few images per
+second). The GPU int8 / FP8 engine is not built yet.
 """
 
 from __future__ import annotations
@@ -190,7 +194,7 @@ class CIFAR10Classifier:
     logits and is fed normalised batches."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
-                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES):
+                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, dtype=None):
         import resnet_native as rn
 
         self.version_dir = resolve_version_dir(version, models_dir)
@@ -206,8 +210,10 @@ class CIFAR10Classifier:
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
-        self.model, self.engine, self.session = model, None, None
-        if model is not None:
+        self.model, self.engine, self.session, self.calibration = model, None, None, None
+        if dtype is not None:
+            self._use_calibration(folder, dtype)
+        elif model is not None:
             self.backend = "model"
         elif rn.cuda_available():
             from .inference import InferenceEngine
@@ -231,6 +237,24 @@ class CIFAR10Classifier:
                               stacklevel=2)
                 self.model = build_release_model(self.config, load_weights(folder), on_host=True)
 
+    def _use_calibration(self, folder: pathlib.Path, dtype) -> None:
+        from .names import choice
+        from .quantization import load_calibration
+        from .quantization.calibration import QUANT_DTYPES
+        from .release import calibration_file
+
+        dtype = choice("dtype", dtype, QUANT_DTYPES)
+        path = folder / calibration_file(dtype)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "
+                                    f"resnet_native.release --run RUN --version VERSION --{dtype} --data CIFAR10`")
+        self.calibration = load_calibration(path)
+        self.state = load_weights(folder)
+        self.backend = f"{dtype}-simulated"
+        warnings.warn(f"CIFAR10Classifier(dtype={dtype!r}): the calibrated {dtype} arithmetic runs simulated on the "
+                      f"host in float64 (exact, slow); the GPU {dtype} engine is not built yet", RuntimeWarning,
+                      stacklevel=3)
+
     def __repr__(self):
         return (f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']}, "
                 f"backend={self.backend!r})")
@@ -241,7 +265,8 @@ class CIFAR10Classifier:
         from .data.augment import normalize_on_host
 
         batch, single = to_batch(images)
-        layout, dtype = ("NCHW", "fp32") if self.session is not None else (self.layout, self.precision)
+        on_nchw = self.session is not None or self.calibration is not None
+        layout, dtype = ("NCHW", "fp32") if on_nchw else (self.layout, self.precision)
         return normalize_on_host(batch, layout=layout, dtype=dtype), single
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
@@ -249,6 +274,11 @@ class CIFAR10Classifier:
         unless it lives on the host)."""
         import resnet_native as rn
 
+        if self.calibration is not None:
+            from .quantization import simulate_logits
+
+            stem = self.config["model"].get("stem", "cifar")
+            return simulate_logits(self.state, x, self.calibration, stem=stem).astype(np.float32)
         if self.session is not None:
             from .onnx_export import INPUT, OUTPUT
 

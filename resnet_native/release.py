@@ -10,6 +10,8 @@ Writes <out>/version_<X>/ (default out: cifar10_models), a symlink to the releas
                       inference throughput measured now on this machine's GPU (null with --no-benchmark / no GPU)
   preprocess.py       standalone (NumPy + Pillow) image -> normalised array, for use outside this package: the same
                       file in every release, which reads the release's values from preprocess.json beside it
+  calibration_<dtype>.json  with --int8 / --fp8: the quantisation scales (resnet_native.quantization), the method
+                      chosen by held-out accuracy on the training set; metrics.json's "quantization" has the figures
 The version is a plain name (VERSION_PATTERN) and, like every other value, is only ever written as data (YAML,
 JSON), never into code.
 The folder is built and fsynced under its hidden name, then published by os.replace of the version_<X> symlink: a
@@ -39,11 +41,13 @@ from .checkpoint import current_umask, load_checkpoint
 from .data.augment import MEAN, STD
 from .data.cifar10 import CLASSES
 from .models.registry import model_spec, rename_legacy_keys
+from .names import choice, whole_number
 
 _NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
 WEIGHTS_FILE = "model.safetensors"
 ONNX_FILE = "model.onnx"
 _warned_without_onnx = False  # the missing onnx package is reported once per process, not once per release
+CALIBRATION_SEED = 0  # the training-set slices a calibration uses: the same for every release
 
 # A release name: a letter or digit, then up to 63 letters, digits, '.', '_' or '-' (no path separators, not hidden).
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -254,9 +258,18 @@ def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
 
 
 def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
-            bench_batch_size: int = 1000) -> pathlib.Path:
-    """Build <out_dir>/version_<version>/ from a training run; returns its path."""
+            bench_batch_size: int = 1000, quantize=(), data=None, calibration_images: int = 512,
+            holdout_images: int = 1000) -> pathlib.Path:
+    """Build <out_dir>/version_<version>/ from a training run; returns its path. quantize: dtypes ('int8',
+    'fp8') to calibrate for, on `data` (a CIFAR-10 source): calibration_images of the training set calibrate,
+    the next holdout_images choose the method. data: a CIFAR-10 source (load_cifar10) or a loaded CIFAR10Data."""
+    from .quantization.calibration import QUANT_DTYPES
+
     check_version(version)
+    quantize = (quantize,) if isinstance(quantize, str) else tuple(quantize)
+    quantize = tuple(dict.fromkeys(choice("quantize", q, QUANT_DTYPES) for q in quantize))
+    if quantize and data is None:
+        raise ValueError(f"data: calibrating for {', '.join(quantize)} needs the training set (a CIFAR-10 source)")
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(ckpt_path)
     weights = {k: np.asarray(v) for k, v in state["model"].items()}
@@ -270,7 +283,37 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
             metrics.update(measure_inference(config, weights, batch_size=bench_batch_size))
         else:
             print("release: no GPU, inference_images_per_s left null", file=sys.stderr)
-    return _write_release(pathlib.Path(out_dir), version, config, metrics, weights)
+    calibrations = {}
+    if quantize:
+        calibrations, metrics["quantization"] = calibrate_release(
+            weights, config["model"]["stem"], data, quantize, calibration_images, holdout_images)
+    return _write_release(pathlib.Path(out_dir), version, config, metrics, weights, calibrations)
+
+
+def calibrate_release(weights: dict, stem: str, data, dtypes, calibration_images: int, holdout_images: int):
+    """({dtype: Calibration}, {dtype: report}) from two disjoint, seeded slices of the training set of `data`
+    (quantization.selection.choose_calibration)."""
+    from .data.augment import normalize_on_host
+    from .data.cifar10 import CIFAR10Data, load_cifar10
+    from .quantization.selection import choose_calibration
+
+    n_cal = whole_number("calibration_images", calibration_images, 1)
+    n_hold = whole_number("holdout_images", holdout_images, 1)
+    train = data if isinstance(data, CIFAR10Data) else load_cifar10(data)
+    if n_cal + n_hold > len(train.train_images):
+        raise ValueError(f"calibration_images + holdout_images: {n_cal} + {n_hold} exceeds the "
+                         f"{len(train.train_images)} training images")
+    order = np.random.default_rng(CALIBRATION_SEED).permutation(len(train.train_images))
+    cal, hold = order[:n_cal], order[n_cal:n_cal + n_hold]
+
+    def images(idx):
+        return normalize_on_host(train.train_images[idx], layout="NCHW", dtype="fp32")
+
+    calibrations, reports = {}, {}
+    for dtype in dtypes:
+        calibrations[dtype], reports[dtype] = choose_calibration(weights, images(cal), images(hold),
+                                                                 train.train_labels[hold], dtype=dtype, stem=stem)
+    return calibrations, reports
 
 
 def release_config(state: dict, version: str, *, run_name: str, checkpoint_name: str) -> dict:
@@ -316,7 +359,13 @@ def preprocess_values(config: dict) -> dict:
             "std": config["input"]["std"], "layout": config["model"]["layout"]}
 
 
-def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict, weights: dict) -> pathlib.Path:
+def calibration_file(dtype: str) -> str:
+    """The name of a release's calibration for `dtype` ('int8' or 'fp8')."""
+    return f"calibration_{dtype}.json"
+
+
+def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict, weights: dict,
+                   calibrations=None) -> pathlib.Path:
     """Build the release under a hidden name, fsync it, and publish it as root/version_<version>."""
     import yaml
 
@@ -330,6 +379,10 @@ def _write_release(root: pathlib.Path, version: str, config: dict, metrics: dict
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (tmp / "preprocess.json").write_text(json.dumps(preprocess_values(config), indent=2) + "\n")
         (tmp / "preprocess.py").write_text(PREPROCESS_PY)
+        for dtype, calibration in (calibrations or {}).items():
+            from .quantization.calibration_file import save_calibration
+
+            save_calibration(calibration, tmp / calibration_file(dtype))
         save_onnx(tmp)  # last: it reads the weights and config.yaml written above
         for f in tmp.iterdir():
             _fsync(f)
@@ -354,13 +407,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", choices=("best", "last"), default="best", help="which state to ship")
     p.add_argument("--no-benchmark", action="store_true", help="skip the GPU inference measurement")
     p.add_argument("--bench-batch-size", type=int, default=1000)
+    p.add_argument("--int8", action="store_true", help="also calibrate for int8 inference (needs --data)")
+    p.add_argument("--fp8", action="store_true", help="also calibrate for FP8 E4M3 inference (needs --data)")
+    p.add_argument("--data", help="CIFAR-10 source whose training set calibrates (--int8 / --fp8)")
+    p.add_argument("--calibration-images", type=int, default=512, help="training images that calibrate")
+    p.add_argument("--holdout-images", type=int, default=1000,
+                   help="further training images on which the calibration method is chosen")
     return p
 
 
 def main(argv=None) -> pathlib.Path:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    quantize = [d for d, on in (("int8", args.int8), ("fp8", args.fp8)) if on]
+    if quantize and not args.data:
+        parser.error(f"--{quantize[0]}: pass --data, the CIFAR-10 source whose training set calibrates")
     path = release(args.run, args.version, args.out, checkpoint=args.checkpoint, benchmark=not args.no_benchmark,
-                   bench_batch_size=args.bench_batch_size)
+                   bench_batch_size=args.bench_batch_size, quantize=quantize, data=args.data,
+                   calibration_images=args.calibration_images, holdout_images=args.holdout_images)
     print(json.dumps({"release": str(path), **json.loads((path / "metrics.json").read_text())}))
     return path
 

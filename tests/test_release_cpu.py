@@ -358,3 +358,58 @@ def test_preprocess_py_runs_no_value_as_code(tmp_path):
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == repr(CRAFTED_VERSIONS[0]) and not (tmp_path / "pwned").exists()
+
+
+def _random_cifar(n_train: int):
+    from resnet_native.data.cifar10 import CIFAR10Data
+
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (n_train, 32, 32, 3), dtype=np.uint8)
+    return CIFAR10Data(images, (np.arange(n_train) % 10).astype(np.int32), images[:2], np.zeros(2, np.int32),
+                       source="random")
+
+
+def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_path):
+    from resnet_native.classifier import CIFAR10Classifier
+    from resnet_native.quantization import load_calibration, simulate_logits
+
+    make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
+    data = _random_cifar(8)
+    path = release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
+                           data=data, calibration_images=3, holdout_images=3)
+    cal = load_calibration(path / "calibration_int8.json")
+    assert cal.dtype == "int8" and cal.method in ("max", "percentile", "entropy")
+    report = json.loads((path / "metrics.json").read_text())["quantization"]["int8"]
+    assert report["method"] == cal.method and set(report["methods"]) == {"max", "percentile", "entropy"}
+    assert report["calibration_images"] == 3 and report["holdout_images"] == 3
+    for figures in report["methods"].values():
+        assert 0.0 <= figures["accuracy"] <= 1.0 and 0.0 <= figures["agreement"] <= 1.0
+    best = report["methods"][cal.method]
+    assert all((best["accuracy"], best["agreement"]) >= (f["accuracy"], f["agreement"])
+               for f in report["methods"].values())
+    with pytest.warns(RuntimeWarning, match="int8 arithmetic runs simulated on the host"):
+        clf = CIFAR10Classifier(path, dtype="int8")
+    assert clf.backend == "int8-simulated"
+    images = data.train_images[:2]
+    x = normalize_on_host(images, layout="NCHW", dtype="fp32")
+    want = simulate_logits(load_weights(path), x, cal)
+    np.testing.assert_allclose(clf.logits(images), want.astype(np.float32), rtol=0, atol=0)
+    with pytest.raises(FileNotFoundError, match="this release has no fp8 calibration; make one with"):
+        CIFAR10Classifier(path, dtype="fp8")
+    with pytest.raises(ValueError, match="dtype: expected one of 'int8', 'fp8', got 'int4'"):
+        CIFAR10Classifier(path, dtype="int4")
+
+
+def test_release_quantize_arguments_are_checked(tmp_path, capsys):
+    make_fake_run(tmp_path / "run")
+    with pytest.raises(ValueError, match="data: calibrating for int8 needs the training set"):
+        release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize="int8")
+    with pytest.raises(ValueError, match="quantize: expected one of 'int8', 'fp8', got 'int4'"):
+        release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int4"], data="x")
+    with pytest.raises(ValueError, match=r"calibration_images \+ holdout_images: 5 \+ 5 exceeds the 8 training"):
+        release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["fp8"],
+                        data=_random_cifar(8), calibration_images=5, holdout_images=5)
+    with pytest.raises(SystemExit):
+        release.main(["--run", str(tmp_path / "run"), "--version", "Q", "--int8", "--no-benchmark"])
+    assert "--int8: pass --data" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()

@@ -9,15 +9,18 @@
     calibration       activation range observers: max-abs, percentile, entropy (TensorRT's minimum KL), bounded memory
     simulate          fake-quant float64 forward of an inference plan, calibrate(state, images, method)
     calibration_file  Calibration and its JSON file (schema-checked load, atomic save)
+    selection         the observer method chosen by held-out accuracy on the training set (release --int8 / --fp8;
+                      CIFAR10Classifier(dtype='int8') simulates the release's calibration on the host)
 
 Not done yet (the GPU half): no int8 / FP8 convolution runs on a device (cuDNN INT8x32 or graph-API int8 and FP8
-convolutions), the InferenceEngine takes no calibration, and release.py neither writes nor reads a calibration file.
+convolutions), and the InferenceEngine takes no calibration.
 """
 
 from .calibration import EntropyObserver, MaxAbsObserver, PercentileObserver, make_observer
 from .calibration_file import Calibration, load_calibration, save_calibration
 from .fp8 import E4M3_MAX, decode_e4m3, dequantize_fp8, encode_e4m3, fp8_scale, quantize_fp8
 from .int8 import INT8_MAX, dequantize_int8, int8_scale, quantize_int8, requant_params, requantize, requantize_float
+from .selection import choose_calibration
 from .simulate import calibrate, float_logits, simulate_logits, value_names
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "MaxAbsObserver",
     "PercentileObserver",
     "calibrate",
+    "choose_calibration",
     "decode_e4m3",
     "dequantize_fp8",
     "dequantize_int8",

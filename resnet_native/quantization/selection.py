@@ -1,0 +1,45 @@
+"""Choosing a calibration by measured accuracy: each observer method calibrates on one slice of the training set,
+and the one whose fake-quant forward is most accurate on a second, held-out slice wins (the test set is never
+looked at). What a release with --int8 / --fp8 carries (release.py), with the figures of every method.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..names import choice
+from .calibration import METHODS, QUANT_DTYPES
+from .simulate import calibrate, float_logits, simulate_logits
+
+
+def choose_calibration(state: dict, calibration_images, holdout_images, holdout_labels, *, dtype: str = "int8",
+                       methods=METHODS, stem: str = "cifar", percentile: float = 99.99, batch_size: int = 16):
+    """(Calibration, report) for the network `state`: the method of `methods` whose calibration on
+    calibration_images gives the highest top-1 accuracy on holdout_images (normalised NCHW float batches) against
+    holdout_labels; ties go to the higher agreement with the float forward's predictions, then to the order of
+    `methods`. report: {"dtype", "method", "calibration_images", "holdout_images", "float_accuracy",
+    "methods": {method: {"accuracy", "agreement"}}}."""
+    choice("dtype", dtype, QUANT_DTYPES)
+    methods = tuple(methods)
+    if not methods:
+        raise ValueError("methods: expected at least one of " + ", ".join(METHODS))
+    for m in methods:
+        choice("methods", m, METHODS)
+    labels = np.asarray(holdout_labels)
+    if labels.ndim != 1 or len(labels) != len(holdout_images) or len(labels) == 0:
+        raise ValueError(f"holdout_labels: expected one label per held-out image ({len(holdout_images)}), got shape "
+                         f"{labels.shape}")
+    reference = float_logits(state, holdout_images, stem=stem, batch_size=batch_size).argmax(axis=1)
+    report = {"dtype": dtype, "calibration_images": len(calibration_images), "holdout_images": len(labels),
+              "float_accuracy": float(np.mean(reference == labels)), "methods": {}}
+    best = None
+    for m in methods:
+        cal = calibrate(state, calibration_images, m, dtype=dtype, stem=stem, percentile=percentile,
+                        batch_size=batch_size)
+        predicted = simulate_logits(state, holdout_images, cal, stem=stem, batch_size=batch_size).argmax(axis=1)
+        figures = {"accuracy": float(np.mean(predicted == labels)), "agreement": float(np.mean(predicted == reference))}
+        report["methods"][m] = figures
+        if best is None or (figures["accuracy"], figures["agreement"]) > best[0]:
+            best = ((figures["accuracy"], figures["agreement"]), m, cal)
+    report["method"] = best[1]
+    return best[2], report
