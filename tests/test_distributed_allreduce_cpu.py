@@ -145,3 +145,6 @@ def test_nccl_allreduce_checks_its_arguments_before_importing_cupy():
         NcclAllReduce(None, "rank 0")
     with pytest.raises(TypeError, match="store: expected a Store"):
         NcclAllReduce(object(), World())
+    world = World(master_port=free_port())
+    with rendezvous(world, 10.0) as store, pytest.raises(ValueError, match="wire: expected None .* got 'fp8'"):
+        NcclAllReduce(store, world, wire="fp8")

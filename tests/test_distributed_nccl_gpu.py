@@ -80,6 +80,31 @@ def test_buckets_average_like_numpy(one_rank, rng, dtype):
         ar.close()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_bf16_wire_rounds_each_gradient_to_bf16_once(one_rank, rng, dtype):
+    """At world size 1 the bf16 sum is one value: each gradient comes back as itself rounded to bf16 (to nearest
+    even, the cast kernel's rounding, checked against the NumPy reference cast)."""
+    from resnet_native import reference
+
+    world, store = one_rank
+    sizes = [(3, 3, 3, 16), (16,), (700,), (0,), (5, 7), (64, 64)]
+    ar = NcclAllReduce(store, world, bucket_bytes=1024, wire="bf16")
+    try:
+        grads = _grads(rng, dtype, sizes)
+        want = []
+        for g in grads:
+            host = g.get().astype(np.float32)
+            bits = reference.kernels.cast(host, np.empty(host.shape, np.uint16))
+            want.append(reference.kernels.cast(bits, np.empty(host.shape, np.float32)).astype(dtype))
+        ar.average(grads)
+        assert len(ar._plan.buckets) >= 4 and all(b.dtype == np.uint16 for b in ar._buffers)
+        for g, w in zip(grads, want, strict=True):
+            assert g.dtype == dtype
+            np.testing.assert_array_equal(g.get(), w)
+    finally:
+        ar.close()
+
+
 def _train(batches, allreduce=None, cuda_graph=False):
     model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=5)
     make_deterministic(model)

@@ -6,7 +6,8 @@ loss scaler's inf/nan check: every rank then sees the same gradients and makes t
                   plan_buckets, rank r sets its bucket's bytes, every rank gets all of them and sums them in
                   float64 in rank order, so every rank computes bit-identical results; then / world_size.
 - NcclAllReduce   cupy gradients through cupy.cuda.nccl: one ncclAllReduce (sum) per bucket of flat device
-                  buffers, then * 1/world_size, on a given stream (default: the current one). Nothing in it
+                  buffers, then * 1/world_size, on a given stream (default: the current one); wire='bf16' sends
+                  them as bf16 (half the bytes; the sum rounds to bf16). Nothing in it
                   synchronises the host or allocates after its first call, so TrainStep captures it in the step's
                   CUDA graph (capturable). cupy is imported only when one is made.
 """
@@ -161,6 +162,8 @@ def nccl_id_from_bytes(data: bytes) -> tuple:
 
 
 _NCCL_TYPES = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}
+NCCL_BFLOAT16 = 9  # ncclBfloat16 in nccl.h (NCCL >= 2.10); older cupy bindings do not name it
+WIRE_DTYPES = {"bf16"}  # what gradients may travel as instead of their own dtype
 
 
 class NcclAllReduce(GradientAllReduce):
@@ -173,8 +176,12 @@ class NcclAllReduce(GradientAllReduce):
     capturable = True  # fixed buffers after the first call, no host synchronisation: NCCL calls can be captured
 
     def __init__(self, store: Store, world: World, *, bucket_bytes: int = NCCL_BUCKET_BYTES, stream=None,
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, wire: str | None = None):
         _checked_world_store(store, world)
+        if wire is not None and wire not in WIRE_DTYPES:
+            raise ValueError(f"wire: expected None (the gradients' own dtype) or one of {sorted(WIRE_DTYPES)}, got "
+                             f"{wire!r}")
+        self.wire = wire
         self.world = world
         self.bucket_bytes = bounded_int("bucket_bytes", bucket_bytes, 1, 1 << 40, "bytes")
         timeout_s = checked_timeout(timeout_s, zero=False)
@@ -200,25 +207,43 @@ class NcclAllReduce(GradientAllReduce):
         if len(dtypes) != 1 or next(iter(dtypes)) not in _NCCL_TYPES:
             raise TypeError(f"grads: expected one dtype of {sorted(_NCCL_TYPES)}, got {sorted(dtypes)}")
         dtype = np.dtype(next(iter(dtypes)))
+        bf16 = self.wire == "bf16"
         plan = _plan_for(self._plan, grads, self.bucket_bytes)
         if plan is not self._plan:
             self._plan = plan
-            self._buffers = [cupy.empty(total // dtype.itemsize, dtype) for _, total in plan.layout]
+            # Offsets are in the gradients' elements; a bf16 wire holds the same elements in 2-byte bf16 bits.
+            self._buffers = [cupy.empty(total // dtype.itemsize, np.uint16 if bf16 else dtype)
+                             for _, total in plan.layout]
         stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
-        nccl_type = getattr(self._nccl, _NCCL_TYPES[dtype.name])
+        nccl_type = (getattr(self._nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16) if bf16
+                     else getattr(self._nccl, _NCCL_TYPES[dtype.name]))
+        inv = dtype.type(1.0 / self.world.world_size)
         with stream:
             for bucket, (offsets, _), buf in zip(self._plan.buckets, self._plan.layout, self._buffers, strict=True):
                 views = [buf[off // dtype.itemsize: off // dtype.itemsize + grads[i].size]
                          for i, off in zip(bucket, offsets, strict=True)]
                 for i, view in zip(bucket, views, strict=True):
-                    view[...] = grads[i].ravel()
+                    _pack(grads[i].ravel(), view, bf16)
                 self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl_type, self._nccl.NCCL_SUM,
                                     stream.ptr)
-                buf *= dtype.type(1.0 / self.world.world_size)
+                if not bf16:
+                    buf *= inv
                 for i, view in zip(bucket, views, strict=True):
-                    grads[i][...] = view.reshape(grads[i].shape)
+                    _pack(view, grads[i].ravel(), bf16)  # C-contiguous: ravel() is a view, written through
+                    if bf16:
+                        grads[i] *= inv  # in the gradient's precision, after the bf16 sum
 
     def close(self) -> None:
         comm, self.comm = getattr(self, "comm", None), None
         if comm is not None:
             comm.destroy()
+
+
+def _pack(src, dst, bf16: bool) -> None:
+    """dst = src, through the bf16 cast kernel (round to nearest even) when one side is bf16 bits."""
+    if bf16:
+        from .. import kernels
+
+        kernels.cast(src, dst)
+    else:
+        dst[...] = src

@@ -61,7 +61,8 @@ class AugmentSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
-    deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it."""
+    deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
+    allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -77,6 +78,7 @@ class TrainConfig(Settings):
     label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
+    allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
     optimizer: SGDSettings | AdamWSettings = variant(OPTIMIZERS, default="sgd")
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)

@@ -321,19 +321,20 @@ def _build(cfg: TrainConfig, data: CIFAR10Data, world, store=None, allreduce=Non
     schedule = build_schedule(cfg, optimizer, len(augmenter))
     scaler = build_scaler(cfg)
     if n > 1 and allreduce is None:
-        allreduce = default_allreduce(model, world, store)
+        allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(data.test_labels, dtype=cupy.int32)
     return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
 
 
-def default_allreduce(model, world, store):
-    """The gradient all-reduce of a model where it lives: NCCL on the GPU, the Store on the host."""
+def default_allreduce(model, world, store, wire: str = "fp32"):
+    """The gradient all-reduce of a model where it lives: NCCL on the GPU (gradients sent as `wire`), the Store
+    on the host (float64 sums of the gradients as they are)."""
     from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
 
     if model.ensure_placed().on_gpu:
-        return NcclAllReduce(store, world)
+        return NcclAllReduce(store, world, wire=None if wire == "fp32" else wire)
     return StoreAllReduce(store, world)
 
 
