@@ -319,12 +319,13 @@ class Batcher:
                 except Exception:
                     _log.exception("Batcher: an on_batch callback raised (ignored)")
 
+    # Counted before the future is resolved: a caller that has its answer then always finds it in counters().
     def _resolve(self, request: _Request, row: np.ndarray) -> None:
-        request.future.set_result(row.copy())  # its own row: not a view keeping the whole batch alive
         with self._cond:
             self._counts["completed"] += 1
+        request.future.set_result(row.copy())  # its own row: not a view keeping the whole batch alive
 
     def _fail(self, request: _Request, error: Exception) -> None:
-        request.future.set_exception(error)
         with self._cond:
             self._counts["errors"] += 1
+        request.future.set_exception(error)
