@@ -24,13 +24,13 @@
 namespace rn {
 
 struct WorkspaceStats {
-  size_t size = 0;          // bytes currently allocated
-  size_t peak_request = 0;  // largest request seen
-  size_t limit = 0;         // cap on requests (SIZE_MAX: none)
-  int64_t grows = 0;        // number of (re)allocations
-  int64_t requests = 0;     // number of get() calls
-  int64_t graph_holds = 0;  // captured graphs using the buffer
-  size_t retired = 0;       // bytes of old buffers kept for them
+  size_t size = 0;           // bytes currently allocated
+  size_t peak_request = 0;   // largest request seen
+  size_t limit = 0;          // cap on requests (SIZE_MAX: none)
+  int64_t grows = 0;         // number of (re)allocations
+  int64_t requests = 0;      // number of get() calls
+  int64_t graph_holds = 0;   // captured graphs using the buffer
+  size_t retired = 0;        // bytes of old buffers kept for them
   int64_t stream_waits = 0;  // users made to wait for the last user on another stream
 };
 
@@ -87,8 +87,8 @@ class WorkspacePool {
   int64_t graph_holds_ = 0;
   std::vector<void*> retired_;  // old buffers that captured graphs may still use
   size_t retired_bytes_ = 0;
-  cudaEvent_t last_use_ = nullptr;       // recorded at the end of the last use (created on first use)
-  unsigned long long last_stream_ = 0;   // cudaStreamGetId of its stream (0: none recorded, or unknown)
+  cudaEvent_t last_use_ = nullptr;      // recorded at the end of the last use (created on first use)
+  unsigned long long last_stream_ = 0;  // cudaStreamGetId of its stream (0: none recorded, or unknown)
   bool last_recorded_ = false;
   int64_t stream_waits_ = 0;
 };
