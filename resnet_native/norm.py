@@ -76,6 +76,58 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
                                   layout, dtype, eps, relu, has_z, accumulate, stream())
 
 
+# ---- synchronized batch norm: the statistics of every rank's batch; the caller all-reduces `sums` in between ----
+#   sums = sync_bn_sums(x, running_mean)              (2, C): this rank's sums about the running mean
+#   ... sums summed over the ranks, in place ...
+#   y, save_mean, save_invstd = sync_bn_forward(x, sums, gamma, beta, running_mean, running_var, count=...)
+#   sums, dgamma, dbeta, dz = sync_bn_grad_sums(x, dy, save_mean, save_invstd, ...)   (dgamma, dbeta: local)
+#   ... sums summed over the ranks, in place ...
+#   dx = sync_bn_backward(x, dy, gamma, save_mean, save_invstd, sums, count=...)
+# count: elements per channel over all ranks (world_size * N * H * W when every rank has the same batch).
+# Custom kernels (csrc/norm/sync_batch_norm.cu), fp64 partial sums added into fp32 with atomics: not
+# bit-reproducible run to run.
+
+def sync_bn_sums(x, shift, *, layout, sums=None, dtype=None):
+    """This rank's [sum(x - shift), sum((x - shift)^2)] per channel: a (2, C) fp32 array (written into sums)."""
+    if isinstance(x, np.ndarray):
+        return reference.norm.sync_bn_sums(x, shift, layout=layout, sums=sums, dtype=dtype)
+    return _C.sync_batch_norm_sums(x, shift, sums, layout, dtype, stream())
+
+
+def sync_bn_forward(x, sums, gamma, beta, running_mean, running_var, *, count, layout, momentum=0.1, eps=1e-5,
+                    z=None, relu=False, out=None, save_mean=None, save_invstd=None, dtype=None):
+    """y = [relu](bn(x) [+ z]) with the statistics of all ranks (sums: every rank's sync_bn_sums about running_mean,
+    added); updates the running statistics in place. Returns (y, save_mean, save_invstd)."""
+    if isinstance(x, np.ndarray):
+        return reference.norm.sync_bn_forward(x, sums, gamma, beta, running_mean, running_var, count=count,
+                                              layout=layout, momentum=momentum, eps=eps, z=z, relu=relu, out=out,
+                                              save_mean=save_mean, save_invstd=save_invstd, dtype=dtype)
+    return _C.sync_batch_norm_forward(x, z, sums, gamma, beta, running_mean, running_var, out, save_mean, save_invstd,
+                                      count, layout, dtype, momentum, eps, relu, stream())
+
+
+def sync_bn_grad_sums(x, dy, save_mean, save_invstd, *, layout, y=None, relu=False, has_z=False, sums=None,
+                      dgamma=None, dbeta=None, dz=None, dtype=None, accumulate=False):
+    """This rank's [sum(g), sum(g * xhat)] (g: dy through the ReLU mask of y) into sums; dgamma and dbeta from
+    them ((+)=, this rank's share); dz = g when has_z. Returns (sums, dgamma, dbeta, dz)."""
+    if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):
+        return reference.norm.sync_bn_grad_sums(x, dy, save_mean, save_invstd, layout=layout, y=y, relu=relu,
+                                                has_z=has_z, sums=sums, dgamma=dgamma, dbeta=dbeta, dz=dz,
+                                                dtype=dtype, accumulate=accumulate)
+    return _C.sync_batch_norm_grad_sums(x, dy, y, save_mean, save_invstd, sums, dgamma, dbeta, dz, layout, dtype,
+                                        relu, has_z, accumulate, stream())
+
+
+def sync_bn_backward(x, dy, gamma, save_mean, save_invstd, sums, *, count, layout, y=None, relu=False, dx=None,
+                     dtype=None):
+    """dx from the all-ranks gradient sums (every rank's sync_bn_grad_sums, added)."""
+    if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):
+        return reference.norm.sync_bn_backward(x, dy, gamma, save_mean, save_invstd, sums, count=count,
+                                               layout=layout, y=y, relu=relu, dx=dx, dtype=dtype)
+    return _C.sync_batch_norm_backward(x, dy, y, gamma, save_mean, save_invstd, sums, dx, count, layout, dtype, relu,
+                                       stream())
+
+
 def last_path() -> dict:
     """What this thread's last batch-norm call ran: {'op': 'train'|'infer'|'backward', 'fused': bool (one cuDNN
     call did the whole op), 'ex': bool (a *Ex call: cuDNN's persistent NHWC kernels), 'mode': 'persistent'|'spatial',
@@ -118,4 +170,8 @@ __all__ = [
     "mode",
     "set_fuse_bf16",
     "set_mode",
+    "sync_bn_backward",
+    "sync_bn_forward",
+    "sync_bn_grad_sums",
+    "sync_bn_sums",
 ]

@@ -178,6 +178,30 @@ def _targets():
                  ("save_invstd", C3, {}), ("y", S, {}), ("reserve", (64,), dict(optional=True)), ("dx", S, OUT),
                  ("dgamma", C3, OUT), ("dbeta", C3, OUT), ("dz", S, OUT)])
 
+    # synchronized batch norm (the same shapes; sums (2, 3); count 40 = this rank's N * H * W)
+    S2 = (2, 3)
+    t += family("norm.sync_bn_sums",
+                lambda x, shift, sums: norm.sync_bn_sums(x, shift, sums=sums, layout="NCHW", dtype="fp32"),
+                [("x", S, dict(host_dispatch=True)), ("shift", C3, {}), ("sums", S2, OUT)])
+    t += family("norm.sync_bn_forward",
+                lambda x, sums, g, b, m, v, z, out, sm, si: norm.sync_bn_forward(
+                    x, sums, g, b, m, v, count=40, z=z, out=out, save_mean=sm, save_invstd=si, layout="NCHW",
+                    dtype="fp32", relu=True),
+                [("x", S, dict(host_dispatch=True)), ("sums", S2, {}), ("gamma", C3, {}), ("beta", C3, {}),
+                 ("running_mean", C3, stat), ("running_var", C3, stat), ("z", S, dict(optional=True)),
+                 ("out", S, OUT), ("save_mean", C3, OUT), ("save_invstd", C3, OUT)])
+    t += family("norm.sync_bn_grad_sums",
+                lambda x, dy, sm, si, y, sums, dg, db, dz: norm.sync_bn_grad_sums(
+                    x, dy, sm, si, y=y, sums=sums, dgamma=dg, dbeta=db, dz=dz, layout="NCHW", dtype="fp32",
+                    relu=True, has_z=True),
+                [("x", S, {}), ("dy", S, {}), ("save_mean", C3, {}), ("save_invstd", C3, {}), ("y", S, {}),
+                 ("sums", S2, OUT), ("dgamma", C3, OUT), ("dbeta", C3, OUT), ("dz", S, OUT)])
+    t += family("norm.sync_bn_backward",
+                lambda x, dy, g, sm, si, sums, y, dx: norm.sync_bn_backward(
+                    x, dy, g, sm, si, sums, count=40, y=y, dx=dx, layout="NCHW", dtype="fp32", relu=True),
+                [("x", S, {}), ("dy", S, {}), ("gamma", C3, {}), ("save_mean", C3, {}), ("save_invstd", C3, {}),
+                 ("sums", S2, {}), ("y", S, {}), ("dx", S, OUT)])
+
     # pooling (NCHW: x (2, 3, 8, 8), kernel 2 -> (2, 3, 4, 4))
     P, Q = (2, 3, 8, 8), (2, 3, 4, 4)
     t += family("pool.max_pool2d", lambda x, out: pool.max_pool2d(x, kernel=2, layout="NCHW", out=out, dtype="fp32"),
@@ -705,7 +729,8 @@ def test_every_op_with_array_arguments_is_covered():
     """A new op function with array arguments must get its targets here."""
     covered = {t.label.split(":")[0] for t in TARGETS}
     ops = {f"kernels.{n}" for n in kernels.__all__} | {f"pool.{n}" for n in pool.__all__ if "shape" not in n}
-    ops |= {f"norm.{n}" for n in ("batch_norm_train", "batch_norm_infer", "batch_norm_backward")}
+    ops |= {f"norm.{n}" for n in ("batch_norm_train", "batch_norm_infer", "batch_norm_backward", "sync_bn_sums",
+                                  "sync_bn_forward", "sync_bn_grad_sums", "sync_bn_backward")}
     ops |= {f"conv.{n}" for n in ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "conv2d_backward_bias")}
     ops |= {f"multi_tensor.{n}" for n in mt.__all__}
     assert ops <= covered, sorted(ops - covered)

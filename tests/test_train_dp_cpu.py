@@ -44,19 +44,20 @@ world = World(rank, size, rank, "127.0.0.1", port)
 with rendezvous(world, 30.0) as store:
     trainer = loop.Trainer(cfg, out, data=data, progress=False, tensorboard=False, world=world, store=store)
     summary = trainer.run()
-np.savez(weights, *[p.numpy() for p in trainer.model.parameters()])
+np.savez(weights, **trainer.model.state_dict())
 print(json.dumps({"summary": summary}))
 """
 
+# No Cutout (recipe A's 16-pixel square would blank the 8x8 images), and recipe A's rate scaled to batch 16.
 ARGS = ["--recipe", "A", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--seed", "2",
-        "--precision", "fp32", "--layout", "NCHW"]
+        "--cutout", "0", "--lr", "0.01", "--precision", "fp32", "--layout", "NCHW"]
 
 
-def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_path):
+def _two_ranks(tmp_path, *extra):
     port, size = free_port(), 2
     children = [subprocess.Popen(
         [sys.executable, "-c", RANK_SCRIPT, str(r), str(size), str(port), str(tmp_path / f"run{r}"),
-         str(tmp_path / f"weights{r}.npz"), str(pathlib.Path(__file__).parent), *ARGS],
+         str(tmp_path / f"weights{r}.npz"), str(pathlib.Path(__file__).parent), *ARGS, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(OPENBLAS_NUM_THREADS="1"),
         cwd=tempfile.gettempdir()) for r in range(size)]  # not the checkout: its source tree would shadow the package
     results = []
@@ -70,10 +71,21 @@ def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_pat
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    w0, w1 = (np.load(tmp_path / f"weights{r}.npz") for r in range(size))
-    assert len(w0.files) == len(w1.files) > 10
-    for k in w0.files:
+    return results, [np.load(tmp_path / f"weights{r}.npz") for r in range(size)]
+
+
+def _running_statistics(names):
+    return [k for k in names if k.endswith(("running_mean", "running_var"))]
+
+
+def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_path):
+    results, (w0, w1) = _two_ranks(tmp_path)
+    stats = _running_statistics(w0.files)
+    assert len(w0.files) == len(w1.files) > 10 and len(stats) > 10
+    for k in set(w0.files) - set(stats):
         assert w0[k].tobytes() == w1[k].tobytes(), k  # the same averaged gradients, the same updates
+    # Per-rank batch norm: each rank's running statistics are those of its own shard.
+    assert any(w0[k].tobytes() != w1[k].tobytes() for k in stats)
     # Rank 0 wrote the whole run folder; rank 1 (given its own folder here) wrote nothing at all.
     names = {p.name for p in (tmp_path / "run0").iterdir()}
     assert {"config.yaml", "metrics.csv", "last.npz", "best.npz", "algos.json", "summary.json"} <= names
@@ -90,6 +102,13 @@ def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_pat
     # 16 images per rank and epoch in batches of 8: 2 steps per epoch, 4 in all.
     assert state["optimizer"]["step"] == 4 and state["schedule"]["last_step"] == 4
     assert rows[-1]["train_loss"] <= rows[0]["train_loss"] * 1.5  # finite and not diverging
+
+
+def test_synchronized_batch_norm_keeps_every_rank_on_the_same_statistics(tmp_path):
+    results, (w0, w1) = _two_ranks(tmp_path, "--sync-bn")
+    assert all(r["completed"] for r in results)
+    for k in w0.files:  # the running statistics too: every rank normalised with those of both shards
+        assert w0[k].tobytes() == w1[k].tobytes(), k
 
 
 def test_sharded_augmenter_serves_disjoint_shares(cpu_backend):  # noqa: F811

@@ -10,6 +10,7 @@
 
 #include "../core/error.h"
 #include "../norm/batch_norm.h"
+#include "../norm/sync_batch_norm.h"
 #include "bindings.h"
 #include "op_args.h"
 #include "tensor_arg.h"
@@ -86,6 +87,33 @@ BnInput forward_inputs(OpArgs& args, BatchNormForwardArgs& a, const ForwardObjec
   a.running_var = channel_param(args, o.running_var, "running_var", in.c, /*written=*/training);
   a.z = like_x(args, in, o.z, "z", /*optional=*/true);
   return in;
+}
+
+// The flags of a backward that writes dgamma / dbeta (and dz, with a residual).
+void check_grad_flags(bool accumulate, py::handle dgamma_obj, py::handle dbeta_obj, bool has_z, py::handle dz_obj) {
+  if (accumulate && (dgamma_obj.is_none() || dbeta_obj.is_none())) {
+    throw ValueError("accumulate: needs dgamma and dbeta to accumulate into");
+  }
+  if (!has_z && !dz_obj.is_none()) throw ValueError("dz: given but has_z is False");
+}
+
+// dgamma, dbeta and (has_z) dz of a backward, given or allocated in prepare_device(); dz disjoint from `other`
+// (dx or x), dy and y.
+struct GradOutputs {
+  const TensorView* dgamma;
+  const TensorView* dbeta;
+  const TensorView* dz;
+};
+
+GradOutputs grad_outputs(OpArgs& args, const BnInput& in, py::handle dgamma_obj, py::handle dbeta_obj,
+                         py::handle dz_obj, bool has_z, NamedView other, const TensorView& dy, const TensorView& y) {
+  static const TensorView kNone;
+  const GradOutputs g{&channel_output(args, dgamma_obj, "dgamma", in.c),
+                      &channel_output(args, dbeta_obj, "dbeta", in.c),
+                      has_z ? &output_like_x(args, in, dz_obj, "dz") : &kNone};
+  check_disjoint(*g.dz, "dz", {other, {dy, "dy"}, {y, "y"}});
+  check_disjoint(*g.dgamma, "dgamma", {{*g.dbeta, "dbeta"}});
+  return g;
 }
 
 std::string bn_note(Layout layout, bool relu) {
@@ -165,11 +193,8 @@ py::tuple batch_norm_backward_op(py::handle x_obj, py::handle dy_obj, py::handle
   a.relu = relu;
   a.has_z = has_z;
   a.accumulate = accumulate;
-  if (accumulate && (dgamma_obj.is_none() || dbeta_obj.is_none())) {
-    throw ValueError("accumulate: needs dgamma and dbeta to accumulate into");
-  }
+  check_grad_flags(accumulate, dgamma_obj, dbeta_obj, has_z, dz_obj);
   if (relu && y_obj.is_none()) throw ValueError("y: the forward output is required with relu=True (the ReLU mask)");
-  if (!has_z && !dz_obj.is_none()) throw ValueError("dz: given but has_z is False");
   OpArgs args("batch_norm_backward");
   const BnInput in = bn_input(args, x_obj, a.layout, dtype_obj);
   a.x = in.x;
@@ -181,22 +206,154 @@ py::tuple batch_norm_backward_op(py::handle x_obj, py::handle dy_obj, py::handle
   a.save_invstd = channel_param(args, save_invstd_obj, "save_invstd", in.c);
   a.reserve = args.optional_input(reserve_obj, "reserve", DType::F32, one_d());
   const TensorView& dx = output_like_x(args, in, dx_obj, "dx");
-  const TensorView& dgamma = channel_output(args, dgamma_obj, "dgamma", in.c);
-  const TensorView& dbeta = channel_output(args, dbeta_obj, "dbeta", in.c);
-  static const TensorView kNone;
-  const TensorView& dz = has_z ? output_like_x(args, in, dz_obj, "dz") : kNone;
+  const GradOutputs g = grad_outputs(args, in, dgamma_obj, dbeta_obj, dz_obj, has_z, {dx, "dx"}, a.dy, a.y);
   check_disjoint(dx, "dx", {{in.x, "x"}, {a.dy, "dy"}, {a.y, "y"}});
-  check_disjoint(dz, "dz", {{dx, "dx"}, {a.dy, "dy"}, {a.y, "y"}});
-  check_disjoint(dgamma, "dgamma", {{dbeta, "dbeta"}});
   args.set_note(bn_note(a.layout, relu) + (has_z ? ", has_z" : ""));
   args.prepare_device();
   a.dx = dx;
-  a.dgamma = dgamma;
-  a.dbeta = dbeta;
-  a.dz = dz;
+  a.dgamma = *g.dgamma;
+  a.dbeta = *g.dbeta;
+  a.dz = *g.dz;
   OpContext context(&OpArgs::describe, &args);
   batch_norm_backward(a, stream_arg(stream));
-  return py::make_tuple(args.object(dx), args.object(dgamma), args.object(dbeta), args.object(dz));
+  return py::make_tuple(args.object(dx), args.object(*g.dgamma), args.object(*g.dbeta), args.object(*g.dz));
+}
+
+// ---- synchronized batch norm: the kernels of norm/sync_batch_norm.h, the all-reduce of `sums` left to Python -----
+
+// The (2, C) fp32 per-channel sums: this rank's (written; given, or allocated) or all ranks' (read).
+const TensorView& sums_arg(OpArgs& args, py::handle obj, int64_t c, bool written) {
+  TensorArgOptions options;
+  options.ndim = 2;
+  options.writable = written;
+  const TensorView& v =
+      written ? args.output(obj, "sums", DType::F32, {2, c}, options) : args.input(obj, "sums", DType::F32, options);
+  check_shape(v, "sums", {2, c});
+  return v;
+}
+
+// Elements per channel over all ranks: at least this rank's N * H * W.
+double count_arg(py::handle obj, const BnInput& in) {
+  const double count = number_arg(obj, "count");
+  const auto d = nchw_dims(in.x, in.layout);
+  const double local = double(d[0]) * d[2] * d[3];
+  if (!(count >= local && count >= 1.0 && count < 9.0e15)) {
+    throw ValueError("count: expected the elements per channel over all ranks, at least this rank's " +
+                     std::to_string(int64_t(local)) + ", got " + std::string(py::repr(obj)));
+  }
+  return count;
+}
+
+py::object sync_bn_sums_op(py::handle x_obj, py::handle shift_obj, py::handle sums_obj, py::handle layout_obj,
+                           py::handle dtype_obj, uintptr_t stream) {
+  OpArgs args("sync_batch_norm_sums");
+  const BnInput in = bn_input(args, x_obj, layout_arg(layout_obj), dtype_obj);
+  const TensorView& shift = channel_param(args, shift_obj, "shift", in.c);
+  const TensorView& sums = sums_arg(args, sums_obj, in.c, /*written=*/true);
+  args.set_note(bn_note(in.layout, false));
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  sync_bn_sums(in.x, shift, sums, in.layout, stream_arg(stream));
+  return args.object(sums);
+}
+
+py::tuple sync_bn_forward_op(py::handle x_obj, py::handle z_obj, py::handle sums_obj, py::handle gamma_obj,
+                             py::handle beta_obj, py::handle running_mean_obj, py::handle running_var_obj,
+                             py::handle out_obj, py::handle save_mean_obj, py::handle save_invstd_obj,
+                             py::handle count_obj, py::handle layout_obj, py::handle dtype_obj, py::handle momentum_obj,
+                             py::handle eps_obj, bool relu, uintptr_t stream) {
+  SyncBnForwardArgs a;
+  a.layout = layout_arg(layout_obj);
+  a.momentum = float(number_arg(momentum_obj, "momentum"));
+  if (!(a.momentum >= 0.0f && a.momentum <= 1.0f)) {
+    throw ValueError("momentum: expected a value in [0, 1], got " + std::string(py::repr(momentum_obj)));
+  }
+  a.eps = float(eps_arg(eps_obj));
+  a.relu = relu;
+  OpArgs args("sync_batch_norm_forward");
+  const BnInput in = bn_input(args, x_obj, a.layout, dtype_obj);
+  a.x = in.x;
+  a.z = like_x(args, in, z_obj, "z", /*optional=*/true);
+  a.sums = sums_arg(args, sums_obj, in.c, /*written=*/false);
+  a.gamma = channel_param(args, gamma_obj, "gamma", in.c);
+  a.beta = channel_param(args, beta_obj, "beta", in.c);
+  a.running_mean = channel_param(args, running_mean_obj, "running_mean", in.c, /*written=*/true);
+  a.running_var = channel_param(args, running_var_obj, "running_var", in.c, /*written=*/true);
+  a.count = count_arg(count_obj, in);
+  const TensorView& y = output_like_x(args, in, out_obj, "out");
+  const TensorView& save_mean = channel_output(args, save_mean_obj, "save_mean", in.c);
+  const TensorView& save_invstd = channel_output(args, save_invstd_obj, "save_invstd", in.c);
+  check_disjoint(y, "out", {{in.x, "x"}, {a.z, "z"}});
+  check_disjoint(save_mean, "save_mean", {{save_invstd, "save_invstd"}});
+  check_disjoint(a.running_mean, "running_mean", {{a.running_var, "running_var"}});
+  args.set_note(bn_note(a.layout, relu));
+  args.prepare_device();
+  a.y = y;
+  a.save_mean = save_mean;
+  a.save_invstd = save_invstd;
+  OpContext context(&OpArgs::describe, &args);
+  sync_bn_forward(a, stream_arg(stream));
+  return py::make_tuple(args.object(y), args.object(save_mean), args.object(save_invstd));
+}
+
+// What both backward halves parse: x, dy, y (the ReLU mask) and the saved statistics.
+BnInput sync_backward_inputs(OpArgs& args, SyncBnBackwardArgs& a, py::handle x_obj, py::handle dy_obj, py::handle y_obj,
+                             py::handle save_mean_obj, py::handle save_invstd_obj, py::handle dtype_obj) {
+  if (a.relu && y_obj.is_none()) throw ValueError("y: the forward output is required with relu=True (the ReLU mask)");
+  const BnInput in = bn_input(args, x_obj, a.layout, dtype_obj);
+  a.x = in.x;
+  a.dy = like_x(args, in, dy_obj, "dy", /*optional=*/false);
+  a.y = like_x(args, in, y_obj, "y", /*optional=*/true);
+  a.save_mean = channel_param(args, save_mean_obj, "save_mean", in.c);
+  a.save_invstd = channel_param(args, save_invstd_obj, "save_invstd", in.c);
+  return in;
+}
+
+py::tuple sync_bn_grad_sums_op(py::handle x_obj, py::handle dy_obj, py::handle y_obj, py::handle save_mean_obj,
+                               py::handle save_invstd_obj, py::handle sums_obj, py::handle dgamma_obj,
+                               py::handle dbeta_obj, py::handle dz_obj, py::handle layout_obj, py::handle dtype_obj,
+                               bool relu, bool has_z, bool accumulate, uintptr_t stream) {
+  SyncBnBackwardArgs a;
+  a.layout = layout_arg(layout_obj);
+  a.relu = relu;
+  a.accumulate = accumulate;
+  check_grad_flags(accumulate, dgamma_obj, dbeta_obj, has_z, dz_obj);
+  OpArgs args("sync_batch_norm_grad_sums");
+  const BnInput in = sync_backward_inputs(args, a, x_obj, dy_obj, y_obj, save_mean_obj, save_invstd_obj, dtype_obj);
+  // The outputs are references into `args`: a missing one gets its memory in prepare_device().
+  const TensorView& sums = sums_arg(args, sums_obj, in.c, /*written=*/true);
+  const GradOutputs g = grad_outputs(args, in, dgamma_obj, dbeta_obj, dz_obj, has_z, {in.x, "x"}, a.dy, a.y);
+  args.set_note(bn_note(a.layout, relu) + (has_z ? ", has_z" : ""));
+  args.prepare_device();
+  a.sums = sums;
+  a.dgamma = *g.dgamma;
+  a.dbeta = *g.dbeta;
+  a.dz = *g.dz;
+  OpContext context(&OpArgs::describe, &args);
+  sync_bn_grad_sums(a, stream_arg(stream));
+  return py::make_tuple(args.object(sums), args.object(*g.dgamma), args.object(*g.dbeta), args.object(*g.dz));
+}
+
+py::object sync_bn_backward_op(py::handle x_obj, py::handle dy_obj, py::handle y_obj, py::handle gamma_obj,
+                               py::handle save_mean_obj, py::handle save_invstd_obj, py::handle sums_obj,
+                               py::handle dx_obj, py::handle count_obj, py::handle layout_obj, py::handle dtype_obj,
+                               bool relu, uintptr_t stream) {
+  SyncBnBackwardArgs a;
+  a.layout = layout_arg(layout_obj);
+  a.relu = relu;
+  OpArgs args("sync_batch_norm_backward");
+  const BnInput in = sync_backward_inputs(args, a, x_obj, dy_obj, y_obj, save_mean_obj, save_invstd_obj, dtype_obj);
+  a.sums = sums_arg(args, sums_obj, in.c, /*written=*/false);
+  a.gamma = channel_param(args, gamma_obj, "gamma", in.c);
+  a.count = count_arg(count_obj, in);
+  const TensorView& dx = output_like_x(args, in, dx_obj, "dx");
+  check_disjoint(dx, "dx", {{in.x, "x"}, {a.dy, "dy"}, {a.y, "y"}});
+  args.set_note(bn_note(a.layout, relu));
+  args.prepare_device();
+  a.dx = dx;
+  OpContext context(&OpArgs::describe, &args);
+  sync_bn_backward(a, stream_arg(stream));
+  return args.object(dx);
 }
 
 BatchNormModePolicy parse_mode_policy(const std::string& name) {
@@ -244,6 +401,19 @@ void bind_norm(py::module_& m) {
   m.def("batch_norm_reserve_size", &reserve_size_op, py::arg("x_shape"), py::arg("layout"), py::arg("dtype"),
         py::arg("relu"), py::arg("has_z"), py::arg("stream"),
         "Bytes of reserve space batch_norm_train needs (0: none).");
+  m.def("sync_batch_norm_sums", &sync_bn_sums_op, py::arg("x"), py::arg("shift"), py::arg("sums"), py::arg("layout"),
+        py::arg("dtype"), py::arg("stream"), "This rank's (2, C) sums about shift, written into sums.");
+  m.def("sync_batch_norm_forward", &sync_bn_forward_op, py::arg("x"), py::arg("z"), py::arg("sums"), py::arg("gamma"),
+        py::arg("beta"), py::arg("running_mean"), py::arg("running_var"), py::arg("out"), py::arg("save_mean"),
+        py::arg("save_invstd"), py::arg("count"), py::arg("layout"), py::arg("dtype"), py::arg("momentum"),
+        py::arg("eps"), py::arg("relu"), py::arg("stream"), "Returns (out, save_mean, save_invstd).");
+  m.def("sync_batch_norm_grad_sums", &sync_bn_grad_sums_op, py::arg("x"), py::arg("dy"), py::arg("y"),
+        py::arg("save_mean"), py::arg("save_invstd"), py::arg("sums"), py::arg("dgamma"), py::arg("dbeta"),
+        py::arg("dz"), py::arg("layout"), py::arg("dtype"), py::arg("relu"), py::arg("has_z"), py::arg("accumulate"),
+        py::arg("stream"), "Returns (sums, dgamma, dbeta, dz or None).");
+  m.def("sync_batch_norm_backward", &sync_bn_backward_op, py::arg("x"), py::arg("dy"), py::arg("y"), py::arg("gamma"),
+        py::arg("save_mean"), py::arg("save_invstd"), py::arg("sums"), py::arg("dx"), py::arg("count"),
+        py::arg("layout"), py::arg("dtype"), py::arg("relu"), py::arg("stream"), "Returns dx.");
   m.def("batch_norm_last_path", [] {
     const BatchNormPath p = batch_norm_last_path();
     py::dict d;

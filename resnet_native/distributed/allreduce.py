@@ -38,6 +38,11 @@ class GradientAllReduce:
     def average(self, grads: Sequence) -> None:
         raise NotImplementedError
 
+    def sum_(self, array) -> None:
+        """array (one C-contiguous float array, the same shape and dtype on every rank) becomes, in place, its sum
+        over all ranks: synchronized batch norm's per-channel sums."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release what the all-reduce holds (the NCCL communicator); the Store is its owner's to close."""
 
@@ -98,7 +103,12 @@ class StoreAllReduce(GradientAllReduce):
         self._previous: list[list[str]] = []  # the keys this rank set in the last calls (oldest first)
 
     def average(self, grads) -> None:
-        grads = _checked_grads(grads, "NumPy", lambda g: isinstance(g, np.ndarray))
+        self._exchange(_checked_grads(grads, "NumPy", lambda g: isinstance(g, np.ndarray)), mean=True)
+
+    def sum_(self, array) -> None:
+        self._exchange(_checked_grads([array], "NumPy", lambda g: isinstance(g, np.ndarray)), mean=False)
+
+    def _exchange(self, grads: list, mean: bool) -> None:
         if self.world.world_size == 1 or not grads:
             return
         plan = self._plan = _plan_for(self._plan, grads, self.bucket_bytes)
@@ -129,7 +139,8 @@ class StoreAllReduce(GradientAllReduce):
                 acc = np.zeros(g.size, np.float64)
                 for part in parts:  # rank order: the same additions, in the same order, on every rank
                     acc += np.frombuffer(part, dtype=g.dtype, count=g.size, offset=off)
-                acc /= size
+                if mean:
+                    acc /= size
                 g[...] = acc.reshape(g.shape)
         self._previous.append(keys)
 
@@ -232,6 +243,17 @@ class NcclAllReduce(GradientAllReduce):
                     _pack(view, grads[i].ravel(), bf16)  # C-contiguous: ravel() is a view, written through
                     if bf16:
                         grads[i] *= inv  # in the gradient's precision, after the bf16 sum
+
+    def sum_(self, array) -> None:
+        import cupy
+
+        (array,) = _checked_grads([array], "cupy", lambda g: isinstance(g, cupy.ndarray))
+        name = np.dtype(array.dtype).name
+        if name not in _NCCL_TYPES:
+            raise TypeError(f"array: expected one of {sorted(_NCCL_TYPES)}, got {name}")
+        stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
+        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, getattr(self._nccl, _NCCL_TYPES[name]),
+                            self._nccl.NCCL_SUM, stream.ptr)
 
     def close(self) -> None:
         comm, self.comm = getattr(self, "comm", None), None

@@ -3,7 +3,7 @@ or the host with their model (placement.py)."""
 
 from ..losses import SoftmaxCrossEntropy
 from .add import Add
-from .batchnorm2d import BatchNorm2d
+from .batchnorm2d import BatchNorm2d, synchronize_batch_norms
 from .conv2d import Conv2d
 from .global_avg_pool import GlobalAvgPool
 from .linear import Linear
@@ -23,4 +23,5 @@ __all__ = [
     "ReLU",
     "Sequential",
     "SoftmaxCrossEntropy",
+    "synchronize_batch_norms",
 ]

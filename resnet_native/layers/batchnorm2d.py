@@ -7,7 +7,8 @@ where cuDNN supports them (NHWC fp16/bf16) and the plain call plus the custom ke
 one layer. gamma, beta and the running statistics stay in the master dtype (fp32 on the GPU) whatever the
 activation dtype. PyTorch
 semantics: running stats updated with `momentum` (running = (1 - m) * running + m * batch, unbiased
-variance), num_batches_tracked counted.
+variance), num_batches_tracked counted. synchronize_batch_norms(model, allreduce) makes training use the
+statistics of every rank's batch (norm.sync_bn_*), as torch.nn.SyncBatchNorm does.
 """
 
 import numbers
@@ -41,6 +42,10 @@ class BatchNorm2d(Module):
         self.running_mean = np.zeros(num_features, np.float32)  # arrays of the placement once placed
         self.running_var = np.ones(num_features, np.float32)
         self.num_batches_tracked = 0
+        # Synchronized batch norm (synchronize_batch_norms): a GradientAllReduce whose sum_ adds the per-channel
+        # sums of every rank; training then normalises with the statistics of all ranks' batches.
+        self.sync = None
+        self._sync_count = 0
         self._saved = None
 
     # -- state -----------------------------------------------------------------------------------------------
@@ -100,6 +105,8 @@ class BatchNorm2d(Module):
         master = self.placement.master_dtype
         save_mean = self._buffers.get("save_mean", c, master)
         save_invstd = self._buffers.get("save_invstd", c, master)
+        if self.sync is not None:
+            return self._sync_forward(operands, settings, save_mean, save_invstd)
         reserve = self._buffers.find("reserve", x.shape)
         y, save_mean, save_invstd, reserve = norm.batch_norm_train(
             *operands, momentum=self.momentum, save_mean=save_mean, save_invstd=save_invstd, reserve=reserve,
@@ -112,6 +119,21 @@ class BatchNorm2d(Module):
         self._saved = (x, y, save_mean, save_invstd, reserve, z is not None)
         return y
 
+    def _sync_forward(self, operands, settings, save_mean, save_invstd):
+        """The training forward of synchronized batch norm: this rank's sums, added over the ranks, then y."""
+        x, gamma, beta, running_mean, running_var = operands
+        sums = self._buffers.get("sync_sums", (2, self.num_features), self.placement.master_dtype)
+        norm.sync_bn_sums(x, running_mean, layout=self.layout, sums=sums, dtype=settings["dtype"])
+        self.sync.sum_(sums)
+        count = self.sync.world.world_size * (int(np.prod(x.shape)) // self.num_features)
+        y, save_mean, save_invstd = norm.sync_bn_forward(
+            x, sums, gamma, beta, running_mean, running_var, count=count, momentum=self.momentum,
+            save_mean=save_mean, save_invstd=save_invstd, **settings)
+        self.num_batches_tracked += 1
+        self._saved = (x, y, save_mean, save_invstd, None, settings["z"] is not None)
+        self._sync_count = count  # elements per channel over all ranks, for backward
+        return y
+
     def backward(self, dy):
         """dx, or (dx, dz) for a residual layer (dz: the gradient of z, i.e. dy through the ReLU mask)."""
         if self._saved is None:
@@ -121,6 +143,8 @@ class BatchNorm2d(Module):
         check_same_shape("dy", dy, "x", x)
         dx = self._buffers.get("dx", x.shape, x.dtype)
         dz = self._buffers.get("dz", x.shape, x.dtype) if has_z else None
+        if self.sync is not None:
+            return self._sync_backward(x, dy, y, save_mean, save_invstd, self._sync_count, dx, dz)
         # dgamma and dbeta are added straight into the master-dtype gradients (accumulate=True).
         dx, _, _, dz = norm.batch_norm_backward(
             x,
@@ -144,9 +168,34 @@ class BatchNorm2d(Module):
         )
         return (dx, dz) if self.residual else dx
 
+    def _sync_backward(self, x, dy, y, save_mean, save_invstd, count, dx, dz):
+        dt = native_dtype(x)
+        y = y if self.relu else None
+        sums = self._buffers.get("sync_grad_sums", (2, self.num_features), self.placement.master_dtype)
+        # dgamma and dbeta from this rank's sums (the gradient all-reduce averages them with the others').
+        _, _, _, dz = norm.sync_bn_grad_sums(x, dy, save_mean, save_invstd, layout=self.layout, y=y, relu=self.relu,
+                                             has_z=dz is not None, sums=sums, dgamma=self.weight.grad,
+                                             dbeta=self.bias.grad, dz=dz, dtype=dt, accumulate=True)
+        self.sync.sum_(sums)
+        dx = norm.sync_bn_backward(x, dy, self.weight.data, save_mean, save_invstd, sums, count=count,
+                                   layout=self.layout, y=y, relu=self.relu, dx=dx, dtype=dt)
+        return (dx, dz) if self.residual else dx
+
     def _forget_own_saved(self):
         self._saved = None
 
     def describe(self):
         fused = (" + residual" if self.residual else "") + (" + relu" if self.relu else "")
         return f"{self.num_features}{fused}, eps {self.eps:g}, momentum {self.momentum:g}"
+
+
+def synchronize_batch_norms(model, allreduce) -> int:
+    """Make every BatchNorm2d of model train with the statistics of all ranks (synchronized batch norm): its
+    per-channel sums are added across the ranks by allreduce.sum_ (a GradientAllReduce; NCCL on the GPU). None
+    turns it off again. Returns the number of layers changed. Inference is untouched (running statistics)."""
+    if allreduce is not None and not callable(getattr(allreduce, "sum_", None)):
+        raise TypeError(f"allreduce: expected a GradientAllReduce (with sum_), got {type(allreduce).__name__}")
+    layers = [m for _, m in model.named_modules() if isinstance(m, BatchNorm2d)]
+    for m in layers:
+        m.sync = allreduce
+    return len(layers)

@@ -46,6 +46,7 @@ OVERRIDES = (
     ("--cuda-graph", "cuda_graph", "capture the training step in a CUDA graph and replay it (recipe: on)"),
     ("--allreduce-dtype", "allreduce_dtype",
      "data parallel: the gradients' dtype in the NCCL all-reduce (bf16 halves the traffic; recipe: fp32)"),
+    ("--sync-bn", "sync_bn", "data parallel: batch norm with the statistics of all ranks' batches (default: per GPU)"),
 )
 
 

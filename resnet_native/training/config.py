@@ -62,7 +62,8 @@ class AugmentSettings(Settings):
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
-    allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding)."""
+    allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
+    batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -79,6 +80,7 @@ class TrainConfig(Settings):
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
     allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
+    sync_bn: bool = flag(False)
     optimizer: SGDSettings | AdamWSettings = variant(OPTIMIZERS, default="sgd")
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)

@@ -21,9 +21,10 @@ Data parallel (world: a resnet_native.distributed World of world_size > 1, with 
 trains on its shard of each epoch (distributed.shard_indices: the same seed and epoch everywhere, so the shards are
 disjoint) with a per-rank batch of batch_size / world_size, and its TrainStep averages the gradients over the ranks
 (a GradientAllReduce: NCCL on the GPU, the Store on the host) before the update; batch norm statistics stay per
-rank. Only rank 0 writes the run folder (and evaluates: the others' test metrics are NaN, their train metrics
-those of their own shard); with --resume every rank loads rank 0's last.npz, after a barrier. world_size 1 is the
-single-process run, with no store and no all-reduce unless one is given (a one-rank NCCL run, checked on one GPU).
+rank, or (sync_bn) are those of all ranks' batches. Only rank 0 writes the run folder (and evaluates: the others'
+test metrics are NaN, their train metrics those of their own shard); with --resume every rank loads rank 0's
+last.npz, after a barrier. world_size 1 is the single-process run, with no store and no all-reduce unless one is
+given (a one-rank NCCL run, checked on one GPU).
 
 Host synchronisation is kept to the minimum: loss and correct counts accumulate on the device, and are read every
 log_every steps for the progress bar and once per epoch.
@@ -322,6 +323,10 @@ def _build(cfg: TrainConfig, data: CIFAR10Data, world, store=None, allreduce=Non
     scaler = build_scaler(cfg)
     if n > 1 and allreduce is None:
         allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
+    if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
+        from ..layers import synchronize_batch_norms
+
+        synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(data.test_labels, dtype=cupy.int32)
