@@ -6,6 +6,7 @@ outputs. Then the layer with a one-rank NCCL all-reduce, eager and in a captured
 import numpy as np
 import pytest
 from device_values import check_close, host_values, poisoned, random_device, to_device
+from test_norm_gpu import f32 as _f32
 
 from resnet_native import norm, reference
 
@@ -13,10 +14,6 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 EPS = 1e-5
-
-
-def _f32(a):
-    return cp.asarray(np.asarray(a, np.float32))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

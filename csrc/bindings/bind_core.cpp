@@ -237,10 +237,11 @@ void bind_core(py::module_& m) {
       "_workspace_order",
       [](uintptr_t stream, bool before) {
         WorkspacePool& pool = WorkspacePool::current();
+        const OrderedStream s(stream_arg(stream));
         if (before) {
-          pool.wait_for_last_user(stream_arg(stream));
+          pool.wait_for_last_user(s);
         } else {
-          pool.mark_used(stream_arg(stream));
+          pool.mark_used(s);
         }
       },
       py::arg("stream"), py::arg("before"),

@@ -50,30 +50,33 @@ WorkspacePool& WorkspacePool::current() {
   return *p[device];
 }
 
-void* WorkspacePool::get(size_t bytes, cudaStream_t stream) {
+void WorkspacePool::count_request(size_t bytes) {
   ++requests_;
   if (bytes > peak_request_) peak_request_ = bytes;
+}
+
+void* WorkspacePool::serve(size_t bytes, cudaStream_t stream, bool throw_on_failure) {
+  return bytes <= size_ ? data_ : grow(bytes, stream, throw_on_failure);
+}
+
+void* WorkspacePool::get(size_t bytes, cudaStream_t stream) {
+  count_request(bytes);
   if (bytes > limit_) {
     throw ValueError("workspace request of " + std::to_string(bytes) + " bytes exceeds the limit of " +
                      std::to_string(limit_) + " bytes (resnet_native.set_workspace_limit)");
   }
-  if (bytes <= size_) return data_;
-  return grow(bytes, stream, /*throw_on_failure=*/true);
+  return serve(bytes, stream, /*throw_on_failure=*/true);
 }
 
 void* WorkspacePool::get_required(size_t bytes, cudaStream_t stream) {
-  ++requests_;
-  if (bytes > peak_request_) peak_request_ = bytes;
-  if (bytes <= size_) return data_;
-  return grow(bytes, stream, /*throw_on_failure=*/true);
+  count_request(bytes);
+  return serve(bytes, stream, /*throw_on_failure=*/true);
 }
 
 void* WorkspacePool::try_get(size_t bytes, cudaStream_t stream) {
-  ++requests_;
-  if (bytes > peak_request_) peak_request_ = bytes;
+  count_request(bytes);
   if (bytes > limit_) return nullptr;
-  if (bytes <= size_) return data_;
-  return grow(bytes, stream, /*throw_on_failure=*/false);
+  return serve(bytes, stream, /*throw_on_failure=*/false);
 }
 
 void WorkspacePool::reserve(size_t bytes, cudaStream_t stream) {
@@ -151,19 +154,22 @@ WorkspaceStats WorkspacePool::stats() const {
   return WorkspaceStats{size_, peak_request_, limit_, grows_, requests_, graph_holds_, retired_bytes_, stream_waits_};
 }
 
-void WorkspacePool::wait_for_last_user(cudaStream_t stream) {
-  if (!last_recorded_ || stream_is_capturing(stream)) return;
-  const unsigned long long id = stream_id(stream);
-  if (id != 0 && id == last_stream_) return;  // the same stream: already in order
-  RN_CUDA_CHECK(cudaStreamWaitEvent(stream, last_use_, 0));
+OrderedStream::OrderedStream(cudaStream_t s) : stream(s), capturing(stream_is_capturing(s)) {
+  if (!capturing) id = stream_id(s);
+}
+
+void WorkspacePool::wait_for_last_user(const OrderedStream& s) {
+  if (!last_recorded_ || s.capturing) return;
+  if (s.id != 0 && s.id == last_stream_) return;  // the same stream: already in order
+  RN_CUDA_CHECK(cudaStreamWaitEvent(s.stream, last_use_, 0));
   ++stream_waits_;
 }
 
-void WorkspacePool::mark_used(cudaStream_t stream) {
-  if (stream_is_capturing(stream)) return;
+void WorkspacePool::mark_used(const OrderedStream& s) {
+  if (s.capturing) return;
   if (!last_use_) RN_CUDA_CHECK(cudaEventCreateWithFlags(&last_use_, cudaEventDisableTiming));
-  RN_CUDA_CHECK(cudaEventRecord(last_use_, stream));
-  last_stream_ = stream_id(stream);
+  RN_CUDA_CHECK(cudaEventRecord(last_use_, s.stream));
+  last_stream_ = s.id;
   last_recorded_ = true;
 }
 

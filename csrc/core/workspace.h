@@ -11,7 +11,8 @@
 //
 // Streams: ops on several streams share the one buffer safely because its users are ordered (WorkspaceOrder):
 // an op that may take workspace makes its stream wait for the last user on another stream, and marks its own
-// end with an event. A captured graph's replay is a user too (order_before_replay / mark_replayed).
+// end with an event. A captured graph's replay is a user too (wait_for_last_user before it, mark_used after:
+// the bindings' _workspace_order, cuda_graph.launch_ordered).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,6 +33,15 @@ struct WorkspaceStats {
   int64_t graph_holds = 0;   // captured graphs using the buffer
   size_t retired = 0;        // bytes of old buffers kept for them
   int64_t stream_waits = 0;  // users made to wait for the last user on another stream
+};
+
+// A stream as the ordering sees it, asked once: whether it is capturing, and (if not) its process-unique id
+// (cudaStreamGetId: handle values are reused once a stream is destroyed; 0 when it cannot be told).
+struct OrderedStream {
+  explicit OrderedStream(cudaStream_t s);
+  cudaStream_t stream;
+  bool capturing;
+  unsigned long long id = 0;
 };
 
 class WorkspacePool {
@@ -66,8 +76,8 @@ class WorkspacePool {
 
   // Ordering across streams (see WorkspaceOrder). Nothing is waited for or recorded on a capturing stream: the
   // graph's replays are ordered instead.
-  void wait_for_last_user(cudaStream_t stream);  // stream waits for the last user's end, if on another stream
-  void mark_used(cudaStream_t stream);           // records the end of stream's use (so far)
+  void wait_for_last_user(const OrderedStream& s);  // s waits for the last user's end, if on another stream
+  void mark_used(const OrderedStream& s);           // records the end of s's use (so far)
 
   WorkspacePool() = default;
   WorkspacePool(const WorkspacePool&) = delete;
@@ -75,6 +85,8 @@ class WorkspacePool {
   ~WorkspacePool();
 
  private:
+  void count_request(size_t bytes);                                       // requests_, peak_request_
+  void* serve(size_t bytes, cudaStream_t stream, bool throw_on_failure);  // the buffer, grown if too small
   void* grow(size_t bytes, cudaStream_t stream, bool throw_on_failure);
   void free_retired();
 
@@ -104,7 +116,7 @@ class WorkspaceOrder {
 
  private:
   WorkspacePool& pool_;
-  cudaStream_t stream_;
+  OrderedStream stream_;
 };
 
 // Called once when cudaMalloc fails, before the single retry. The bindings install one that frees cupy's

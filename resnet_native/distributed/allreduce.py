@@ -56,18 +56,21 @@ def _checked_world_store(store, world) -> None:
         raise ValueError(f"store: it belongs to {store.world}, not to {world}")
 
 
+def _checked_array(name: str, a, kind: str, is_array):
+    """a, when it is a C-contiguous floating-point array of `kind` (it is written in place)."""
+    if not is_array(a):
+        raise TypeError(f"{name}: expected a {kind} array, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (it is written in place)")
+    if np.dtype(a.dtype).kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array, got {np.dtype(a.dtype).name}")
+    return a
+
+
 def _checked_grads(grads, kind: str, is_array) -> list:
     if isinstance(grads, str | bytes) or not isinstance(grads, Sequence):
         raise TypeError(f"grads: expected a sequence of {kind} arrays, got {type(grads).__name__}")
-    grads = list(grads)
-    for i, g in enumerate(grads):
-        if not is_array(g):
-            raise TypeError(f"grads[{i}]: expected a {kind} array, got {type(g).__name__}")
-        if not g.flags.c_contiguous:
-            raise ValueError(f"grads[{i}]: expected a C-contiguous array (it is written in place)")
-        if np.dtype(g.dtype).kind != "f":
-            raise TypeError(f"grads[{i}]: expected a floating-point array, got {np.dtype(g.dtype).name}")
-    return grads
+    return [_checked_array(f"grads[{i}]", g, kind, is_array) for i, g in enumerate(grads)]
 
 
 class _Plan:
@@ -106,7 +109,7 @@ class StoreAllReduce(GradientAllReduce):
         self._exchange(_checked_grads(grads, "NumPy", lambda g: isinstance(g, np.ndarray)), mean=True)
 
     def sum_(self, array) -> None:
-        self._exchange(_checked_grads([array], "NumPy", lambda g: isinstance(g, np.ndarray)), mean=False)
+        self._exchange([_checked_array("array", array, "NumPy", lambda a: isinstance(a, np.ndarray))], mean=False)
 
     def _exchange(self, grads: list, mean: bool) -> None:
         if self.world.world_size == 1 or not grads:
@@ -225,7 +228,7 @@ class NcclAllReduce(GradientAllReduce):
             # Offsets are in the gradients' elements; a bf16 wire holds the same elements in 2-byte bf16 bits.
             self._buffers = [cupy.empty(total // dtype.itemsize, np.uint16 if bf16 else dtype)
                              for _, total in plan.layout]
-        stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
+        stream = self._stream()
         nccl_type = (getattr(self._nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16) if bf16
                      else getattr(self._nccl, _NCCL_TYPES[dtype.name]))
         inv = dtype.type(1.0 / self.world.world_size)
@@ -235,8 +238,7 @@ class NcclAllReduce(GradientAllReduce):
                          for i, off in zip(bucket, offsets, strict=True)]
                 for i, view in zip(bucket, views, strict=True):
                     _pack(grads[i].ravel(), view, bf16)
-                self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, nccl_type, self._nccl.NCCL_SUM,
-                                    stream.ptr)
+                self._sum_in_place(buf, nccl_type, stream)
                 if not bf16:
                     buf *= inv
                 for i, view in zip(bucket, views, strict=True):
@@ -247,13 +249,20 @@ class NcclAllReduce(GradientAllReduce):
     def sum_(self, array) -> None:
         import cupy
 
-        (array,) = _checked_grads([array], "cupy", lambda g: isinstance(g, cupy.ndarray))
+        _checked_array("array", array, "cupy", lambda a: isinstance(a, cupy.ndarray))
         name = np.dtype(array.dtype).name
         if name not in _NCCL_TYPES:
             raise TypeError(f"array: expected one of {sorted(_NCCL_TYPES)}, got {name}")
-        stream = self.stream if self.stream is not None else cupy.cuda.get_current_stream()
-        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, getattr(self._nccl, _NCCL_TYPES[name]),
-                            self._nccl.NCCL_SUM, stream.ptr)
+        self._sum_in_place(array, getattr(self._nccl, _NCCL_TYPES[name]), self._stream())
+
+    def _stream(self):
+        """The stream the NCCL calls go on: the given one, else cupy's current stream."""
+        import cupy
+
+        return self.stream if self.stream is not None else cupy.cuda.get_current_stream()
+
+    def _sum_in_place(self, array, nccl_type: int, stream) -> None:
+        self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, nccl_type, self._nccl.NCCL_SUM, stream.ptr)
 
     def close(self) -> None:
         comm, self.comm = getattr(self, "comm", None), None
