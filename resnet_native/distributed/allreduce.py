@@ -272,6 +272,8 @@ class NcclAllReduce(GradientAllReduce):
 
 def _pack(src, dst, bf16: bool) -> None:
     """dst = src, through the bf16 cast kernel (round to nearest even) when one side is bf16 bits."""
+    if src.size == 0:  # an empty gradient has nothing to send (and the cast kernel refuses empty arrays)
+        return
     if bf16:
         from .. import kernels
 
