@@ -7,6 +7,8 @@
 Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs (32x32, the CIFAR stem):
   engine          InferenceEngine(model, batch_sizes=--batches): one CUDA graph per batch size, normalised input
   engine_uint8    the same engine fed uint8 pixels (the normalisation is its input stage)
+  int8 / fp8      (--quant-dtypes) the quantised engine of the same weights, calibrated (max |x|) on 4 images,
+                  fed uint8 pixels (its only input); x_fp16 is the fp16 engine_uint8's time over its own
   eager           the model's eval-mode graph, model.forward(x)
   torch_eager     torchvision's resnet with the CIFAR stem (conv1 3x3/1 pad 1, maxpool = Identity), eval,
                   channels_last, converted to the dtype, cudnn.benchmark, under inference_mode
@@ -41,11 +43,13 @@ from common import markdown_table as common_markdown_table
 MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
 SHORT = {"r18": "resnet18", "r50": "resnet50"}
 DTYPES = ("fp16", "bf16")
+QUANT_DTYPES = ("int8", "fp8")
 BATCHES = (1, 8, 32, 256, 1024)
 ROTATE = 4  # distinct input batches cycled through while timing
 COLUMNS = [("model", "model"), ("dtype", "dtype"), ("batch", "batch"), ("impl", "impl"), ("median_ms", "median ms"),
            ("p99_ms", "p99 ms"), ("images_per_s", "images/s"), ("tflops", "TFLOP/s"), ("floor_pct", "% floor"),
-           ("peak_mem_mb", "mem MB"), ("vs_torch_graph", "/torch graph"), ("vs_torch_compile", "/compile")]
+           ("peak_mem_mb", "mem MB"), ("vs_torch_graph", "/torch graph"), ("vs_torch_compile", "/compile"),
+           ("x_fp16", "x fp16 engine")]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -98,7 +102,10 @@ def add_ratios(rows: list) -> None:
     by_config = {}
     for r in rows:
         by_config.setdefault((r["model"], r["dtype"], r["batch"]), {})[r["impl"]] = r
-    for impls in by_config.values():
+    for (model, dtype, batch), impls in by_config.items():
+        fp16 = by_config.get((model, "fp16", batch), {}).get("engine_uint8")
+        if dtype in QUANT_DTYPES and fp16 and "engine_uint8" in impls:
+            impls["engine_uint8"]["x_fp16"] = fp16["median_ms"] / impls["engine_uint8"]["median_ms"]
         for name in ("engine", "engine_uint8"):
             if name not in impls:
                 continue
@@ -132,6 +139,36 @@ def build_ours(name, dtype, batches, algo_cache):
     start = time.perf_counter()
     engine = InferenceEngine(model, batch_sizes=batches, dtype=dtype, algorithm_cache=algo_cache)
     return model, engine, time.perf_counter() - start
+
+
+def build_quantized(name, dtype, batches, algo_cache, rng):
+    """(engine, build seconds, calibration seconds): the int8 / fp8 engine of build_ours' weights (seed 0),
+    calibrated by max |x| on 4 random images (the speed does not depend on the scales)."""
+    import resnet_native as rn
+    from resnet_native.data.augment import normalize_on_host
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.quantization import calibrate
+
+    model = getattr(rn, MODELS[name])(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
+    state = {k: np.asarray(v) for k, v in model.state_dict().items()}
+    pixels = rng.integers(0, 256, (4, 32, 32, 3)).astype(np.uint8)
+    start = time.perf_counter()
+    calibration = calibrate(state, normalize_on_host(pixels, layout="NCHW", dtype="fp32"), "max", dtype=dtype)
+    calibrated = time.perf_counter()
+    engine = InferenceEngine(model, batch_sizes=batches, dtype=dtype, calibration=calibration,
+                             algorithm_cache=algo_cache)
+    return engine, time.perf_counter() - calibrated, calibrated - start
+
+
+def time_quantized(engine, batch, rng, iters, warmup) -> list:
+    import cupy as cp
+
+    import resnet_native as rn
+
+    pixels = [cp.asarray(rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8)) for _ in range(ROTATE)]
+    held = (engine.memory_bytes + rn.workspace_stats()["size"]) / 2**20
+    return [dict(impl="engine_uint8", peak_mem_mb=held, **latency(lambda i: engine(pixels[i % ROTATE]), iters=iters,
+                                                                   warmup=warmup, **cupy_clock()))]
 
 
 def time_ours(model, engine, batch, dtype, rng, iters, warmup) -> list:
@@ -277,6 +314,8 @@ def build_parser():
     p.add_argument("--batches", help=f"comma-separated batch sizes (default {','.join(map(str, BATCHES))}; "
                                      "--quick 1,32,256)")
     p.add_argument("--dtypes", help="comma-separated: fp16, bf16 (default both; --quick fp16)")
+    p.add_argument("--quant-dtypes", default=",".join(QUANT_DTYPES),
+                   help="comma-separated quantised engines to time: int8, fp8 ('' for none)")
     p.add_argument("--compile", default="", help="torch.compile rows: 'all' or model:batch:dtype items, e.g. "
                                                  "r50:1024:fp16,r18:1:bf16 (default none: minutes each)")
     p.add_argument("--iters", type=int, help="timed calls per row (default 200; --quick 30)")
@@ -304,6 +343,9 @@ def resolve_args(argv=None):
     args.dtypes = _csv(args.dtypes) if args.dtypes else (("fp16",) if args.quick else DTYPES)
     if any(d not in DTYPES for d in args.dtypes):
         raise SystemExit(f"--dtypes: expected some of {DTYPES}, got {args.dtypes}")
+    args.quant_dtypes = _csv(args.quant_dtypes) if args.quant_dtypes else ()
+    if any(d not in QUANT_DTYPES for d in args.quant_dtypes):
+        raise SystemExit(f"--quant-dtypes: expected some of {QUANT_DTYPES}, got {args.quant_dtypes}")
     args.iters = args.iters or (30 if args.quick else 200)
     args.warmup = args.warmup or (5 if args.quick else 20)
     try:
@@ -363,6 +405,22 @@ def main(argv=None) -> int:
             engine.close()
             if torch is not None:
                 torch.cuda.empty_cache()
+        for dtype in args.quant_dtypes:
+            if budget.exhausted():
+                skipped += [f"{name}:{b}:{dtype}" for b in args.batches]
+                continue
+            engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng)
+            engines[f"{name}:{dtype}"] = {"build_s": build_s, "calibrate_s": calibrate_s,
+                                          "memory_mb": engine.memory_bytes / 2**20}
+            for batch in args.batches:
+                if budget.exhausted():
+                    skipped.append(f"{name}:{batch}:{dtype}")
+                    continue
+                found = time_quantized(engine, batch, rng, args.iters, args.warmup)
+                rows += [with_rates(dict(model=name, dtype=dtype, batch=batch, **r), engine.plan.conv_flops(batch),
+                                    args.peak_tflops) for r in found]
+                print(format_table(rows[-1:], COLUMNS[3:10]), flush=True)
+            engine.close()
     add_ratios(rows)
     print(format_table(rows, COLUMNS, title="inference (CUDA-event latency per call)"))
     payload = {"environment": environment(), "args": {k: (sorted(v) if isinstance(v, set) else v)

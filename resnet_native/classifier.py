@@ -212,7 +212,7 @@ class CIFAR10Classifier:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
         self.model, self.engine, self.session, self.calibration = model, None, None, None
         if dtype is not None:
-            self._use_calibration(folder, dtype)
+            self._use_calibration(folder, dtype, engine_batch_sizes)
         elif model is not None:
             self.backend = "model"
         elif rn.cuda_available():
@@ -237,23 +237,28 @@ class CIFAR10Classifier:
                               stacklevel=2)
                 self.model = build_release_model(self.config, load_weights(folder), on_host=True)
 
-    def _use_calibration(self, folder: pathlib.Path, dtype) -> None:
+    def _use_calibration(self, folder: pathlib.Path, dtype, engine_batch_sizes) -> None:
+        """The release's int8 / FP8 calibration: run by the quantised InferenceEngine on a GPU, else simulated."""
+        import resnet_native as rn
+
+        from .inference.source import release_calibration
         from .names import choice
-        from .quantization import load_calibration
         from .quantization.calibration import QUANT_DTYPES
-        from .release import calibration_file
 
         dtype = choice("dtype", dtype, QUANT_DTYPES)
-        path = folder / calibration_file(dtype)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "
-                                    f"resnet_native.release --run RUN --version VERSION --{dtype} --data CIFAR10`")
-        self.calibration = load_calibration(path)
+        calibration = release_calibration(folder, None, dtype)
+        if rn.cuda_available():
+            from .inference import InferenceEngine
+
+            self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=dtype, calibration=calibration)
+            self.backend = f"engine-{dtype}"
+            return
+        self.calibration = calibration
         self.state = load_weights(folder)
         self.backend = f"{dtype}-simulated"
-        warnings.warn(f"CIFAR10Classifier(dtype={dtype!r}): the calibrated {dtype} arithmetic runs simulated on the "
-                      f"host in float64 (exact, slow); the GPU {dtype} engine is not built yet", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"CIFAR10Classifier(dtype={dtype!r}): no CUDA GPU ({rn._C.device_unavailable_reason()}); the "
+                      f"calibrated {dtype} arithmetic runs simulated on the host in float64 (exact, slow)",
+                      RuntimeWarning, stacklevel=3)
 
     def __repr__(self):
         return (f"CIFAR10Classifier({str(self.version_dir)!r}, model={self.config['model']['name']}, "

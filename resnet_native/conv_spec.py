@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 from ._loader import _C
-from .names import DIRECTION_ALIASES, DIRECTIONS, ENGINES, LAYOUTS, PRECISIONS, choice
+from .names import CONV_PRECISIONS, DIRECTION_ALIASES, DIRECTIONS, ENGINES, LAYOUTS, QUANT_PRECISIONS, choice
 
 # The native core's typed enums by name (their member names are the names above).
 _NATIVE_LAYOUT = dict(_C.Layout.__members__)
@@ -81,8 +81,11 @@ class ConvSpec:
             raise ValueError(f"groups: expected an int >= 1, got {self.groups!r}")
         object.__setattr__(self, "groups", int(self.groups))
         choice("layout", self.layout, LAYOUTS)
-        choice("precision", self.precision, PRECISIONS)
+        choice("precision", self.precision, CONV_PRECISIONS)
         choice("engine", self.engine, ENGINES)
+        if self.precision in QUANT_PRECISIONS and (self.engine != "graph" or self.layout != "NHWC"):
+            raise ValueError(f"precision: {self.precision!r} convolutions run on engine='graph' in layout='NHWC' "
+                             f"(quantized_conv.conv2d), got engine={self.engine!r}, layout={self.layout!r}")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic: expected a bool, got {self.deterministic!r}")
         _parse_algo(self.algo)

@@ -23,6 +23,14 @@ DTYPE_ALIASES = {
 # The NumPy / cupy dtype that stores each dtype and each precision.
 ARRAY_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
 PRECISION_STORAGE = {p: ARRAY_DTYPES[DTYPE_ALIASES[p]] for p in PRECISIONS}
+# Quantised inference (forward convolutions only, graph engine, NHWC): int8 arrays, and FP8 E4M3 codes in uint8
+# arrays (cupy has no fp8). A quantised convolution writes y in its 8-bit type, or in fp16 / fp32.
+QUANT_PRECISIONS = ("int8", "fp8")
+QUANT_ARRAY_DTYPES = {"int8": np.dtype(np.int8), "fp8": np.dtype(np.uint8)}
+QUANT_OUT_DTYPES = ("int8", "fp8", "fp16", "fp32")
+# Every precision a ConvSpec takes, and the array dtype of every value an inference plan holds.
+CONV_PRECISIONS = PRECISIONS + QUANT_PRECISIONS
+VALUE_DTYPES = {**ARRAY_DTYPES, **QUANT_ARRAY_DTYPES}
 # The dtype of master weights, gradients, batch-norm statistics and logits, whatever the precision.
 MASTER_DTYPE = np.dtype(np.float32)
 

@@ -8,7 +8,7 @@ from resnet_native import names
 
 
 def test_native_enums_carry_the_python_names():
-    assert tuple(rn._C.Precision.__members__) == names.PRECISIONS
+    assert tuple(rn._C.Precision.__members__) == names.CONV_PRECISIONS
     assert tuple(rn._C.DType.__members__) == names.DTYPES
     assert tuple(rn._C.Layout.__members__) == names.LAYOUTS
 

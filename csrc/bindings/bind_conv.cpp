@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -161,10 +162,19 @@ uint8_t epilogue_flags(bool bias, bool z, const std::string& activation) {
                               (activation == "relu" ? kEpilogueRelu : 0));
 }
 
+// The float ops' storage dtype; int8 / fp8 specs belong to conv_forward_quantized.
+DType float_storage(const ConvSpec& spec) {
+  if (is_quantized(spec.precision)) {
+    throw ValueError(std::string("spec: precision '") + precision_name(spec.precision) +
+                     "' is for quantised forward convolutions (conv.quantized_conv2d)");
+  }
+  return storage_dtype(spec.precision);
+}
+
 py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, py::handle bias_obj, py::handle z_obj,
                         const ConvSpec& spec, const std::string& activation, float alpha1, float alpha2,
                         bool allow_fusion, uintptr_t stream) {
-  const DType dtype = storage_dtype(spec.precision);
+  const DType dtype = float_storage(spec);
   const TensorView x = tensor_arg(x_obj, "x", dtype, host_only(4));
   const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
   const TensorView bias = optional_tensor_arg(bias_obj, "bias", dtype, host_only(1));
@@ -187,9 +197,62 @@ py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, 
                   stream);
 }
 
+// The dtypes a quantised convolution may write y in, as the codes Python passes (1 + DType, ConvParams::out_dtype).
+py::dict quantized_out_codes() {
+  py::dict d;
+  for (DType t : {DType::I8, DType::FP8, DType::F16, DType::F32}) d[dtype_short_name(t)] = static_cast<int>(t) + 1;
+  return d;
+}
+
+// y = [relu](scale[k] * conv(x, w) + bias[k] [+ gamma * z]) with x, w (and z) int8 or FP8 E4M3 (uint8 codes), NHWC,
+// on the graph engine: the quantised forward of an inference engine, the conversion to y's dtype (rounding to
+// nearest, saturating) done by cuDNN's epilogue. out_code: quantized_out_codes()[name of y's dtype].
+py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle scale_obj, py::handle bias_obj,
+                                  py::handle z_obj, py::handle out_obj, const ConvSpec& spec, bool relu, float gamma,
+                                  int out_code, uintptr_t stream) {
+  if (!is_quantized(spec.precision)) {
+    throw ValueError(std::string("spec: expected precision 'int8' or 'fp8', got '") + precision_name(spec.precision) +
+                     "'");
+  }
+  if (spec.engine != ConvEngineKind::Graph) throw ValueError("spec: int8 / fp8 convolutions need engine='graph'");
+  if (spec.layout != Layout::NHWC) throw ValueError("spec: int8 / fp8 convolutions need layout='NHWC'");
+  const DType dtype = storage_dtype(spec.precision);
+  const DType y_dtype = static_cast<DType>(out_code - 1);
+  const bool valid_out = out_code >= 1 && out_code <= static_cast<int>(DType::FP8) + 1 &&
+                         (y_dtype == dtype || y_dtype == DType::F16 || y_dtype == DType::F32);
+  if (!valid_out) {
+    throw ValueError(std::string("out_dtype: expected '") + dtype_short_name(dtype) + "', 'fp16' or 'fp32' for " +
+                     precision_name(spec.precision) + " (code " + std::to_string(out_code) + ")");
+  }
+  if (!std::isfinite(gamma)) throw ValueError("gamma: expected a finite number");
+  const TensorView x = tensor_arg(x_obj, "x", dtype, host_only(4));
+  const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
+  const TensorView scale = tensor_arg(scale_obj, "scale", DType::F32, host_only(1));
+  const TensorView bias = optional_tensor_arg(bias_obj, "bias", DType::F32, host_only(1));
+  const TensorView z = optional_tensor_arg(z_obj, "z", dtype, host_only(4));
+  const uint8_t epilogue =
+      static_cast<uint8_t>(kEpilogueScale | epilogue_flags(bias.defined(), z.defined(), relu ? "relu" : "identity"));
+  ConvParams params = make_conv_params(ConvDirection::Forward, spec, view_dims(x), view_dims(w), epilogue, "x", "w");
+  params.out_dtype = y_dtype == dtype ? 0 : static_cast<uint8_t>(out_code);
+  const std::vector<int64_t> y_shape = as_vector(output_shape(params));
+  check_shape_is(scale, "scale", {params.y[1]}, "one per output channel");
+  if (bias.defined()) check_shape_is(bias, "bias", {params.y[1]}, "one per output channel");
+  if (z.defined()) check_shape_is(z, "z", y_shape, "the output's shape");
+  const std::initializer_list<NamedView> inputs = {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}, {scale, "scale"}};
+  OutputArg out(out_obj, y_dtype, y_shape, "the convolution's output", inputs);
+  ConvOperands ops;
+  ops.x = x;
+  ops.w = w;
+  ops.scale = scale;
+  ops.bias = bias;
+  ops.z = z;
+  ops.alpha2 = gamma;
+  return convolve(params, ops, &ConvOperands::y, out, inputs, true, stream);
+}
+
 py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle out_obj, py::handle x_shape_obj,
                               const ConvSpec& spec, uintptr_t stream) {
-  const DType dtype = storage_dtype(spec.precision);
+  const DType dtype = float_storage(spec);
   const Dims4 x_shape = ints_arg<4>(x_shape_obj, "x_shape");
   const TensorView dy = tensor_arg(dy_obj, "dy", dtype, host_only(4));
   const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
@@ -205,7 +268,7 @@ py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle ou
 
 py::object conv_backward_filter(py::handle x_obj, py::handle dy_obj, py::handle out_obj, py::handle w_shape_obj,
                                 bool accumulate, const ConvSpec& spec, uintptr_t stream) {
-  const DType dtype = storage_dtype(spec.precision);
+  const DType dtype = float_storage(spec);
   const Dims4 w_shape = ints_arg<4>(w_shape_obj, "w_shape");
   if (accumulate && out_obj.is_none()) {
     throw ValueError("accumulate: accumulating into the gradient needs out= (the existing dw)");
@@ -314,6 +377,11 @@ void bind_conv(py::module_& m) {
   m.def("conv_forward", &conv_forward, py::arg("x"), py::arg("w"), py::arg("out"), py::arg("bias"), py::arg("z"),
         py::arg("spec"), py::arg("activation"), py::arg("alpha1"), py::arg("alpha2"), py::arg("allow_fusion"),
         py::arg("stream"), "y = act(alpha1 * conv(x, w) + alpha2 * z + bias); returns out (allocated when None).");
+  m.def("conv_forward_quantized", &conv_forward_quantized, py::arg("x"), py::arg("w"), py::arg("scale"),
+        py::arg("bias"), py::arg("z"), py::arg("out"), py::arg("spec"), py::arg("relu"), py::arg("gamma"),
+        py::arg("out_code"), py::arg("stream"),
+        "y = [relu](scale * conv(x, w) + bias [+ gamma * z]) in int8 / fp8 (graph engine, NHWC); returns out.");
+  m.def("quantized_out_codes", &quantized_out_codes, "{dtype name: code} of the dtypes a quantised conv writes.");
   m.def("conv_backward_data", &conv_backward_data, py::arg("dy"), py::arg("w"), py::arg("out"), py::arg("x_shape"),
         py::arg("spec"), py::arg("stream"), "dx of a convolution; returns out (allocated when None).");
   m.def("conv_backward_filter", &conv_backward_filter, py::arg("x"), py::arg("dy"), py::arg("out"), py::arg("w_shape"),

@@ -17,11 +17,15 @@ void bind_enums(py::module_& m) {
       .value("fp32", DType::F32)
       .value("fp16", DType::F16)
       .value("bf16", DType::BF16);
-  py::enum_<Precision>(m, "Precision", "Storage dtype plus the math cuDNN may use (fp32 strict, tf32, fp16, bf16).")
+  py::enum_<Precision>(m, "Precision",
+                       "Storage dtype plus the math cuDNN may use (fp32 strict, tf32, fp16, bf16; int8 and fp8: "
+                       "quantised forward convolutions only).")
       .value("fp32", Precision::FP32)
       .value("tf32", Precision::TF32)
       .value("fp16", Precision::FP16)
-      .value("bf16", Precision::BF16);
+      .value("bf16", Precision::BF16)
+      .value("int8", Precision::INT8)
+      .value("fp8", Precision::FP8);
   py::enum_<Layout>(m, "Layout", "Activation layout: NCHW (N, C, H, W) or NHWC (N, H, W, C).")
       .value("NCHW", Layout::NCHW)
       .value("NHWC", Layout::NHWC);

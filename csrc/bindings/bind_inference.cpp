@@ -18,36 +18,73 @@ namespace py = pybind11;
 namespace rn {
 namespace {
 
-py::object normalize_u8_op(py::handle images_obj, py::handle lut_obj, py::handle out_obj, py::handle layout_obj,
-                           py::handle dtype_obj, uintptr_t stream) {
-  const Layout layout = layout_arg(layout_obj);
-  const DType dtype = exact_dtype_arg(dtype_obj);
-  OpArgs args("normalize_u8");
+const TensorView& images_arg(OpArgs& args, py::handle images_obj) {
   TensorArgOptions four_d;
   four_d.ndim = 4;
   const TensorView& images = args.input(images_obj, "images", DType::U8, four_d);
   if (images.shape[3] != kernels::ImagesU8::kChannels) {
     throw ValueError("images: expected (N, H, W, 3) RGB pixels in HWC order, got shape " + images.shape_str());
   }
+  return images;
+}
+
+const TensorView& lut_arg(OpArgs& args, py::handle lut_obj, DType dtype) {
   TensorArgOptions two_d;
   two_d.ndim = 2;
   const TensorView& lut = args.input(lut_obj, "lut", dtype, two_d);
   check_shape(lut, "lut", {3, 256});
+  return lut;
+}
+
+kernels::ImagesU8 source_of(const TensorView& images) {
+  kernels::ImagesU8 source;
+  source.data = static_cast<const uint8_t*>(images.data);
+  source.n = images.shape[0];
+  source.height = images.shape[1];
+  source.width = images.shape[2];
+  return source;
+}
+
+py::object normalize_u8_op(py::handle images_obj, py::handle lut_obj, py::handle out_obj, py::handle layout_obj,
+                           py::handle dtype_obj, uintptr_t stream) {
+  const Layout layout = layout_arg(layout_obj);
+  const DType dtype = exact_dtype_arg(dtype_obj);
+  OpArgs args("normalize_u8");
+  const TensorView& images = images_arg(args, images_obj);
+  const TensorView& lut = lut_arg(args, lut_obj, dtype);
   const int64_t n = images.shape[0], h = images.shape[1], w = images.shape[2];
   const std::vector<int64_t> out_shape =
       layout == Layout::NHWC ? std::vector<int64_t>{n, h, w, 3} : std::vector<int64_t>{n, 3, h, w};
+  TensorArgOptions four_d;
+  four_d.ndim = 4;
   const TensorView& out = args.output(out_obj, "out", dtype, out_shape, four_d);
   check_shape(out, "out", {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
   check_disjoint(out, "out", {{images, "images"}, {lut, "lut"}});
   args.set_note(std::string("layout=") + layout_name(layout));
   args.prepare_device();
   OpContext context(&OpArgs::describe, &args);
-  kernels::ImagesU8 source;
-  source.data = static_cast<const uint8_t*>(images.data);
-  source.n = n;
-  source.height = h;
-  source.width = w;
-  kernels::normalize_u8(source, lut, out, layout, stream_arg(stream));
+  kernels::normalize_u8(source_of(images), lut, out, layout, stream_arg(stream));
+  return args.object(out);
+}
+
+// The quantised engines' input stage: lut and out int8 (int8 engine) or uint8 (FP8 codes), out NHWC with
+// `channels` >= 3 (zero-padded).
+py::object normalize_u8_padded_op(py::handle images_obj, py::handle lut_obj, py::handle out_obj, bool fp8,
+                                  int64_t channels, uintptr_t stream) {
+  const DType dtype = fp8 ? DType::FP8 : DType::I8;
+  if (channels < 3 || channels > 4096) throw ValueError("channels: expected 3..4096, got " + std::to_string(channels));
+  OpArgs args("normalize_u8_padded");
+  const TensorView& images = images_arg(args, images_obj);
+  const TensorView& lut = lut_arg(args, lut_obj, dtype);
+  TensorArgOptions four_d;
+  four_d.ndim = 4;
+  const std::vector<int64_t> out_shape{images.shape[0], images.shape[1], images.shape[2], channels};
+  const TensorView& out = args.output(out_obj, "out", dtype, out_shape, four_d);
+  check_shape(out, "out", {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  check_disjoint(out, "out", {{images, "images"}, {lut, "lut"}});
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  kernels::normalize_u8_padded(source_of(images), lut, out, channels, stream_arg(stream));
   return args.object(out);
 }
 
@@ -58,6 +95,10 @@ void bind_inference(py::module_& m) {
         py::arg("dtype"), py::arg("stream"),
         "out = lut[c][images[n, h, w, c]] in the layout: uint8 (N, H, W, 3) images to the normalised model input; "
         "returns out (allocated when None).");
+  m.def("normalize_u8_padded", &normalize_u8_padded_op, py::arg("images"), py::arg("lut"), py::arg("out"),
+        py::arg("fp8"), py::arg("channels"), py::arg("stream"),
+        "out[n, h, w, c] = lut[c][images[n, h, w, c]] for c < 3, 0 up to `channels`: int8 (fp8=False) or uint8 FP8 "
+        "codes; the quantised engines' input. Returns out (allocated when None).");
 }
 
 }  // namespace rn

@@ -19,7 +19,10 @@ const char* array_dtype(DType dtype) {
     case DType::I32:
       return "int32";
     case DType::U8:
+    case DType::FP8:  // E4M3 codes: cupy has no fp8
       return "uint8";
+    case DType::I8:
+      return "int8";
   }
   return "float32";
 }

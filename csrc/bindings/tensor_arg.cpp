@@ -32,7 +32,10 @@ bool kind_holds(ElementKind kind, DType dtype) {
     case DType::I32:
       return kind == ElementKind::I32;
     case DType::U8:
+    case DType::FP8:  // E4M3 codes in a uint8 array
       return kind == ElementKind::U8;
+    case DType::I8:
+      return kind == ElementKind::I8;
   }
   return false;
 }
@@ -44,7 +47,8 @@ bool is_16_bit_integer(ElementKind kind) {
 DType resolve_dtype(const RawArray& raw, const char* name, const DTypeRequest& request) {
   if (request.mode == DTypeRequest::Mode::Exact) {
     if (!kind_holds(raw.kind, request.dtype)) {
-      const char* article = request.dtype == DType::I32 ? "an " : "a ";  // "an int32", "a uint8"
+      const bool an = request.dtype == DType::I32 || request.dtype == DType::I8;
+      const char* article = an ? "an " : "a ";  // "an int32", "a uint8"
       throw TypeError(arg_prefix(name) + "expected " + article + dtype_name(request.dtype) + " array, got " +
                       describe_dtype(raw) +
                       (request.dtype == DType::BF16 ? " (bfloat16 is passed as uint16 bit patterns)" : ""));

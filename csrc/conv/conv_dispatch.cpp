@@ -80,6 +80,10 @@ AlgoCache::Entry cached_or_chosen(const ConvParams& params, const ConvOperands& 
 AlgoCache::Entry convolution(const ConvParams& params, const ConvOperands& ops, bool allow_fusion,
                              cudaStream_t stream) {
   OpContext context(&describe_convolution, &params);
+  if (is_quantized(static_cast<Precision>(params.precision)) &&
+      static_cast<ConvEngineKind>(params.engine) != ConvEngineKind::Graph) {
+    throw ValueError("engine: int8 / fp8 convolutions run on the graph engine only (engine='graph')");
+  }
   cudnnHandle_t handle = cudnn_handle(stream);
   const WorkspaceOrder order(stream);  // the search and the call may both use the shared workspace
   AlgoCache::Entry choice = cached_or_chosen(params, ops, allow_fusion, handle, stream);

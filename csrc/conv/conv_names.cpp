@@ -89,7 +89,7 @@ uint8_t parse_epilogue(const std::string& name) {
     }
     if (bit == 0 || (flags & bit)) {
       throw ValueError("epilogue: " + std::string(bit ? "repeated" : "unknown") + " part '" + part + "' in '" + name +
-                       "' (expected 'none' or a '+'-joined set of 'bias', 'residual', 'relu')");
+                       "' (expected 'none' or a '+'-joined set of 'scale', 'bias', 'residual', 'relu')");
     }
     flags |= bit;
     start = end + 1;

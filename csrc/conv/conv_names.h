@@ -13,8 +13,16 @@ enum class ConvEngineKind : uint8_t { Auto = 0, Legacy = 1, Graph = 2 };
 enum class AlgoMode : uint8_t { Find = 0, Heuristic = 1, Fixed = 2 };
 
 // Forward epilogue flags (ConvParams::epilogue): y = act(alpha1 * conv(x, w) + alpha2 * z + bias).
-enum EpilogueFlags : uint8_t { kEpilogueNone = 0, kEpilogueBias = 1, kEpilogueResidual = 2, kEpilogueRelu = 4 };
-constexpr uint8_t kEpilogueAll = kEpilogueBias | kEpilogueResidual | kEpilogueRelu;
+// kEpilogueScale: a per-output-channel fp32 multiplier of the convolution result (the quantised forward's
+// dequantise-requantise factor s_x * s_w[k] / s_y), applied first.
+enum EpilogueFlags : uint8_t {
+  kEpilogueNone = 0,
+  kEpilogueBias = 1,
+  kEpilogueResidual = 2,
+  kEpilogueRelu = 4,
+  kEpilogueScale = 8
+};
+constexpr uint8_t kEpilogueAll = kEpilogueBias | kEpilogueResidual | kEpilogueRelu | kEpilogueScale;
 
 // A direction has three spellings: its name (Python, function arguments), the short key name of cache keys and
 // the per-direction algorithm syntax, and the label of problem descriptions in errors.
@@ -41,7 +49,7 @@ inline constexpr EnumName<AlgoMode> kAlgoModeNames[] = {
     {AlgoMode::Find, "find"}, {AlgoMode::Heuristic, "heuristic"}, {AlgoMode::Fixed, "fixed"}};
 // In the order an epilogue's name lists them ("bias+residual+relu").
 inline constexpr EnumName<EpilogueFlags> kEpiloguePartNames[] = {
-    {kEpilogueBias, "bias"}, {kEpilogueResidual, "residual"}, {kEpilogueRelu, "relu"}};
+    {kEpilogueScale, "scale"}, {kEpilogueBias, "bias"}, {kEpilogueResidual, "residual"}, {kEpilogueRelu, "relu"}};
 
 // "fwd", "bwd_data", "bwd_filter": cache keys ("invalid" for a value outside the enum).
 const char* direction_key(ConvDirection d);

@@ -13,7 +13,17 @@ namespace {
 constexpr const char* kKeyVersion = "conv2d.v1";
 
 const char* precision_key_name(uint8_t p) {
-  return p <= static_cast<uint8_t>(Precision::BF16) ? precision_name(static_cast<Precision>(p)) : "invalid";
+  return p <= static_cast<uint8_t>(Precision::FP8) ? precision_name(static_cast<Precision>(p)) : "invalid";
+}
+
+// The dtypes a quantised convolution may write y in, by their key names.
+constexpr DType kOutDtypes[] = {DType::I8, DType::FP8, DType::F16, DType::F32};
+
+const char* out_dtype_key_name(uint8_t out_dtype) {
+  for (DType t : kOutDtypes) {
+    if (out_dtype == static_cast<uint8_t>(t) + 1) return dtype_short_name(t);
+  }
+  return "invalid";
 }
 
 const char* layout_key_name(uint8_t l) {
@@ -71,6 +81,7 @@ std::string ConvParams::to_string() const {
   s += " dil=" + join(dilation, 2);
   s += " groups=" + std::to_string(groups);
   s += " ws=" + (workspace_cap == UINT64_MAX ? std::string("none") : std::to_string(workspace_cap));
+  if (out_dtype != 0) s += std::string(" out=") + out_dtype_key_name(out_dtype);
   return s;
 }
 
@@ -82,7 +93,8 @@ ConvParams ConvParams::from_string(const std::string& text) {
   static const char* const kKeys[] = {"dir", "dev", "prec", "layout", "engine", "epi", "det",    "mode", "fixed",
                                       "x",   "w",   "y",    "pad",    "stride", "dil", "groups", "ws"};
   constexpr int kNumKeys = sizeof(kKeys) / sizeof(kKeys[0]);
-  if (tokens.size() != kNumKeys + 1 || tokens[0] != kKeyVersion) {
+  const bool has_out = tokens.size() == kNumKeys + 2;  // the optional last field, out=<dtype of y>
+  if ((tokens.size() != kNumKeys + 1 && !has_out) || tokens[0] != kKeyVersion) {
     malformed(text, std::string("expected '") + kKeyVersion + "' and " + std::to_string(kNumKeys) + " fields");
   }
   std::string values[kNumKeys];
@@ -122,6 +134,13 @@ ConvParams ConvParams::from_string(const std::string& text) {
     const unsigned long long v = std::strtoull(values[16].c_str(), &end, 10);
     if (errno != 0 || *end != '\0' || v == UINT64_MAX) malformed(text, "bad workspace cap '" + values[16] + "'");
     p.workspace_cap = v;
+  }
+  if (has_out) {
+    const std::string& t = tokens.back();
+    for (DType d : kOutDtypes) {
+      if (t == std::string("out=") + dtype_short_name(d)) p.out_dtype = static_cast<uint8_t>(d) + 1;
+    }
+    if (p.out_dtype == 0) malformed(text, "expected out=int8|fp8|fp16|fp32, got '" + t + "'");
   }
   return p;
 }

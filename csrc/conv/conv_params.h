@@ -24,7 +24,8 @@ struct ConvParams {
   uint8_t epilogue;       // EpilogueFlags (Forward only)
   uint8_t deterministic;  // 1: only deterministic algorithms
   uint8_t algo_mode;      // AlgoMode asked for: find, heuristic and fixed choices are cached separately
-  uint8_t reserved0_;     // explicit padding (always 0): the struct has no implicit padding bytes
+  uint8_t out_dtype;      // 0: y in the storage dtype; else 1 + the DType of y (quantised forward: int8 / fp8 /
+                          // fp16 / fp32). Also keeps the struct free of implicit padding bytes.
   int32_t x[4];           // logical N, C, H, W of the input
   int32_t w[4];           // K, C / groups, R, S
   int32_t y[4];           // logical N, K, P, Q of the output
@@ -38,9 +39,15 @@ struct ConvParams {
   bool operator==(const ConvParams& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
   bool operator!=(const ConvParams& o) const { return !(*this == o); }
 
+  // The dtype of y (the storage dtype unless out_dtype says otherwise).
+  DType y_dtype() const {
+    return out_dtype == 0 ? storage_dtype(static_cast<Precision>(precision)) : static_cast<DType>(out_dtype - 1);
+  }
+
   // One line, stable across runs: the key of the on-disk cache file, e.g.
   // "conv2d.v1 dir=fwd dev=0 prec=fp16 layout=NHWC engine=legacy epi=bias+relu det=0 mode=find fixed=0
-  //  x=8,64,32,32 w=64,64,3,3 y=8,64,32,32 pad=1,1 stride=1,1 dil=1,1 groups=1 ws=none" (on one line).
+  //  x=8,64,32,32 w=64,64,3,3 y=8,64,32,32 pad=1,1 stride=1,1 dil=1,1 groups=1 ws=none" (on one line), with
+  //  " out=fp16" appended when y's dtype is not the storage dtype.
   std::string to_string() const;
   // Inverse of to_string(); throws rn::ValueError on malformed text.
   static ConvParams from_string(const std::string& text);
@@ -86,7 +93,8 @@ namespace rn {
 struct ConvOperands {
   TensorView x, w, y;
   TensorView z;         // residual input (Forward with kEpilogueResidual)
-  TensorView bias;      // (K,) in the storage dtype (Forward with kEpilogueBias)
+  TensorView bias;      // (K,) in the storage dtype, fp32 for int8 / fp8 (Forward with kEpilogueBias)
+  TensorView scale;     // (K,) fp32 per-channel multiplier (Forward with kEpilogueScale: int8 / fp8)
   float alpha1 = 1.0f;  // scale of the convolution result
   float alpha2 = 1.0f;  // scale of z
   float beta = 0.0f;    // output accumulation: out = conv + beta * out (BackwardFilter gradient accumulation)

@@ -16,7 +16,9 @@ Precision parse_precision(const std::string& name) {
   if (name == "tf32") return Precision::TF32;
   if (name == "fp16") return Precision::FP16;
   if (name == "bf16") return Precision::BF16;
-  throw ValueError("precision: expected one of 'fp32', 'tf32', 'fp16', 'bf16', got '" + name + "'");
+  if (name == "int8") return Precision::INT8;
+  if (name == "fp8") return Precision::FP8;
+  throw ValueError("precision: expected one of 'fp32', 'tf32', 'fp16', 'bf16', 'int8', 'fp8', got '" + name + "'");
 }
 
 Layout parse_layout(const std::string& name) {

@@ -13,24 +13,43 @@ namespace rn {
 // F32, F16 and BF16 are the storage dtypes of activations, weights and gradients (bf16 arrays are often uint16
 // arrays holding bf16 bits: cupy has no bfloat16). I32 is for flags such as the loss scaler's found_inf and U8 for
 // images (the inference engine's input stage); they are never storage dtypes and have no Python name
-// (resnet_native._C.DType lists the storage dtypes only).
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4 };
+// (resnet_native._C.DType lists the storage dtypes only). I8 and FP8 are the storage of the quantised forward
+// convolutions (precisions INT8 and FP8): int8 arrays, and FP8 E4M3 codes held in uint8 arrays (cupy has no fp8).
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4, I8 = 5, FP8 = 6 };
 
 enum class Precision : uint8_t {
   FP32 = 0,  // fp32 storage, FMA math only (no tensor cores, no TF32)
   TF32 = 1,  // fp32 storage, TF32 tensor-core math allowed
   FP16 = 2,  // fp16 storage, fp32 accumulation, tensor cores
   BF16 = 3,  // bf16 storage, fp32 accumulation, tensor cores
+  // Quantised inference (forward convolutions on the graph engine only): x, w and z in the 8-bit type, a
+  // per-channel fp32 scale and an fp32 bias in the epilogue, y in the 8-bit type or in fp16 / fp32.
+  INT8 = 4,  // int8 storage, exact int32 accumulation
+  FP8 = 5,   // FP8 E4M3 storage, fp32 accumulation
 };
+
+inline bool is_quantized(Precision p) {
+  return p == Precision::INT8 || p == Precision::FP8;
+}
 
 enum class Layout : uint8_t { NCHW = 0, NHWC = 1 };
 
 inline int dtype_size(DType t) {
-  return t == DType::F32 || t == DType::I32 ? 4 : t == DType::U8 ? 1 : 2;
+  switch (t) {
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::U8:
+    case DType::I8:
+    case DType::FP8:
+      return 1;
+    default:
+      return 2;
+  }
 }
 
 // The element type's NumPy-style name, as error messages show it: "float32", "float16", "bfloat16", "int32",
-// "uint8".
+// "uint8", "int8", "float8_e4m3 (uint8 codes)".
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -43,11 +62,15 @@ inline const char* dtype_name(DType t) {
       return "int32";
     case DType::U8:
       return "uint8";
+    case DType::I8:
+      return "int8";
+    case DType::FP8:
+      return "float8_e4m3 (uint8 codes)";
   }
   return "?";
 }
 
-// The package's name of a storage dtype ("fp32", "fp16", "bf16"; "int32" for I32, "uint8" for U8).
+// The package's name of a storage dtype ("fp32", "fp16", "bf16", "int8", "fp8"; "int32" for I32, "uint8" for U8).
 inline const char* dtype_short_name(DType t) {
   switch (t) {
     case DType::F32:
@@ -60,6 +83,10 @@ inline const char* dtype_short_name(DType t) {
       return "int32";
     case DType::U8:
       return "uint8";
+    case DType::I8:
+      return "int8";
+    case DType::FP8:
+      return "fp8";
   }
   return "?";
 }
@@ -76,6 +103,10 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
       return CUDNN_DATA_INT32;
     case DType::U8:
       return CUDNN_DATA_UINT8;
+    case DType::I8:
+      return CUDNN_DATA_INT8;
+    case DType::FP8:
+      return CUDNN_DATA_FP8_E4M3;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -89,6 +120,10 @@ inline DType storage_dtype(Precision p) {
       return DType::F16;
     case Precision::BF16:
       return DType::BF16;
+    case Precision::INT8:
+      return DType::I8;
+    case Precision::FP8:
+      return DType::FP8;
   }
   return DType::F32;
 }
@@ -108,6 +143,10 @@ inline const char* precision_name(Precision p) {
       return "fp16";
     case Precision::BF16:
       return "bf16";
+    case Precision::INT8:
+      return "int8";
+    case Precision::FP8:
+      return "fp8";
   }
   return "?";
 }
@@ -120,7 +159,7 @@ inline const char* layout_name(Layout l) {
 // A storage dtype by any accepted spelling: "fp32"/"float32"/"tf32" (tf32 data is fp32 data), "fp16"/"float16",
 // "bf16"/"bfloat16".
 DType parse_dtype(const std::string& name);
-Precision parse_precision(const std::string& name);  // "fp32" | "tf32" | "fp16" | "bf16"
+Precision parse_precision(const std::string& name);  // "fp32" | "tf32" | "fp16" | "bf16" | "int8" | "fp8"
 Layout parse_layout(const std::string& name);        // "NCHW" | "NHWC"
 
 }  // namespace rn

@@ -51,7 +51,30 @@ void launch(const ImagesU8& images, const TensorView& lut, const TensorView& out
   RN_CUDA_CHECK_LAUNCH();
 }
 
+// NHWC out with `channels` >= 3 per pixel: the first 3 gathered, the rest 0.
+__global__ void normalize_u8_padded_kernel(const uint8_t* __restrict__ images, const uint8_t* __restrict__ lut,
+                                           uint8_t* __restrict__ out, int64_t total, int channels) {
+  __shared__ uint8_t table[kLutEntries];
+  for (int i = threadIdx.x; i < kLutEntries; i += blockDim.x) table[i] = lut[i];
+  __syncthreads();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
+    const int64_t pixel = o / channels;
+    const int channel = static_cast<int>(o - pixel * channels);
+    out[o] = channel < ImagesU8::kChannels ? table[channel * 256 + images[pixel * ImagesU8::kChannels + channel]] : 0;
+  }
+}
+
 }  // namespace
+
+void normalize_u8_padded(const ImagesU8& images, const TensorView& lut, const TensorView& out, int64_t out_channels,
+                         cudaStream_t stream) {
+  const int64_t total = images.n * images.height * images.width * out_channels;
+  normalize_u8_padded_kernel<<<grid_size(total), kThreadsPerBlock, 0, stream>>>(
+      images.data, static_cast<const uint8_t*>(lut.data), static_cast<uint8_t*>(out.data), total,
+      static_cast<int>(out_channels));
+  RN_CUDA_CHECK_LAUNCH();
+}
 
 void normalize_u8(const ImagesU8& images, const TensorView& lut, const TensorView& out, Layout layout,
                   cudaStream_t stream) {

@@ -26,4 +26,10 @@ struct ImagesU8 {
 void normalize_u8(const ImagesU8& images, const TensorView& lut, const TensorView& out, Layout layout,
                   cudaStream_t stream);
 
+// The quantised engines' input: out = lut[c][images[n, h, w, c]] for c < 3 and 0 for 3 <= c < out_channels, NHWC
+// (n, h, w, out_channels) with one-byte elements (int8 values or FP8 codes: lut holds them, already quantised).
+// The zero channels pad the stem's input to the channel multiple the 8-bit convolutions need.
+void normalize_u8_padded(const ImagesU8& images, const TensorView& lut, const TensorView& out, int64_t out_channels,
+                         cudaStream_t stream);
+
 }  // namespace rn::kernels

@@ -38,14 +38,30 @@ import numpy as np
 from .. import conv, kernels
 from .._runtime import require_gpu
 from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
-from ..names import ARRAY_DTYPES, DTYPE_ALIASES, ENGINES, LAYOUTS, PRECISIONS, choice, flag, whole_numbers
+from ..names import (
+    ARRAY_DTYPES,
+    DTYPE_ALIASES,
+    ENGINES,
+    LAYOUTS,
+    PRECISIONS,
+    QUANT_PRECISIONS,
+    VALUE_DTYPES,
+    choice,
+    flag,
+    whole_numbers,
+)
 from .buffers import plan_buffers
 from .fold import conv_step_params
-from .input_stage import InputStage, as_device_array
+from .input_stage import InputStage, QuantizedInputStage, as_device_array
 from .plan import build_plan
+from .quantized import input_table, quantized_convs, quantized_plan
 from .runner import bind_forward
-from .source import model_source
+from .source import model_source, release_calibration
 from .tuning import decide_fusion
+
+# The precision of an int8 / FP8 engine's float values (the last block's output, the pooled features): the
+# calibration's (quantization.calibrate plans in fp32), so the two plans have the same values and names.
+QUANTIZED_FLOAT_PRECISION = "fp32"
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 256, 1024)
 
@@ -71,7 +87,7 @@ def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
 class InferenceEngine(contextlib.AbstractContextManager):
     def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, dtype="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
-                 tune_fusion=True, algorithm_cache=None, models_dir=None):
+                 tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None):
         """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
         models_dir like CIFAR10Classifier). dtype: the precision the engine computes in ('fp16', 'bf16', 'fp32'
         strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
@@ -79,12 +95,19 @@ class InferenceEngine(contextlib.AbstractContextManager):
         size runs in chunks (False: ValueError). cuda_graph=False runs the same steps eagerly (debugging).
         conv_engine / deterministic: the ConvSpec fields of every convolution. tune_fusion=False skips the
         fused-or-unfused timing (undecided keys stay fused where cuDNN accepts it; decided ones keep their
-        choice). algorithm_cache: a cache file path."""
+        choice). algorithm_cache: a cache file path.
+
+        dtype='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
+        for a release, its calibration_<dtype>.json when None); NHWC, the 'cifar' stem, uint8 image inputs."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
-        self.precision = choice("dtype", dtype, PRECISIONS)
-        self.dtype = DTYPE_ALIASES[self.precision]
+        self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
+        self.quantized = self.precision in QUANT_PRECISIONS
+        float_precision = QUANTIZED_FLOAT_PRECISION if self.quantized else self.precision
+        self.dtype = DTYPE_ALIASES[float_precision]  # the dtype of the float values
         self.layout = choice("layout", layout, LAYOUTS)
+        if self.quantized and self.layout != "NHWC":
+            raise ValueError(f"layout: the {self.precision} engine runs NHWC, got {self.layout!r}")
         self.split = flag("split", split)
         self.cuda_graph = flag("cuda_graph", cuda_graph)
         self.deterministic = flag("deterministic", deterministic)
@@ -95,7 +118,14 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self.algorithm_cache = algorithm_cache
         source = model_source(model_or_release, models_dir)
         self.source = source.description
-        self.plan = build_plan(source.state, source.stem, self.precision, image_size)
+        self.plan = build_plan(source.state, source.stem, float_precision, image_size)
+        self.calibration = None
+        if self.quantized:
+            self.calibration = (calibration if calibration is not None
+                                else release_calibration(model_or_release, models_dir, self.precision))
+            self.plan = quantized_plan(self.plan, self.precision)
+        elif calibration is not None:
+            raise ValueError(f"calibration: only int8 / fp8 engines take one (dtype={self.precision!r})")
         self.buffers = plan_buffers(self.plan)
         self.num_classes = self.plan.num_classes
         self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
@@ -204,24 +234,36 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self._pool = cupy.cuda.MemoryPool()
         largest = self.batch_sizes[-1]
         with cupy.cuda.using_allocator(self._pool.malloc):
+            self._quantized = {} if not self.quantized else quantized_convs(
+                self.plan, state, self.calibration, self.precision, cupy.asarray)
             self._weights = {s.name: tuple(_to_device(a, DTYPE_ALIASES[s.precision])
                                            for a in conv_step_params(s, state, self.layout))
-                             for s in self.plan.conv_steps()}
+                             for s in self.plan.conv_steps() if s.name not in self._quantized}
             self._arena = [cupy.zeros(size * largest, dtype=np.uint8) for size in self.buffers.sizes]
             _, height, width = self.plan.values[self.plan.input].shape
-            self._input = InputStage(self.dtype, self.layout, (height, width), cupy.asarray(normalization_lut(
-                self.dtype)))
+            lut = normalization_lut(self.dtype)
+            if self.quantized:
+                table = input_table(self.calibration, self.precision, normalization_lut("fp32"))
+                self._input = QuantizedInputStage(self.precision, (height, width), cupy.asarray(table))
+            else:
+                self._input = InputStage(self.dtype, self.layout, (height, width), cupy.asarray(lut))
             self._specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout=self.layout,
-                                                 precision=s.precision, algo="find", engine=self.conv_engine,
+                                                 precision=self.precision if s.name in self._quantized else
+                                                 s.precision, algo="find",
+                                                 engine="graph" if s.name in self._quantized else self.conv_engine,
                                                  deterministic=self.deterministic)
                            for s in self.plan.conv_steps()}
-            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout)
+            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout,
+                                              self._quantized)
                               for b in self.batch_sizes}
             # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
             # and with it lasting memory, in this pool).
             first = self._forwards[largest].input
             noise = np.random.default_rng(0).standard_normal(first.shape, dtype=np.float32)
-            kernels.cast(cupy.asarray(noise), first)
+            if self.quantized:
+                first[...] = cupy.asarray(self._input.codes_of(noise))
+            else:
+                kernels.cast(cupy.asarray(noise), first)
             if self.algorithm_cache is not None and os.path.exists(self.algorithm_cache):
                 conv.load_algorithm_cache(self.algorithm_cache)
             workspace = max(self._warm_up(b) for b in self.batch_sizes)
@@ -242,7 +284,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         c, h, w = v.shape
         shape = (batch, h, w, c) if self.layout == "NHWC" else (batch, c, h, w)
         flat = self._arena[self.buffers.buffer_of[value]][: batch * v.bytes_per_sample]
-        return flat.view(ARRAY_DTYPES[v.dtype]).reshape(shape)
+        return flat.view(VALUE_DTYPES[v.dtype]).reshape(shape)
 
     def _warm_up(self, batch: int) -> int:
         """Run the forward of `batch` once eagerly, deciding fused or unfused per convolution; returns the largest
@@ -250,7 +292,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         forward = self._forwards[batch]
         workspace = 0
         for step, call in zip(self.plan.steps, forward.calls, strict=True):
-            if step.kind != "conv":
+            if step.name not in forward.conv_calls:  # pools, casts, and quantised convs (always fused)
                 call()
                 continue
             entry = decide_fusion(forward.conv_calls[step.name], self._specs[step.name], tune=self.tune_fusion)

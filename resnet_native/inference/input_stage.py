@@ -106,3 +106,38 @@ class InputStage:
             cast(cupy.ascontiguousarray(x), out)
         else:
             normalize_u8(cupy.ascontiguousarray(x), self.lut, out, layout=self.layout, dtype=self.dtype)
+
+
+class QuantizedInputStage:
+    """The int8 / FP8 engines' input: uint8 (N, H, W, 3) images only, through a table of codes (quantized.py's
+    input_table: the normalised value quantised at the input's scale), into the zero-padded NHWC input."""
+
+    def __init__(self, dtype: str, image_size: tuple, table):
+        self.dtype = dtype  # 'int8' or 'fp8'
+        self.height, self.width = image_size
+        self.table = table  # (3, 256) codes on the device
+        self.sample_shape = (self.height, self.width, 3)
+
+    def kind_of(self, x, name: str = "x") -> str:
+        shape = tuple(x.shape)
+        if x.dtype != np.uint8:
+            raise TypeError(f"{name}: the {self.dtype} engine takes uint8 (N, {self.height}, {self.width}, 3) images "
+                            f"(it quantises them by table), got {x.dtype}")
+        if len(shape) != 4 or shape[1:] != self.sample_shape:
+            raise ValueError(f"{name}: uint8 images must be (N, {self.height}, {self.width}, 3) RGB in HWC order, "
+                             f"got shape {shape}")
+        return NORMALIZE
+
+    def write(self, x, kind: str, out) -> None:
+        import cupy
+
+        _C.normalize_u8_padded(cupy.ascontiguousarray(x), self.table, out, self.dtype == "fp8", int(out.shape[3]),
+                               op_stream())
+
+    def codes_of(self, values: np.ndarray) -> np.ndarray:
+        """Host float values (about unit scale) as codes of the engine's dtype: the warm-up's stand-in input."""
+        from ..quantization.fp8 import encode_e4m3
+
+        if self.dtype == "int8":
+            return np.clip(np.rint(values * 32), -127, 127).astype(np.int8)
+        return encode_e4m3(values)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISION_STORAGE, PRECISIONS, choice, whole_numbers
+from ..names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISIONS, VALUE_DTYPES, choice, whole_numbers
 from .fold import BN_FIELDS
 
 STEMS = ("cifar", "imagenet")
@@ -32,7 +32,7 @@ CLASSIFIER_PRECISION = "fp32"
 
 @dataclass(frozen=True)
 class Value:
-    """A per-sample array: shape (C, H, W) and dtype ('fp32', 'fp16' or 'bf16')."""
+    """A per-sample array: shape (C, H, W) and dtype ('fp32', 'fp16' or 'bf16'; 'int8' / 'fp8' in a quantised plan)."""
 
     shape: tuple
     dtype: str
@@ -40,7 +40,7 @@ class Value:
     @property
     def bytes_per_sample(self) -> int:
         c, h, w = self.shape
-        return c * h * w * PRECISION_STORAGE[self.dtype].itemsize
+        return c * h * w * VALUE_DTYPES[self.dtype].itemsize
 
 
 @dataclass(frozen=True)

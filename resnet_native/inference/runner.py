@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .. import conv, kernels, pool
+from .. import conv, kernels, pool, quantized_conv
 
 
 @dataclasses.dataclass
@@ -53,14 +53,20 @@ class Forward:
             call()
 
 
-def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str) -> Forward:
+def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str, quantized=None) -> Forward:
     """The Forward of `plan` for `batch`: view(value, batch) gives a value's array in the layout, weights[name] a
-    conv step's (weight, bias), specs[name] its ConvSpec."""
-    calls, conv_calls = [], {}
+    conv step's (weight, bias), specs[name] its ConvSpec; quantized[name] a quantised step's QuantizedConv
+    (quantized.py: such steps run quantized_conv.conv2d and are not in conv_calls)."""
+    calls, conv_calls, quantized = [], {}, quantized or {}
     for s in plan.steps:
         x, out = view(s.x, batch), view(s.out, batch)
         dtype = plan.values[s.x].dtype
-        if s.kind == "conv":
+        if s.kind == "conv" and s.name in quantized:
+            q = quantized[s.name]
+            z = None if s.z is None else view(s.z, batch)
+            calls.append(functools.partial(quantized_conv.conv2d, x, q.weight, specs[s.name], q.alpha, bias=q.beta,
+                                           z=z, gamma=q.gamma, relu=s.relu, out=out))
+        elif s.kind == "conv":
             w, b = weights[s.name]
             z = None if s.z is None else view(s.z, batch)
             conv_calls[s.name] = call = ConvCall(x, w, b, z, out, s.relu)

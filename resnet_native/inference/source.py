@@ -49,3 +49,19 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
                            name, config)
     raise TypeError(f"model_or_release: expected a resnet_native ResNet, a release folder or a version name, got "
                     f"{type(model_or_release).__name__}")
+
+
+def release_calibration(model_or_release, models_dir, dtype: str):
+    """The calibration_<dtype>.json of a release (release --int8 / --fp8); ValueError for a model, which has none."""
+    if not isinstance(model_or_release, (str, os.PathLike)):
+        raise ValueError(f"calibration: a {dtype} engine of a model needs calibration= (quantization.calibrate); "
+                         "a release carries its own")
+    from ..classifier import resolve_version_dir
+    from ..quantization import load_calibration
+    from ..release import calibration_file
+
+    path = resolve_version_dir(model_or_release, models_dir).resolve() / calibration_file(dtype)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "
+                                f"resnet_native.release --run RUN --version VERSION --{dtype} --data CIFAR10`")
+    return load_calibration(path)

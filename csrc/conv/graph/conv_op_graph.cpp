@@ -64,10 +64,15 @@ class GraphBuilder {
   int fail_after_;
 };
 
+// The accumulator's type: int32 for int8 data (exact), else fp32 (TF32 vs strict fp32 is decided by engine
+// filtering).
+cudnnDataType_t accumulator_type(const ConvParams& p) {
+  return static_cast<Precision>(p.precision) == Precision::INT8 ? CUDNN_DATA_INT32 : CUDNN_DATA_FLOAT;
+}
+
 BackendDescriptor make_convolution(const ConvParams& p) {
   BackendDescriptor c = make_backend(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  // fp32 accumulation in every precision mode; TF32 vs strict fp32 is decided by engine filtering.
-  set_data_type(c.get(), CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+  set_data_type(c.get(), CUDNN_ATTR_CONVOLUTION_COMP_TYPE, accumulator_type(p));
   set_enum(c.get(), CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, CUDNN_CROSS_CORRELATION);
   set_int64(c.get(), CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, 2);
   set_int64s(c.get(), CUDNN_ATTR_CONVOLUTION_DILATIONS, {p.dilation[0], p.dilation[1]});
@@ -154,11 +159,12 @@ std::string describe_problem(const ConvParams& p) {
   const auto precision = static_cast<Precision>(p.precision);
   const auto layout = static_cast<Layout>(p.layout);
   std::string s = std::string("graph conv ") + direction_label(static_cast<ConvDirection>(p.direction)) + " " +
-                  (p.precision <= 3 ? precision_name(precision) : "?") + " " +
+                  (p.precision <= 5 ? precision_name(precision) : "?") + " " +
                   (p.layout <= 1 ? layout_name(layout) : "?") + " x=" + tuple4(p.x) + " w=" + tuple4(p.w) +
                   " y=" + tuple4(p.y) + " pad=" + pair(p.pad) + " stride=" + pair(p.stride) +
                   " dilation=" + pair(p.dilation) + " groups=" + std::to_string(p.groups);
   if (p.direction == static_cast<uint8_t>(ConvDirection::Forward)) s += " epilogue=" + epilogue_name(p.epilogue);
+  if (p.out_dtype != 0) s += std::string(" out=") + dtype_short_name(p.y_dtype());
   if (p.deterministic) s += " deterministic";
   return s;
 }
@@ -166,7 +172,7 @@ std::string describe_problem(const ConvParams& p) {
 void validate_problem(const ConvParams& p, const GraphConstants& c) {
   auto fail = [&](const std::string& why) { throw ValueError(why + " in " + describe_problem(p)); };
   if (p.direction > 2) fail("invalid direction " + std::to_string(p.direction));
-  if (p.precision > 3) fail("invalid precision " + std::to_string(p.precision));
+  if (p.precision > 5) fail("invalid precision " + std::to_string(p.precision));
   if (p.layout > 1) fail("invalid layout " + std::to_string(p.layout));
   for (int i = 0; i < 4; ++i) {
     if (p.x[i] <= 0 || p.w[i] <= 0 || p.y[i] <= 0) fail("every dimension must be positive");
@@ -190,6 +196,20 @@ void validate_problem(const ConvParams& p, const GraphConstants& c) {
   if (!forward && p.epilogue != kEpilogueNone) fail("epilogues exist only for the forward direction");
   if (p.epilogue & ~kEpilogueAll) fail("unknown epilogue flags");
   if (p.epilogue != kEpilogueNone && c.beta != 0.0f) fail("beta must be 0 with a fused epilogue");
+  const auto precision = static_cast<Precision>(p.precision);
+  if (!is_quantized(precision)) {
+    if (p.epilogue & kEpilogueScale) fail("the per-channel scale exists only for int8 / fp8");
+    if (p.out_dtype != 0) fail("y's dtype is the storage dtype outside int8 / fp8");
+    return;
+  }
+  if (!forward) fail("int8 / fp8 convolutions are forward only (inference)");
+  if (static_cast<Layout>(p.layout) != Layout::NHWC) fail("int8 / fp8 convolutions need the NHWC layout");
+  if (!(p.epilogue & kEpilogueScale)) fail("an int8 / fp8 convolution needs its per-channel scale");
+  if (c.alpha1 != 1.0f) fail("alpha1 must be 1 with a per-channel scale");
+  const DType y = p.y_dtype();
+  if (y != storage_dtype(precision) && y != DType::F16 && y != DType::F32) {
+    fail(std::string("y's dtype must be ") + dtype_short_name(storage_dtype(precision)) + ", fp16 or fp32");
+  }
 }
 
 ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, bool validate, int fail_after_parts) {
@@ -198,14 +218,22 @@ ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, 
   GraphBuilder b(g, p, fail_after_parts);
 
   const auto layout = static_cast<Layout>(p.layout);
+  const bool quantized = is_quantized(static_cast<Precision>(p.precision));
   const cudnnDataType_t storage = cudnn_dtype(storage_dtype(static_cast<Precision>(p.precision)));
   const auto direction = static_cast<ConvDirection>(p.direction);
 
+  // x, w and z are in the storage dtype; y in its own (quantised forward: int8 / fp8, or fp16 / fp32 out of the
+  // last quantised layer); the quantised forward's bias and scale are fp32.
+  auto io_dtype = [&](TensorUid uid) {
+    if (uid == kUidY) return cudnn_dtype(p.y_dtype());
+    if (uid == kUidScale || (uid == kUidBias && quantized)) return CUDNN_DATA_FLOAT;
+    return storage;
+  };
   auto io_tensor = [&](TensorUid uid, const std::array<int64_t, 4>& dims) {
     TensorSpec spec;
     spec.dims = dims;
     spec.strides = layout_strides(dims, layout);
-    spec.dtype = storage;
+    spec.dtype = io_dtype(uid);
     spec.uid = uid;
     spec.alignment = c.alignment[uid];
     g.io_uids.push_back(uid);
@@ -215,7 +243,7 @@ ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, 
     TensorSpec spec;
     spec.dims = dims_of(p.y);
     spec.strides = layout_strides(spec.dims, layout);
-    spec.dtype = CUDNN_DATA_FLOAT;
+    spec.dtype = uid == kUidConvOut ? accumulator_type(p) : CUDNN_DATA_FLOAT;
     spec.uid = uid;
     spec.is_virtual = true;
     return b.tensor(spec);
@@ -226,6 +254,7 @@ ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, 
   const cudnnBackendDescriptor_t conv = b.keep(make_convolution(p), CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const ConvOpAttrs attrs = conv_op_attrs(direction);
 
+  const bool has_scale = p.epilogue & kEpilogueScale;
   const bool has_bias = p.epilogue & kEpilogueBias;
   const bool has_residual = p.epilogue & kEpilogueResidual;
   const bool has_relu = p.epilogue & kEpilogueRelu;
@@ -235,15 +264,17 @@ ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, 
     return g;
   }
 
-  // Fused forward: conv -> [alpha1 * . + alpha2 * z] -> [+ bias] -> [relu], fp32 virtual tensors in between;
-  // the last operation writes y. With a residual, alpha1 is applied by the add (as cuDNN's fused engines
-  // expect); otherwise by the convolution.
+  // Fused forward: conv -> [* scale] -> [alpha1 * . + alpha2 * z] -> [+ bias] -> [relu], fp32 virtual tensors in
+  // between; the last operation writes y. With a residual, alpha1 is applied by the add (as cuDNN's fused
+  // engines expect); otherwise by the convolution.
   const cudnnBackendDescriptor_t y = io_tensor(kUidY, dims_of(p.y));
   const cudnnBackendDescriptor_t z = has_residual ? io_tensor(kUidZ, dims_of(p.y)) : nullptr;
   const cudnnBackendDescriptor_t bias =
       has_bias ? io_tensor(kUidBias, {1, p.y[1], 1, 1}) : static_cast<cudnnBackendDescriptor_t>(nullptr);
+  const cudnnBackendDescriptor_t scale =
+      has_scale ? io_tensor(kUidScale, {1, p.y[1], 1, 1}) : static_cast<cudnnBackendDescriptor_t>(nullptr);
 
-  const int remaining = int(has_residual) + int(has_bias) + int(has_relu);
+  const int remaining = int(has_scale) + int(has_residual) + int(has_bias) + int(has_relu);
   int emitted = 0;
   // The output of the next operation: y for the last one, else a fresh virtual tensor.
   auto next_output = [&](TensorUid virtual_uid) { return ++emitted == remaining ? y : virtual_tensor(virtual_uid); };
@@ -251,6 +282,14 @@ ConvOpGraph build_conv_operations(const ConvParams& p, const GraphConstants& c, 
   cudnnBackendDescriptor_t current = virtual_tensor(kUidConvOut);
   b.operation(make_conv_op(attrs, x, w, current, conv, has_residual ? 1.0f : c.alpha1, 0.0f), attrs.type);
 
+  if (has_scale) {
+    const cudnnBackendDescriptor_t mul =
+        b.keep(make_pointwise(CUDNN_POINTWISE_MUL), CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    const cudnnBackendDescriptor_t out = next_output(kUidAfterScale);
+    b.operation(make_pointwise_op(mul, current, scale, out, nullptr, nullptr),
+                CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    current = out;
+  }
   if (has_residual || has_bias) {
     const cudnnBackendDescriptor_t add =
         b.keep(make_pointwise(CUDNN_POINTWISE_ADD), CUDNN_BACKEND_POINTWISE_DESCRIPTOR);

@@ -1,6 +1,6 @@
 // The operation graph of one convolution problem: its tensors, the convolution descriptor, the operations
 // (forward / backward-data / backward-filter, and for forward the fused epilogue
-// y = relu(alpha1 * conv(x, w) + alpha2 * z + bias)) and the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
+// y = relu(alpha1 * [scale *] conv(x, w) + alpha2 * z + bias); the per-channel scale is the quantised forward's) and the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
 //
 // Building the operations needs no GPU (tests exercise it on CPU-only machines); finalizing the graph needs a
 // cuDNN handle. Everything is owned through rn::BackendDescriptor, so a build that throws half-way leaks nothing.
@@ -25,9 +25,11 @@ enum TensorUid : int64_t {
   kUidY = 3,  // y (Forward) or dy (BackwardData, BackwardFilter)
   kUidZ = 4,
   kUidBias = 5,
-  kUidConvOut = 101,  // virtual fp32 intermediates of the forward epilogue
+  kUidScale = 6,      // the per-channel fp32 multiplier (kEpilogueScale)
+  kUidConvOut = 101,  // virtual intermediates of the forward epilogue (fp32; int32 out of an int8 convolution)
   kUidAfterResidual = 102,
   kUidAfterBias = 103,
+  kUidAfterScale = 104,
 };
 
 // Values the graph API bakes into a graph at build time (the legacy API takes them per call). They are part of
@@ -36,8 +38,8 @@ struct GraphConstants {
   float alpha1 = 1.0f;  // scale of the convolution result
   float alpha2 = 1.0f;  // scale of the residual z (Forward with kEpilogueResidual)
   float beta = 0.0f;    // out = conv + beta * out (no epilogue only)
-  // Byte alignment (1..16) of each operand's data pointer, indexed by TensorUid (1..5).
-  uint8_t alignment[6] = {16, 16, 16, 16, 16, 16};
+  // Byte alignment (1..16) of each operand's data pointer, indexed by TensorUid (1..6).
+  uint8_t alignment[7] = {16, 16, 16, 16, 16, 16, 16};
 };
 
 struct ConvOpGraph {

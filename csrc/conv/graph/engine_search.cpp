@@ -71,6 +71,12 @@ Precision precision_of(const ConvParams& params) {
 
 std::string forbidden_notes(Precision precision, bool deterministic, uint32_t notes) {
   auto has = [notes](cudnnBackendNumericalNote_t n) { return (notes & (1u << n)) != 0; };
+  if (deterministic && has(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) {
+    return "the engine is non-deterministic and deterministic mode is on";
+  }
+  // 8-bit data is already the reduced precision asked for (Hopper's FP8 tensor cores also accumulate in less than
+  // fp32): the notes below only guard the float precisions' promises.
+  if (is_quantized(precision)) return "";
   if (precision == Precision::FP32 && has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) {
     return "tensor cores on fp32 data mean TF32, which strict fp32 forbids";
   }

@@ -23,7 +23,8 @@ constexpr int kFindRuns = 3;        // timed runs per candidate (after one warm-
 
 // "" when an engine with these numerical notes may run a problem of this precision and determinism setting, else
 // why not: TF32 (tensor cores on fp32 data) in strict fp32, inputs down-converted, reduced-precision accumulation
-// (every mode promises fp32 accumulation), non-deterministic results in deterministic mode.
+// (every mode promises fp32 accumulation), non-deterministic results in deterministic mode. int8 / fp8 problems
+// are only held to the determinism setting.
 std::string forbidden_notes(Precision precision, bool deterministic, uint32_t notes);
 
 // The workspace bound for candidates: params.workspace_cap and the workspace pool's limit, whichever is lower.

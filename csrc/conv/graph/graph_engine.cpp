@@ -30,6 +30,8 @@ const char* operand_name(ConvDirection direction, int64_t uid) {
       return direction == ConvDirection::Forward ? "y" : "dy";
     case kUidZ:
       return "z";
+    case kUidScale:
+      return "scale";
     default:
       return "bias";
   }
@@ -44,11 +46,12 @@ int64_t product(const int32_t* dims) {
 void check_operands(const ConvParams& p, const ConvOperands& ops) {
   const auto direction = static_cast<ConvDirection>(p.direction);
   const DType dtype = storage_dtype(static_cast<Precision>(p.precision));
-  auto check = [&](const TensorView& t, int64_t uid, int64_t numel) {
+  const bool quantized = is_quantized(static_cast<Precision>(p.precision));
+  auto check = [&](const TensorView& t, int64_t uid, int64_t numel, DType expected) {
     const char* name = operand_name(direction, uid);
     if (!t.defined()) throw ValueError(std::string(name) + ": required by " + describe_problem(p));
-    if (t.dtype != dtype) {
-      throw TypeError(std::string(name) + ": expected " + dtype_name(dtype) + ", got " + t.describe() + " for " +
+    if (t.dtype != expected) {
+      throw TypeError(std::string(name) + ": expected " + dtype_name(expected) + ", got " + t.describe() + " for " +
                       describe_problem(p));
     }
     if (t.numel() != numel) {
@@ -56,11 +59,12 @@ void check_operands(const ConvParams& p, const ConvOperands& ops) {
                        " elements, expected " + std::to_string(numel) + " for " + describe_problem(p));
     }
   };
-  check(ops.x, kUidX, product(p.x));
-  check(ops.w, kUidW, product(p.w));
-  check(ops.y, kUidY, product(p.y));
-  if (p.epilogue & kEpilogueResidual) check(ops.z, kUidZ, product(p.y));
-  if (p.epilogue & kEpilogueBias) check(ops.bias, kUidBias, p.y[1]);
+  check(ops.x, kUidX, product(p.x), dtype);
+  check(ops.w, kUidW, product(p.w), dtype);
+  check(ops.y, kUidY, product(p.y), p.y_dtype());
+  if (p.epilogue & kEpilogueResidual) check(ops.z, kUidZ, product(p.y), dtype);
+  if (p.epilogue & kEpilogueBias) check(ops.bias, kUidBias, p.y[1], quantized ? DType::F32 : dtype);
+  if (p.epilogue & kEpilogueScale) check(ops.scale, kUidScale, p.y[1], DType::F32);
 }
 
 GraphConstants constants_for(const ConvParams& p, const ConvOperands& ops) {
@@ -69,7 +73,7 @@ GraphConstants constants_for(const ConvParams& p, const ConvOperands& ops) {
   // alpha2 only exists in the graph with a residual; normalising it avoids needless distinct plans.
   c.alpha2 = (p.epilogue & kEpilogueResidual) ? ops.alpha2 : 1.0f;
   c.beta = ops.beta;
-  for (int64_t uid : {kUidX, kUidW, kUidY, kUidZ, kUidBias}) {
+  for (int64_t uid : {kUidX, kUidW, kUidY, kUidZ, kUidBias, kUidScale}) {
     c.alignment[uid] = static_cast<uint8_t>(pointer_alignment(operand_pointer(ops, uid)));
   }
   return c;

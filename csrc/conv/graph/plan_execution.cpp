@@ -50,6 +50,8 @@ void* operand_pointer(const ConvOperands& ops, int64_t uid) {
       return ops.z.data;
     case kUidBias:
       return ops.bias.data;
+    case kUidScale:
+      return ops.scale.data;
     default:
       throw ValueError("graph engine: no operand has tensor uid " + std::to_string(uid));
   }

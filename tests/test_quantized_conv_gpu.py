@@ -1,0 +1,143 @@
+"""The int8 / FP8 forward convolution on the GPU against its float64 reference, and the quantised engine against
+the host simulation of the same calibration.
+
+Tolerances, derived: an int8 convolution sums its products exactly (int32), so the GPU and the reference differ
+only in the fp32 epilogue (alpha * acc + beta + gamma * z, |v| <= ~130 here: an error of a few 1e-5), which moves
+a value across a rounding boundary (.5) only when it lies within that error of one: at most one code, on a few in
+10^4 elements. A float output (fp16) differs by that fp32 error plus its own rounding: 1e-3 norm-wise. FP8 inputs
+are exact in fp32, but Hopper's FP8 tensor cores keep partial sums in fewer bits than fp32 (about 2^-12 relative
+per addition over C*R*S terms), so FP8 results are held to one E4M3 step (2^-3 relative) elementwise and 1e-2
+norm-wise for a float output.
+"""
+
+import numpy as np
+import pytest
+from test_inference_plan_cpu import randomized_state
+
+import resnet_native as rn
+from resnet_native import quantized_conv
+from resnet_native.conv import ConvSpec
+from resnet_native.quantization.fp8 import decode_e4m3, encode_e4m3
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+# (N, H, W, C), K, kernel, stride, padding: a stem (padded to 16 channels), a 3x3 block conv, a strided 1x1
+# projection, a bottleneck's 1x1 expansion.
+SHAPES = [((4, 16, 16, 16), 64, 3, 1, 1), ((4, 8, 8, 64), 64, 3, 1, 1), ((4, 8, 8, 64), 128, 1, 2, 0),
+          ((2, 8, 8, 64), 256, 1, 1, 0)]
+OUT_DTYPES = {"int8": np.int8, "fp8": np.uint8, "fp16": np.float16}
+POISON = {"int8": 99, "fp8": 0x7F, "fp16": np.nan}
+
+
+def _codes(rng, shape, precision):
+    if precision == "int8":
+        return rng.integers(-127, 128, shape).astype(np.int8)
+    return encode_e4m3(rng.standard_normal(shape) * 2.0)
+
+
+def _values(codes, precision):
+    return codes.astype(np.float64) if precision == "int8" else decode_e4m3(codes)
+
+
+def _problem(rng, precision, shape, k, kernel, stride, padding, residual):
+    n, h, w, c = shape
+    x = _codes(rng, shape, precision)
+    wq = _codes(rng, (k, kernel, kernel, c), precision)
+    spec = ConvSpec(stride=stride, padding=padding, layout="NHWC", precision=precision, engine="graph", algo="find")
+    p = (h + 2 * padding - kernel) // stride + 1
+    # alpha sized so that v = alpha * acc lands mostly within the 8-bit range: |acc| ~ sqrt(C R S) * E|x| E|w|
+    spread = np.sqrt(c * kernel * kernel) * np.mean(np.abs(_values(x, precision))) * np.mean(
+        np.abs(_values(wq, precision)))
+    qmax = 127.0 if precision == "int8" else 448.0
+    alpha = (qmax / 3 / spread * rng.uniform(0.5, 1.5, k)).astype(np.float32)
+    beta = rng.uniform(-qmax / 10, qmax / 10, k).astype(np.float32)
+    z = _codes(rng, (n, p, p, k), precision) if residual else None
+    return x, wq, spec, alpha, beta, z
+
+
+def _run(x, wq, spec, alpha, beta, z, gamma, relu, out_name):
+    host_out = np.empty((x.shape[0], *_out_hw(x, wq, spec), wq.shape[0]), OUT_DTYPES[out_name])
+    want = quantized_conv.reference_conv2d(x, wq, spec, alpha, bias=beta, z=z, gamma=gamma, relu=relu, out=host_out)
+    out = cp.full(host_out.shape, POISON[out_name], host_out.dtype)
+    got = quantized_conv.conv2d(cp.asarray(x), cp.asarray(wq), spec, cp.asarray(alpha), bias=cp.asarray(beta),
+                                z=None if z is None else cp.asarray(z), gamma=gamma, relu=relu, out=out)
+    assert got is out
+    return out.get(), want
+
+
+def _out_hw(x, wq, spec):
+    (_, h, w, _), r = x.shape, wq.shape[1]
+    return tuple((d + 2 * spec.padding[0] - r) // spec.stride[0] + 1 for d in (h, w))
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+@pytest.mark.parametrize("shape,k,kernel,stride,padding", SHAPES)
+@pytest.mark.parametrize("relu,residual", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("out_kind", ["8bit", "fp16"])
+def test_a_quantized_convolution_matches_its_float64_reference(rng, precision, shape, k, kernel, stride, padding,
+                                                               relu, residual, out_kind):
+    x, wq, spec, alpha, beta, z = _problem(rng, precision, shape, k, kernel, stride, padding, residual)
+    out_name = precision if out_kind == "8bit" else "fp16"
+    got, want = _run(x, wq, spec, alpha, beta, z, 0.75, relu, out_name)
+    if out_name == "int8":
+        diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+        assert diff.max() <= 1, f"largest difference {diff.max()} codes"
+        assert np.count_nonzero(diff) <= max(2, diff.size // 1000), f"{np.count_nonzero(diff)} of {diff.size} off"
+        assert np.count_nonzero(want) > diff.size // 10, "degenerate test data: the reference is mostly zero"
+    elif out_name == "fp8":
+        g, w_ = decode_e4m3(got), decode_e4m3(want)
+        assert np.isfinite(g).all(), "NaN codes: the output was not written everywhere"
+        assert np.all(np.abs(g - w_) <= 0.125 * np.abs(w_) + 2.0**-9), np.max(np.abs(g - w_))
+    else:
+        g, w_ = got.astype(np.float64), want.astype(np.float64)
+        assert np.isfinite(g).all(), "NaN: the output was not written everywhere"
+        err = np.linalg.norm(g - w_) / np.linalg.norm(w_)
+        assert err <= (1e-3 if precision == "int8" else 1e-2), err
+
+
+def test_bad_quantized_arguments_raise_clearly():
+    spec = ConvSpec(layout="NHWC", precision="int8", engine="graph")
+    x, w = cp.zeros((1, 4, 4, 16), cp.int8), cp.zeros((8, 1, 1, 16), cp.int8)
+    scale, out = cp.ones(8, cp.float32), cp.zeros((1, 4, 4, 8), cp.int8)
+    with pytest.raises(TypeError, match="x: expected an int8"):
+        quantized_conv.conv2d(x.astype(cp.float16), w, spec, scale, out=out)
+    with pytest.raises(ValueError, match="scale: expected shape"):
+        quantized_conv.conv2d(x, w, spec, cp.ones(7, cp.float32), out=out)
+    with pytest.raises(TypeError, match="out: expected one of"):
+        quantized_conv.conv2d(x, w, spec, scale, out=out.astype(cp.uint8))
+    with pytest.raises(ValueError, match="out: required"):
+        quantized_conv.conv2d(x, w, spec, scale)
+    with pytest.raises(ValueError, match="precision 'int8' is for quantised"):
+        rn.conv.conv2d(x, w, spec)
+    with pytest.raises(ValueError, match="engine='graph'"):
+        ConvSpec(layout="NHWC", precision="fp8", engine="legacy")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
+    """Same calibration, same arithmetic: the engine's logits are the float64 simulation's up to the epilogue's
+    fp32 rounding (an occasional code one step off, carried through the network), and the fp16 engine's within
+    the quantisation error."""
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.quantization import calibrate, simulate_logits
+
+    model = rn.ResNet(18, 10, layout="NHWC", precision="fp16", seed=0)
+    model.load_state_dict(randomized_state(model, rng))
+    state = {k: np.asarray(v) for k, v in model.state_dict().items()}
+    pixels = rng.integers(0, 256, (8, 32, 32, 3)).astype(np.uint8)
+    from resnet_native.data.augment import normalize_on_host
+
+    images = normalize_on_host(pixels, layout="NCHW", dtype="fp32").astype(np.float64)
+    calibration = calibrate(state, images, "max", dtype=dtype)
+    want = simulate_logits(state, images, calibration)
+    with InferenceEngine(model, batch_sizes=(8,), dtype=dtype, calibration=calibration) as engine:
+        got = engine(cp.asarray(pixels)).get().astype(np.float64)
+        again = engine(cp.asarray(pixels)).get()
+    assert np.array_equal(got, again), "replays of one input differ"
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert err <= (2e-2 if dtype == "int8" else 5e-2), err
+    with InferenceEngine(model, batch_sizes=(8,), dtype="fp16") as fp16:
+        ref = fp16(cp.asarray(pixels)).get().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 0.25
