@@ -105,4 +105,22 @@ def reference_conv2d(x, w, spec: ConvSpec, scale, *, bias=None, z=None, gamma=1.
     return out
 
 
-__all__ = ["conv2d", "decode", "encode", "reference_conv2d"]
+def residual_requantize(v, z, precision: str, *, s_z, inv_s_y, relu, out):
+    """out = encode([relu](v + s_z * z) * inv_s_y): the residual add after a quantised convolution that wrote its
+    dequantised result v (fp16); z int8 values / FP8 codes (`precision`); out int8 (saturated to the symmetric
+    [-127, 127]), FP8 codes, or float32 (inv_s_y 1). fp32 arithmetic on the GPU; NumPy arrays: float64."""
+    choice("precision", precision, QUANT_PRECISIONS)
+    relu = flag("relu", relu)
+    out_fp32 = np.dtype(getattr(out, "dtype", None) or np.float64) == np.float32
+    if isinstance(v, np.ndarray) and isinstance(z, np.ndarray):
+        value = v.astype(np.float64) + float(s_z) * decode(z, precision)
+        value = (np.maximum(value, 0.0) if relu else value) * float(inv_s_y)
+        if precision == "int8" and not out_fp32:
+            out[...] = np.clip(np.rint(value), -127, 127).astype(np.int8)
+        else:
+            out[...] = encode(value, "fp32" if out_fp32 else precision)
+        return out
+    return _C.residual_requantize(v, z, out, precision == "fp8", out_fp32, float(s_z), float(inv_s_y), relu, _stream())
+
+
+__all__ = ["conv2d", "decode", "encode", "reference_conv2d", "residual_requantize"]

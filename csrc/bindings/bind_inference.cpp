@@ -2,12 +2,14 @@
 // (csrc/kernels/normalize_u8.h). resnet_native/inference/input_stage.py wraps it.
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "../core/error.h"
 #include "../kernels/normalize_u8.h"
+#include "../kernels/requantize.h"
 #include "bindings.h"
 #include "op_args.h"
 #include "tensor_arg.h"
@@ -88,6 +90,24 @@ py::object normalize_u8_padded_op(py::handle images_obj, py::handle lut_obj, py:
   return args.object(out);
 }
 
+// out = encode(relu(v + s_z * z) * inv_s_y): the quantised engines' residual add (kernels/requantize.h).
+py::object residual_requantize_op(py::handle v_obj, py::handle z_obj, py::handle out_obj, bool fp8, bool out_fp32,
+                                  float s_z, float inv_s_y, bool relu, uintptr_t stream) {
+  if (!std::isfinite(s_z) || !std::isfinite(inv_s_y)) throw ValueError("s_z, inv_s_y: expected finite numbers");
+  OpArgs args("residual_requantize");
+  const TensorView& v = args.input(v_obj, "v", DType::F16);
+  const TensorView& z = args.input(z_obj, "z", fp8 ? DType::FP8 : DType::I8);
+  check_same_shape(z, "z", v, "v");
+  const DType out_dtype = out_fp32 ? DType::F32 : fp8 ? DType::FP8 : DType::I8;
+  const TensorView& out = args.output(out_obj, "out", out_dtype, shape_of(v));
+  check_same_shape(out, "out", v, "v");
+  check_disjoint(out, "out", {{v, "v"}, {z, "z"}});
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  kernels::residual_requantize(v, z, fp8, s_z, inv_s_y, relu, out, stream_arg(stream));
+  return args.object(out);
+}
+
 }  // namespace
 
 void bind_inference(py::module_& m) {
@@ -99,6 +119,9 @@ void bind_inference(py::module_& m) {
         py::arg("fp8"), py::arg("channels"), py::arg("stream"),
         "out[n, h, w, c] = lut[c][images[n, h, w, c]] for c < 3, 0 up to `channels`: int8 (fp8=False) or uint8 FP8 "
         "codes; the quantised engines' input. Returns out (allocated when None).");
+  m.def("residual_requantize", &residual_requantize_op, py::arg("v"), py::arg("z"), py::arg("out"), py::arg("fp8"),
+        py::arg("out_fp32"), py::arg("s_z"), py::arg("inv_s_y"), py::arg("relu"), py::arg("stream"),
+        "out = encode([relu](v + s_z * z) * inv_s_y): fp16 v, int8 / FP8 z, int8 / FP8 / float32 out; returns out.");
 }
 
 }  // namespace rn

@@ -54,7 +54,7 @@ from .buffers import plan_buffers
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage, as_device_array
 from .plan import build_plan
-from .quantized import input_table, quantized_convs, quantized_plan
+from .quantized import input_table, quantized_convs, quantized_plan, residual_scratch_elements
 from .runner import bind_forward
 from .source import model_source, release_calibration
 from .tuning import decide_fusion
@@ -253,8 +253,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
                                                  engine="graph" if s.name in self._quantized else self.conv_engine,
                                                  deterministic=self.deterministic)
                            for s in self.plan.conv_steps()}
+            # The residual steps' fp16 scratch (quantised engines: quantized.py), shared: each is read at once.
+            scratch = cupy.empty(residual_scratch_elements(self.plan) * largest if self.quantized else 0, np.float16)
             self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout,
-                                              self._quantized)
+                                              self._quantized, scratch)
                               for b in self.batch_sizes}
             # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
             # and with it lasting memory, in this pool).

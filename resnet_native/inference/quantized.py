@@ -7,9 +7,11 @@ fp32 rounding in the epilogue:
     8-bit type at their calibrated scale; the last block's output, the pooled features and the logits stay float
     (fp32, as in the calibration's plan, whose value names the scales are keyed by);
   - each quantised convolution reads its folded weight quantised per output channel and runs
-    y = [relu](alpha[k] * conv(x, w) + beta[k] [+ gamma * z]) with alpha = s_x * s_w[k] / s_y, beta = b[k] / s_y,
-    gamma = s_z / s_y (quantization.int8.requant_params; s_y = 1 for a float output), in one cuDNN call
-    (quantized_conv.conv2d);
+    y = [relu](alpha[k] * conv(x, w) + beta[k]) with alpha = s_x * s_w[k] / s_y, beta = b[k] / s_y
+    (quantization.int8.requant_params; s_y = 1 for a float output), in one cuDNN call (quantized_conv.conv2d);
+  - a block's last convolution has a residual, which cuDNN's 8-bit convolutions cannot add (no engine on sm_90
+    fuses a second tensor: tools/probe_quantized.py): it writes v = s_x * s_w[k] * acc + b[k] in fp16 to a scratch
+    buffer, and quantized_conv.residual_requantize adds s_z * z, applies the ReLU and requantises at s_y (one pass);
   - the input is quantised by the uint8 input stage's lookup table: table[c][v] = quantise(normalise(v)), the
     simulation's input bit for bit, with the stem's 3 channels zero-padded to INPUT_CHANNELS (8-bit convolutions
     need a channel multiple; zero channels with zero weights change nothing).
@@ -32,15 +34,31 @@ INPUT_CHANNELS = 16  # the stem's input channels once padded: a multiple the 8-b
 
 
 @dataclasses.dataclass(frozen=True)
+class Residual:
+    """The residual add after a convolution that wrote dequantised fp16: out = encode(relu(v + s_z * z) / s_y)."""
+
+    s_z: float
+    inv_s_y: float  # 1 for a float output
+    relu: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class QuantizedConv:
-    """One quantised convolution's device operands (the weight in the 8-bit type, NHWC (K, R, S, C)) and its
-    output dtype ('int8' / 'fp8', or the plan's float dtype)."""
+    """One quantised convolution's device operands (the weight in the 8-bit type, NHWC (K, R, S, C)), its output
+    dtype ('int8' / 'fp8', or the plan's float dtype), and for a residual step the add that follows (the
+    convolution then writes fp16 into the shared scratch buffer)."""
 
     weight: object
     alpha: object
     beta: object
-    gamma: float
     out_dtype: str
+    residual: Residual | None = None
+
+
+def residual_scratch_elements(plan) -> int:
+    """Elements per sample of the fp16 scratch the residual steps write (the largest of their outputs)."""
+    return max((int(np.prod(plan.values[s.out].shape)) for s in quantized_steps(plan) if s.z is not None),
+               default=0)
 
 
 def checked_scales(plan, calibration: Calibration, dtype: str) -> dict:
@@ -95,10 +113,13 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
             q = np.concatenate([q, np.zeros((*q.shape[:3], INPUT_CHANNELS - q.shape[3]), q.dtype)], axis=3)
         quantized_out = s.out in scales
         s_y = scales[s.out] if quantized_out else 1.0
-        alpha, beta, gamma = requant_params(scales[s.x], s_w, bias, s_y, scales[s.z] if s.z is not None else None)
+        out_dtype = dtype if quantized_out else plan.values[s.out].dtype
+        residual = None
+        if s.z is not None:  # the convolution dequantises (s_y 1); the residual kernel requantises
+            residual, s_y = Residual(scales[s.z], 1.0 / s_y, s.relu), 1.0
+        alpha, beta, _ = requant_params(scales[s.x], s_w, bias, s_y)
         convs[s.name] = QuantizedConv(to_device(np.ascontiguousarray(q)), to_device(alpha), to_device(beta),
-                                      1.0 if gamma is None else float(gamma),
-                                      dtype if quantized_out else plan.values[s.out].dtype)
+                                      out_dtype, residual)
     return convs
 
 
@@ -109,4 +130,5 @@ def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.nda
     return table.astype(QUANT_ARRAY_DTYPES[dtype])
 
 
-__all__ = ["INPUT_CHANNELS", "QuantizedConv", "checked_scales", "input_table", "quantized_convs", "quantized_plan"]
+__all__ = ["INPUT_CHANNELS", "QuantizedConv", "Residual", "checked_scales", "input_table", "quantized_convs",
+           "quantized_plan", "residual_scratch_elements"]

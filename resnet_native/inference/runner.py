@@ -53,19 +53,19 @@ class Forward:
             call()
 
 
-def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str, quantized=None) -> Forward:
+def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str, quantized=None,
+                 scratch=None) -> Forward:
     """The Forward of `plan` for `batch`: view(value, batch) gives a value's array in the layout, weights[name] a
     conv step's (weight, bias), specs[name] its ConvSpec; quantized[name] a quantised step's QuantizedConv
-    (quantized.py: such steps run quantized_conv.conv2d and are not in conv_calls)."""
+    (quantized.py: such steps run quantized_conv.conv2d and are not in conv_calls), and a residual one writes
+    into the flat fp16 `scratch` first."""
     calls, conv_calls, quantized = [], {}, quantized or {}
     for s in plan.steps:
         x, out = view(s.x, batch), view(s.out, batch)
         dtype = plan.values[s.x].dtype
         if s.kind == "conv" and s.name in quantized:
-            q = quantized[s.name]
             z = None if s.z is None else view(s.z, batch)
-            calls.append(functools.partial(quantized_conv.conv2d, x, q.weight, specs[s.name], q.alpha, bias=q.beta,
-                                           z=z, gamma=q.gamma, relu=s.relu, out=out))
+            calls.append(_quantized_call(quantized[s.name], specs[s.name], x, out, z, s.relu, scratch))
         elif s.kind == "conv":
             w, b = weights[s.name]
             z = None if s.z is None else view(s.z, batch)
@@ -83,3 +83,18 @@ def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str
             raise ValueError(f"plan: unknown step kind {s.kind!r} ({s.name})")
     logits = view(plan.output, batch).reshape(batch, plan.num_classes)
     return Forward(batch, view(plan.input, batch), logits, calls, conv_calls)
+
+
+def _quantized_call(q, spec, x, out, z, relu: bool, scratch):
+    """One quantised convolution as one callable: the convolution with its epilogue, or (residual) the
+    convolution into fp16 scratch, then the residual add that requantises into out."""
+    conv_into = functools.partial(quantized_conv.conv2d, x, q.weight, spec, q.alpha, bias=q.beta)
+    if q.residual is None:
+        return functools.partial(conv_into, relu=relu, out=out)
+    v, r = scratch[: out.size].reshape(out.shape), q.residual
+
+    def conv_then_add():
+        conv_into(out=v)
+        quantized_conv.residual_requantize(v, z, spec.precision, s_z=r.s_z, inv_s_y=r.inv_s_y, relu=r.relu, out=out)
+
+    return conv_then_add
