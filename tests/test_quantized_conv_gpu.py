@@ -91,7 +91,11 @@ def test_a_quantized_convolution_matches_its_float64_reference(rng, precision, s
         # boundary and the conversion to the next code), and the rounding error's size norm-wise.
         g, w_ = decode_e4m3(got), decode_e4m3(want)
         assert np.isfinite(g).all(), "NaN codes: the output was not written everywhere"
-        assert np.all(np.abs(g - w_) <= 0.25 * np.abs(w_) + 2.0**-8), np.max(np.abs(g - w_))
+        far = np.abs(g - w_) > 0.25 * np.abs(w_) + 2.0**-8
+        worst = np.argsort(-np.abs(g - w_).ravel())[:6]
+        assert not far.any(), (f"{np.count_nonzero(far)} of {far.size} elements over two E4M3 steps; worst (got, "
+                               f"want): {list(zip(g.ravel()[worst], w_.ravel()[worst], strict=True))}; norm-wise "
+                               f"{np.linalg.norm(g - w_) / np.linalg.norm(w_):.4f}")
         assert np.linalg.norm(g - w_) / np.linalg.norm(w_) <= 0.04
     else:
         g, w_ = got.astype(np.float64), want.astype(np.float64)
@@ -158,13 +162,13 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     model = rn.ResNet(18, 10, layout="NHWC", precision="fp16", seed=0)
     model.load_state_dict(randomized_state(model, rng))
     state = {k: np.asarray(v) for k, v in model.state_dict().items()}
-    pixels = rng.integers(0, 256, (8, 32, 32, 3)).astype(np.uint8)
+    pixels = rng.integers(0, 256, (4, 32, 32, 3)).astype(np.uint8)
     from resnet_native.data.augment import normalize_on_host
 
     images = normalize_on_host(pixels, layout="NCHW", dtype="fp32").astype(np.float64)
     calibration = calibrate(state, images, "max", dtype=dtype)
     want = simulate_logits(state, images, calibration)
-    with InferenceEngine(model, batch_sizes=(8,), dtype=dtype, calibration=calibration) as engine:
+    with InferenceEngine(model, batch_sizes=(4,), dtype=dtype, calibration=calibration) as engine:
         got = engine(cp.asarray(pixels)).get().astype(np.float64)
         again = engine(cp.asarray(pixels)).get()
     assert np.array_equal(got, again), "replays of one input differ"
@@ -173,7 +177,7 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     print(f"{dtype}: engine vs simulation {err:.4f}")
     assert err <= (5e-2 if dtype == "int8" else 1e-1), err
-    with InferenceEngine(model, batch_sizes=(8,), dtype="fp16") as fp16:
+    with InferenceEngine(model, batch_sizes=(4,), dtype="fp16") as fp16:
         ref = fp16(cp.asarray(pixels)).get().astype(np.float64)
     vs_fp16 = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     print(f"{dtype}: engine vs fp16 engine {vs_fp16:.4f}")
