@@ -6,8 +6,10 @@ only in the fp32 epilogue (alpha * acc + beta + gamma * z, |v| <= ~130 here: an 
 a value across a rounding boundary (.5) only when it lies within that error of one: at most one code, on a few in
 10^4 elements. A float output (fp16) differs by that fp32 error plus its own rounding: 1e-3 norm-wise. FP8 inputs
 are exact in fp32, but Hopper's FP8 tensor cores keep partial sums in fewer bits than fp32 (about 2^-12 relative
-per addition over C*R*S terms), so FP8 results are held to one E4M3 step (2^-3 relative) elementwise and 1e-2
-norm-wise for a float output.
+per addition over C*R*S terms, relative to the partial sums), so FP8 results are held to two E4M3 steps plus 0.5
+(an output near zero carries the partial sums' error) elementwise, 0.04 norm-wise, and 1e-2 norm-wise for a float
+output. Measured on the H200: at most 5 of 16k-65k elements beyond two steps before the absolute term, all near
+zero; norm-wise 0.0016-0.0030.
 """
 
 import numpy as np
@@ -91,7 +93,9 @@ def test_a_quantized_convolution_matches_its_float64_reference(rng, precision, s
         # boundary and the conversion to the next code), and the rounding error's size norm-wise.
         g, w_ = decode_e4m3(got), decode_e4m3(want)
         assert np.isfinite(g).all(), "NaN codes: the output was not written everywhere"
-        far = np.abs(g - w_) > 0.25 * np.abs(w_) + 2.0**-8
+        # The absolute term: the accumulation's error is relative to the partial sums (up to the output range,
+        # 448, times ~2^-12), so an output near zero may be off by ~0.1.
+        far = np.abs(g - w_) > 0.25 * np.abs(w_) + 0.5
         worst = np.argsort(-np.abs(g - w_).ravel())[:6]
         assert not far.any(), (f"{np.count_nonzero(far)} of {far.size} elements over two E4M3 steps; worst (got, "
                                f"want): {list(zip(g.ravel()[worst], w_.ravel()[worst], strict=True))}; norm-wise "

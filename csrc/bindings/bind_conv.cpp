@@ -162,6 +162,19 @@ uint8_t epilogue_flags(bool bias, bool z, const std::string& activation) {
                               (activation == "relu" ? kEpilogueRelu : 0));
 }
 
+// A forward convolution's operands, once bias (one per output channel) and z (y's shape) fit the key.
+ConvOperands forward_operands(const ConvParams& params, const std::vector<int64_t>& y_shape, const TensorView& x,
+                              const TensorView& w, const TensorView& bias, const TensorView& z) {
+  if (bias.defined()) check_shape_is(bias, "bias", {params.y[1]}, "one per output channel");
+  if (z.defined()) check_shape_is(z, "z", y_shape, "the output's shape");
+  ConvOperands ops;
+  ops.x = x;
+  ops.w = w;
+  ops.bias = bias;
+  ops.z = z;
+  return ops;
+}
+
 // The float ops' storage dtype; int8 / fp8 specs belong to conv_forward_quantized.
 DType float_storage(const ConvSpec& spec) {
   if (is_quantized(spec.precision)) {
@@ -183,14 +196,8 @@ py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, 
   const ConvParams params =
       make_conv_params(ConvDirection::Forward, spec, view_dims(x), view_dims(w), epilogue, "x", "w");
   const std::vector<int64_t> y_shape = as_vector(output_shape(params));
-  if (bias.defined()) check_shape_is(bias, "bias", {params.y[1]}, "one per output channel");
-  if (z.defined()) check_shape_is(z, "z", y_shape, "the output's shape");
+  ConvOperands ops = forward_operands(params, y_shape, x, w, bias, z);
   OutputArg out(out_obj, dtype, y_shape, "the convolution's output", {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}});
-  ConvOperands ops;
-  ops.x = x;
-  ops.w = w;
-  ops.bias = bias;
-  ops.z = z;
   ops.alpha1 = alpha1;
   ops.alpha2 = alpha2;
   return convolve(params, ops, &ConvOperands::y, out, {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}}, allow_fusion,
@@ -236,16 +243,10 @@ py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle
   params.out_dtype = y_dtype == dtype ? 0 : static_cast<uint8_t>(out_code);
   const std::vector<int64_t> y_shape = as_vector(output_shape(params));
   check_shape_is(scale, "scale", {params.y[1]}, "one per output channel");
-  if (bias.defined()) check_shape_is(bias, "bias", {params.y[1]}, "one per output channel");
-  if (z.defined()) check_shape_is(z, "z", y_shape, "the output's shape");
+  ConvOperands ops = forward_operands(params, y_shape, x, w, bias, z);
   const std::initializer_list<NamedView> inputs = {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}, {scale, "scale"}};
   OutputArg out(out_obj, y_dtype, y_shape, "the convolution's output", inputs);
-  ConvOperands ops;
-  ops.x = x;
-  ops.w = w;
   ops.scale = scale;
-  ops.bias = bias;
-  ops.z = z;
   ops.alpha2 = gamma;
   return convolve(params, ops, &ConvOperands::y, out, inputs, true, stream);
 }

@@ -136,6 +136,12 @@ py::tuple batch_norm_train_op(py::handle x_obj, py::handle gamma_obj, py::handle
   OpArgs args("batch_norm_train");
   const BnInput in = forward_inputs(args, a, {x_obj, gamma_obj, beta_obj, running_mean_obj, running_var_obj, z_obj},
                                     dtype_obj, /*training=*/true);
+  const auto d = nchw_dims(in.x, a.layout);
+  if (int64_t(d[0]) * d[2] * d[3] < 2) {
+    // One value per channel: the batch variance is 0 and the unbiased running variance 0/0 (PyTorch refuses too).
+    throw ValueError("x: expected more than 1 value per channel when training, got N*H*W = 1 (shape " +
+                     in.x.shape_str() + ")");
+  }
   // The outputs are references into `args`: a missing one gets its memory in prepare_device().
   const TensorView& y = output_like_x(args, in, out_obj, "out");
   const TensorView& save_mean = channel_output(args, save_mean_obj, "save_mean", in.c);

@@ -27,7 +27,7 @@ from ..names import QUANT_ARRAY_DTYPES
 from ..quantization.calibration_file import Calibration
 from ..quantization.fp8 import quantize_fp8
 from ..quantization.int8 import quantize_int8, requant_params
-from ..quantization.simulate import INPUT_NAME, quantized_steps, quantized_values, value_names
+from ..quantization.simulate import INPUT_NAME, activation_scales, quantized_steps, quantized_values, step_weight_scales
 from .fold import conv_step_params
 
 INPUT_CHANNELS = 16  # the stem's input channels once padded: a multiple the 8-bit tensor-core kernels take
@@ -69,16 +69,7 @@ def checked_scales(plan, calibration: Calibration, dtype: str) -> dict:
                         f"{type(calibration).__name__}")
     if calibration.dtype != dtype:
         raise ValueError(f"calibration: made for {calibration.dtype!r}, the engine computes in {dtype!r}")
-    names = value_names(plan)
-    if tuple(calibration.values) != names:
-        raise ValueError("calibration: its value names do not match this network's plan (calibrated for another "
-                         "network or image size)")
-    scales = {}
-    for v in quantized_values(plan):
-        if names[v] not in calibration.activation_scales:
-            raise ValueError(f"calibration: no activation scale for value {names[v]!r}")
-        scales[v] = float(calibration.activation_scales[names[v]])
-    return scales
+    return activation_scales(plan, calibration)
 
 
 def quantized_plan(plan, dtype: str):
@@ -104,10 +95,7 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
     convs = {}
     for s in quantized_steps(plan):
         w, bias = conv_step_params(s, state, "NHWC")  # float64 folded (K, R, S, C), (K,)
-        s_w = np.asarray(calibration.weight_scales.get(s.name, ()), np.float64)
-        if s_w.shape != (w.shape[0],):
-            raise ValueError(f"calibration: weight_scales[{s.name!r}]: expected {w.shape[0]} scales (one per output "
-                             f"channel), got {s_w.size}")
+        s_w = step_weight_scales(calibration, s, w.shape[0])
         q = _quantize(w, s_w, dtype)
         if s.x == plan.input:  # the padded input channels meet zero weights
             q = np.concatenate([q, np.zeros((*q.shape[:3], INPUT_CHANNELS - q.shape[3]), q.dtype)], axis=3)

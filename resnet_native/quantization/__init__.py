@@ -12,8 +12,8 @@
     selection         the observer method chosen by held-out accuracy on the training set (release --int8 / --fp8;
                       CIFAR10Classifier(dtype='int8') simulates the release's calibration on the host)
 
-Not done yet (the GPU half): no int8 / FP8 convolution runs on a device (cuDNN INT8x32 or graph-API int8 and FP8
-convolutions), and the InferenceEngine takes no calibration.
+The GPU half: resnet_native.quantized_conv (cuDNN graph-API int8 / FP8 convolutions) and
+InferenceEngine(dtype='int8' | 'fp8', calibration=...) (inference/quantized.py), on this arithmetic.
 """
 
 from .calibration import EntropyObserver, MaxAbsObserver, PercentileObserver, make_observer

@@ -131,13 +131,11 @@ def calibrate(state: dict, images, method: str = "entropy", *, dtype: str = "int
                        {k: tuple(float(s) for s in v) for k, v in _weight_scales(plan, weights, dtype).items()})
 
 
-def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
-                    batch_size: int = 16) -> np.ndarray:
-    """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says."""
+def activation_scales(plan, calibration: Calibration) -> dict:
+    """{value index: scale} of every value the quantised convolutions read, from `calibration`; ValueError when it
+    was made for another network (its value names differ) or lacks a scale."""
     if not isinstance(calibration, Calibration):
         raise TypeError(f"calibration: expected a Calibration, got {type(calibration).__name__}")
-    images = _images(images)
-    plan = _plan(state, stem, images)
     names = value_names(plan)
     if tuple(calibration.values) != names:
         raise ValueError("calibration: its value names do not match this network's plan (calibrated for another "
@@ -146,14 +144,31 @@ def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str 
     for v in quantized_values(plan):
         if names[v] not in calibration.activation_scales:
             raise ValueError(f"calibration: no activation scale for value {names[v]!r}")
-        scales[v] = calibration.activation_scales[names[v]]
+        scales[v] = float(calibration.activation_scales[names[v]])
+    return scales
+
+
+def step_weight_scales(calibration: Calibration, step, k: int) -> np.ndarray:
+    """The (k,) per-output-channel weight scales of quantised convolution `step`; ValueError for another count."""
+    s_w = np.asarray(calibration.weight_scales.get(step.name, ()), np.float64)
+    if s_w.shape != (k,):
+        raise ValueError(f"calibration: weight_scales[{step.name!r}]: expected {k} scales (one per output channel), "
+                         f"got {s_w.size}")
+    return s_w
+
+
+def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
+                    batch_size: int = 16) -> np.ndarray:
+    """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says."""
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration: expected a Calibration, got {type(calibration).__name__}")
+    images = _images(images)
+    plan = _plan(state, stem, images)
+    scales = activation_scales(plan, calibration)
     weights = _float_weights(plan, state)
     for s in quantized_steps(plan):
         w, b = weights[s.name]
-        s_w = np.asarray(calibration.weight_scales.get(s.name, ()), np.float64)
-        if s_w.shape != (w.shape[0],):
-            raise ValueError(f"calibration: weight_scales[{s.name!r}]: expected {w.shape[0]} scales (one per output "
-                             f"channel), got {s_w.shape[0] if s_w.ndim else 0}")
+        s_w = step_weight_scales(calibration, s, w.shape[0])
         weights[s.name] = (fake_quantize(w, s_w, calibration.dtype, axis=0), b)
 
     def quantize(v, array):

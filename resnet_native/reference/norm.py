@@ -71,6 +71,9 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
     g, b, rm, rv = _statistics(c, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
     xd, zd = storage.decode(x, dt), _residual(z, x, dt)
     m = xd.size // c
+    if m < 2:  # the unbiased running variance would be 0/0 (the GPU op and PyTorch refuse it too)
+        raise ValueError(f"x: expected more than 1 value per channel when training, got N*H*W = 1 (shape "
+                         f"{tuple(x.shape)})")
     mean, var = xd.mean(axis=_axes(layout)), xd.var(axis=_axes(layout))
     invstd = 1.0 / np.sqrt(var + float(eps))
     y = _normalized(xd, mean, invstd, g, b, zd, relu, layout)

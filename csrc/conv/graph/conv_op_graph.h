@@ -1,6 +1,7 @@
 // The operation graph of one convolution problem: its tensors, the convolution descriptor, the operations
 // (forward / backward-data / backward-filter, and for forward the fused epilogue
-// y = relu(alpha1 * [scale *] conv(x, w) + alpha2 * z + bias); the per-channel scale is the quantised forward's) and the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
+// y = relu(alpha1 * [scale *] conv(x, w) + alpha2 * z + bias), the per-channel scale being the quantised
+// forward's) and the finalized CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR.
 //
 // Building the operations needs no GPU (tests exercise it on CPU-only machines); finalizing the graph needs a
 // cuDNN handle. Everything is owned through rn::BackendDescriptor, so a build that throws half-way leaks nothing.
