@@ -23,6 +23,9 @@ A model on the host (model.to_host(): NumPy and the reference ops) always runs e
 allreduce (a resnet_native.distributed GradientAllReduce): a data-parallel step; the gradients are averaged over
 the ranks after backward, before loss-scaler checks and the update. With cuda_graph the all-reduce is recorded in
 the step's graph when it is capturable (NcclAllReduce); any other with cuda_graph on the GPU is a ValueError.
+overlap_allreduce=True starts each bucket's all-reduce during backward, once its gradients are final
+(distributed/overlap.py; NCCL: on a communication stream); not with synchronized batch norm, whose own NCCL sums
+would then run on a second stream of the same communicator.
 """
 
 import contextlib
@@ -50,7 +53,8 @@ class _CapturedStep:
 
 
 class TrainStep:
-    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False, allreduce=None):
+    def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False, allreduce=None,
+                 overlap_allreduce=False):
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -67,6 +71,12 @@ class TrainStep:
         if allreduce is not None and self.cuda_graph and not getattr(allreduce, "capturable", False):
             raise ValueError(f"cuda_graph: {type(allreduce).__name__} cannot be captured in a CUDA graph (it "
                              f"synchronises the host); pass cuda_graph=False, or an NcclAllReduce")
+        if not isinstance(overlap_allreduce, bool):
+            raise TypeError(f"overlap_allreduce: expected True or False, got {overlap_allreduce!r}")
+        if overlap_allreduce and allreduce is None:
+            raise ValueError("overlap_allreduce: needs an allreduce to overlap")
+        self.overlap_allreduce = overlap_allreduce
+        self._param_index = {id(p): i for i, p in enumerate(optimizer.params)}
         self.capture_error = None  # why capture was abandoned, if it was
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
@@ -129,9 +139,14 @@ class TrainStep:
         logits = model.forward(x, train=True, copy=False)
         loss, correct = self.loss_fn.forward(logits, labels, train=True)
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
-        model.backward(self.loss_fn.backward(scale))
-        if self.allreduce is not None:  # before the scaler's inf check: every rank then skips alike
-            self.allreduce.average([p.grad for p in optimizer.params])
+        dlogits = self.loss_fn.backward(scale)
+        # The all-reduce comes before the scaler's inf check: every rank then skips alike.
+        if self.allreduce is not None and self.overlap_allreduce:
+            self._backward_overlapped(dlogits)
+        else:
+            model.backward(dlogits)
+            if self.allreduce is not None:
+                self.allreduce.average([p.grad for p in optimizer.params])
         if scaler is not None:
             scaler.launch_step(optimizer)
             scaler.update()
@@ -143,6 +158,18 @@ class TrainStep:
         xp.add(loss_sum, scratch, out=loss_sum)
         xp.add(correct_sum, correct, out=correct_sum)
         return loss, correct
+
+    def _backward_overlapped(self, dlogits) -> None:
+        from .layers import BatchNorm2d
+
+        if any(isinstance(m, BatchNorm2d) and m.sync is not None for _, m in self.model.named_modules()):
+            raise ValueError("overlap_allreduce: not with synchronized batch norm (its NCCL sums would share the "
+                             "communicator from a second stream)")
+        session = self.allreduce.overlapping([p.grad for p in self.optimizer.params])
+        index = self._param_index
+        self.model.backward(dlogits, on_ready=lambda params: session.ready([index[id(p)] for p in params
+                                                                            if id(p) in index]))
+        session.finish()
 
     def _totals_arrays(self):
         if self._totals is None:

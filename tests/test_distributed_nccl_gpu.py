@@ -105,11 +105,12 @@ def test_a_bf16_wire_rounds_each_gradient_to_bf16_once(one_rank, rng, dtype):
         ar.close()
 
 
-def _train(batches, allreduce=None, cuda_graph=False):
+def _train(batches, allreduce=None, cuda_graph=False, overlap=False):
     model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=5)
     make_deterministic(model)
     opt = SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    step = TrainStep(model, opt, scaler=GradScaler(init_scale=2.0**10), cuda_graph=cuda_graph, allreduce=allreduce)
+    step = TrainStep(model, opt, scaler=GradScaler(init_scale=2.0**10), cuda_graph=cuda_graph, allreduce=allreduce,
+                     overlap_allreduce=overlap)
     losses = [float(step(x, y)[0]) for x, y in batches]
     state = model.state_dict()
     graphs, error = step.num_graphs, step.capture_error
@@ -117,15 +118,18 @@ def _train(batches, allreduce=None, cuda_graph=False):
     return losses, state, graphs, error
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["after", "overlapped"])
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "captured"])
-def test_train_step_with_the_all_reduce_matches_the_single_process_step(one_rank, rng, cuda_graph):
+def test_train_step_with_the_all_reduce_matches_the_single_process_step(one_rank, rng, cuda_graph, overlap):
+    """The all-reduce after backward, or overlapped with it (buckets on a communication stream, forked and joined
+    by events, inside the captured graph too): at world size 1 the step is the single-process step, bit for bit."""
     world, store = one_rank
     batches = [(cp.asarray(rng.standard_normal((32, 16, 16, 3)).astype(np.float16)),
                 cp.asarray(rng.integers(0, 10, 32).astype(np.int32))) for _ in range(6)]
     single = _train(batches, cuda_graph=cuda_graph)
     ar = NcclAllReduce(store, world, bucket_bytes=1 << 20)  # ResNet-18's 44 MiB of fp32 gradients: ~45 buckets
     try:
-        ranked = _train(batches, allreduce=ar, cuda_graph=cuda_graph)
+        ranked = _train(batches, allreduce=ar, cuda_graph=cuda_graph, overlap=overlap)
         assert len(ar._plan.buckets) > 10
     finally:
         ar.close()

@@ -43,6 +43,13 @@ class GradientAllReduce:
         over all ranks: synchronized batch norm's per-channel sums."""
         raise NotImplementedError
 
+    def overlapping(self, grads: Sequence):
+        """An overlap session for one step's backward (overlap.py): ready(indices) says which of grads are final,
+        finish() completes the average. This default runs average(grads) in finish(): nothing overlaps."""
+        from .overlap import DeferredOverlap
+
+        return DeferredOverlap(self, grads)
+
     def close(self) -> None:
         """Release what the all-reduce holds (the NCCL communicator); the Store is its owner's to close."""
 
@@ -212,11 +219,28 @@ class NcclAllReduce(GradientAllReduce):
         self._buffers = []
 
     def average(self, grads) -> None:
+        grads = self._prepare(grads)
+        if not grads:
+            return
+        stream = self._stream()
+        with stream:
+            for b in range(len(self._plan.buckets)):
+                self._reduce_bucket(b, grads, stream)
+
+    def overlapping(self, grads):
+        """Buckets reduced on a communication stream while backward goes on (overlap.py's StreamOverlap): each as
+        soon as its gradients are final, ordered after them by an event; finish() makes the step's stream wait."""
+        from .overlap import StreamOverlap
+
+        return StreamOverlap(self, grads)
+
+    def _prepare(self, grads) -> list:
+        """grads checked (one NCCL dtype), with the bucket plan and buffers of their layout in place."""
         import cupy
 
         grads = _checked_grads(grads, "cupy", lambda g: isinstance(g, cupy.ndarray))
         if not grads:
-            return
+            return grads
         dtypes = {np.dtype(g.dtype).name for g in grads}
         if len(dtypes) != 1 or next(iter(dtypes)) not in _NCCL_TYPES:
             raise TypeError(f"grads: expected one dtype of {sorted(_NCCL_TYPES)}, got {sorted(dtypes)}")
@@ -228,23 +252,28 @@ class NcclAllReduce(GradientAllReduce):
             # Offsets are in the gradients' elements; a bf16 wire holds the same elements in 2-byte bf16 bits.
             self._buffers = [cupy.empty(total // dtype.itemsize, np.uint16 if bf16 else dtype)
                              for _, total in plan.layout]
-        stream = self._stream()
+        self._dtype = dtype
+        return grads
+
+    def _reduce_bucket(self, b: int, grads: list, stream) -> None:
+        """Bucket b of the current plan: packed, summed over the ranks, averaged and unpacked, on `stream` (the
+        caller's `with stream:`)."""
+        dtype, bf16 = self._dtype, self.wire == "bf16"
         nccl_type = (getattr(self._nccl, "NCCL_BFLOAT16", NCCL_BFLOAT16) if bf16
                      else getattr(self._nccl, _NCCL_TYPES[dtype.name]))
         inv = dtype.type(1.0 / self.world.world_size)
-        with stream:
-            for bucket, (offsets, _), buf in zip(self._plan.buckets, self._plan.layout, self._buffers, strict=True):
-                views = [buf[off // dtype.itemsize: off // dtype.itemsize + grads[i].size]
-                         for i, off in zip(bucket, offsets, strict=True)]
-                for i, view in zip(bucket, views, strict=True):
-                    _pack(grads[i].ravel(), view, bf16)
-                self._sum_in_place(buf, nccl_type, stream)
-                if not bf16:
-                    buf *= inv
-                for i, view in zip(bucket, views, strict=True):
-                    _pack(view, grads[i].ravel(), bf16)  # C-contiguous: ravel() is a view, written through
-                    if bf16:
-                        grads[i] *= inv  # in the gradient's precision, after the bf16 sum
+        bucket, (offsets, _), buf = self._plan.buckets[b], self._plan.layout[b], self._buffers[b]
+        views = [buf[off // dtype.itemsize: off // dtype.itemsize + grads[i].size]
+                 for i, off in zip(bucket, offsets, strict=True)]
+        for i, view in zip(bucket, views, strict=True):
+            _pack(grads[i].ravel(), view, bf16)
+        self._sum_in_place(buf, nccl_type, stream)
+        if not bf16:
+            buf *= inv
+        for i, view in zip(bucket, views, strict=True):
+            _pack(view, grads[i].ravel(), bf16)  # C-contiguous: ravel() is a view, written through
+            if bf16:
+                grads[i] *= inv  # in the gradient's precision, after the bf16 sum
 
     def sum_(self, array) -> None:
         import cupy

@@ -110,15 +110,22 @@ class ResNet(Module):
         logits = self.fc.forward(self.avgpool.forward(out, train), train)
         return logits.copy() if copy else logits
 
-    def backward(self, dlogits) -> None:
+    def backward(self, dlogits, *, on_ready=None) -> None:
         """Back-propagate d(loss)/d(logits) (N, num_classes, fp32) through the last training forward, adding
-        every parameter's gradient into its .grad."""
+        every parameter's gradient into its .grad. on_ready(parameters), when given, is called as each group's
+        gradients are final (the classifier's, then each block's from the last, then the stem's): what lets a
+        data-parallel step start their all-reduce during backward (distributed/overlap.py)."""
+        report = on_ready if on_ready is not None else (lambda parameters: None)
         d = self.avgpool.backward(self.fc.backward(dlogits))
+        report(self.fc.parameters())
         for stage in reversed(self.stages):
-            d = stage.backward(d)
+            for block in reversed(list(stage)):
+                d = block.backward(d)
+                report(block.parameters())
         if self.maxpool is not None:
             d = self.maxpool.backward(d)
         self.conv1.backward(self.bn1.backward(d))
+        report(self.conv1.parameters() + self.bn1.parameters())
 
     def __call__(self, x, train=None):
         return self.forward(x, train)

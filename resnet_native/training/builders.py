@@ -73,7 +73,8 @@ def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None)
     from ..step import TrainStep
 
     return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
-                     cuda_graph=cfg.cuda_graph, allreduce=allreduce)
+                     cuda_graph=cfg.cuda_graph, allreduce=allreduce,
+                     overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:

@@ -47,6 +47,8 @@ OVERRIDES = (
     ("--allreduce-dtype", "allreduce_dtype",
      "data parallel: the gradients' dtype in the NCCL all-reduce (bf16 halves the traffic; recipe: fp32)"),
     ("--sync-bn", "sync_bn", "data parallel: batch norm with the statistics of all ranks' batches (default: per GPU)"),
+    ("--overlap-allreduce", "overlap_allreduce",
+     "data parallel: start each gradient bucket's all-reduce during backward (not with --sync-bn)"),
 )
 
 

@@ -63,7 +63,8 @@ class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
-    batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise)."""
+    batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
+    gradient bucket's all-reduce starts during backward (not with sync_bn)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -81,11 +82,14 @@ class TrainConfig(Settings):
     cuda_graph: bool = flag(True)
     allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
     sync_bn: bool = flag(False)
+    overlap_allreduce: bool = flag(False)
     optimizer: SGDSettings | AdamWSettings = variant(OPTIMIZERS, default="sgd")
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)
 
     def check(self) -> None:
+        if self.sync_bn and self.overlap_allreduce:
+            raise ValueError("overlap_allreduce: not with sync_bn (both would use the NCCL communicator at once)")
         if self.schedule.warmup_epochs >= self.epochs:
             raise ValueError(f"schedule.warmup_epochs: {self.schedule.warmup_epochs} must be shorter than epochs "
                              f"({self.epochs})")
