@@ -217,6 +217,7 @@ class NcclAllReduce(GradientAllReduce):
             self.comm = nccl.NcclCommunicator(world.world_size, nccl_id_from_bytes(uid), world.rank)
         self._plan = None
         self._buffers = []
+        self._overlap = None  # (plan, communication stream, events) of overlap sessions
 
     def average(self, grads) -> None:
         grads = self._prepare(grads)
@@ -233,6 +234,17 @@ class NcclAllReduce(GradientAllReduce):
         from .overlap import StreamOverlap
 
         return StreamOverlap(self, grads)
+
+    def _overlap_resources(self):
+        """(communication stream, one event per bucket of the current plan + one to join): made once per plan,
+        so that a captured step's sessions (made during the eager warm-up first) create nothing."""
+        import cupy
+
+        if self._overlap is None or self._overlap[0] is not self._plan:
+            events = [cupy.cuda.Event(disable_timing=True) for _ in range(len(self._plan.buckets) + 1)]
+            stream = self._overlap[1] if self._overlap is not None else cupy.cuda.Stream(non_blocking=True)
+            self._overlap = (self._plan, stream, events)
+        return self._overlap[1], self._overlap[2]
 
     def _prepare(self, grads) -> list:
         """grads checked (one NCCL dtype), with the bucket plan and buffers of their layout in place."""

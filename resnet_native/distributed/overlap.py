@@ -51,16 +51,10 @@ class StreamOverlap(DeferredOverlap):
         super().__init__(allreduce, grads)
         # Reverse order: the order backward finishes them; the plan (and its buffers) are kept by the all-reduce.
         self.order = list(range(len(self.grads)))[::-1]
-        reordered = allreduce._prepare([self.grads[i] for i in self.order])
-        self.reordered = reordered
+        self.reordered = allreduce._prepare([self.grads[i] for i in self.order])
         self.step_stream = cupy.cuda.get_current_stream()
         plan = allreduce._plan
-        state = getattr(allreduce, "_overlap_state", None)
-        if state is None or state[0] is not plan:
-            events = [cupy.cuda.Event(disable_timing=True) for _ in range(len(plan.buckets) + 1)]
-            state = (plan, cupy.cuda.Stream(non_blocking=True), events)
-            allreduce._overlap_state = state
-        _, self.comm_stream, self.events = state
+        self.comm_stream, self.events = allreduce._overlap_resources()
         self.bucket_of = {}
         self.missing = []
         for b, bucket in enumerate(plan.buckets):
