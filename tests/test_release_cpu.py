@@ -419,3 +419,20 @@ def test_release_quantize_arguments_are_checked(tmp_path, capsys):
         release.main(["--run", str(tmp_path / "run"), "--version", "Q", "--int8", "--no-benchmark"])
     assert "--int8: pass --data" in capsys.readouterr().err
     assert not (tmp_path / "models").exists()
+
+
+def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_float_one(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import quant_accuracy
+
+    make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
+    data = _random_cifar(8)
+    path = release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
+                           data=data, calibration_images=3, holdout_images=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU backends say they are slow
+        report = quant_accuracy.evaluate(path, data, ("int8",), limit=2)
+    assert report["images"] == 2 and set(report["results"]) == {"float", "int8"}
+    int8 = report["results"]["int8"]
+    assert 0.0 <= int8["agreement"] <= 1.0
+    assert int8["gap_points"] == pytest.approx(100 * (report["results"]["float"]["accuracy"] - int8["accuracy"]))

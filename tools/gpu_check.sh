@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm profile reliability sanitize (default: info build test bench)
+#   norm profile reliability sanitize quant-A (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -72,6 +72,17 @@ for stage in "${stages[@]}"; do
         rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
         [ "$rc" -eq 0 ] || status=1
       done ;;
+    quant-A)
+      # Issue 17's accuracy goal: recipe A trained (or /tmp/run_A reused), released with its int8 and FP8
+      # calibrations, then the test set through the float, int8 and FP8 engines.
+      [ -f /tmp/run_A/best.npz ] || python3 -m resnet_native.train --recipe A --data .data/cifar10-jpeg.tar.xz \
+        --out /tmp/run_A --no-progress ${TRAIN_ARGS:-} 2>&1 | tail -5
+      python3 -m resnet_native.release --run /tmp/run_A --version A --out /tmp/models --int8 --fp8 \
+        --data .data/cifar10-jpeg.tar.xz --no-benchmark 2>&1 | tail -5
+      cp /tmp/models/version_A/metrics.json "$OUT/quant_A_metrics.json" 2>/dev/null
+      python3 tools/quant_accuracy.py --release /tmp/models/version_A --data .data/cifar10-jpeg.tar.xz \
+        --json "$OUT/quant_A_accuracy.json" 2>&1 | tail -10
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     serve)
       # Loopback load test of the HTTP server: batched, unbatched, and one engine call per image.
       for m in ${SERVE_MODELS:-resnet18 resnet50}; do

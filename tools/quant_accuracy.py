@@ -1,0 +1,68 @@
+"""Test accuracy of a release through its float engine and its int8 / FP8 engines (issue 17's accuracy goal).
+
+    python tools/quant_accuracy.py --release cifar10_models/version_A --data .data/cifar10-jpeg.tar.xz
+                                   [--dtypes int8,fp8] [--limit N] [--json PATH]
+
+Every backend is CIFAR10Classifier(release, dtype=...) on the CIFAR-10 test set (the first --limit images):
+the release's own precision first (dtype=None), then each calibrated dtype the release carries
+(calibration_<dtype>.json, from `release --int8 / --fp8`). Reported per dtype: accuracy, the gap to the float
+engine in points, agreement of the predicted classes with it, and the backend that ran (a GPU engine, or the host
+simulation without one). The release's metrics.json has the calibration method each dtype kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def evaluate(release, data, dtypes, limit=None) -> dict:
+    from resnet_native.classifier import CIFAR10Classifier
+
+    images, labels = data.test_images, np.asarray(data.test_labels)
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    rows, reference = {}, None
+    for dtype in (None, *dtypes):
+        start = time.perf_counter()
+        clf = CIFAR10Classifier(release, dtype=dtype)
+        predicted = clf.predict(images)
+        row = {"backend": clf.backend, "accuracy": float(np.mean(predicted == labels)),
+               "seconds": time.perf_counter() - start}
+        if reference is None:
+            reference = (predicted, row["accuracy"])
+        else:
+            row["gap_points"] = 100.0 * (reference[1] - row["accuracy"])
+            row["agreement"] = float(np.mean(predicted == reference[0]))
+        rows[dtype or "float"] = row
+        print(f"{dtype or 'float':6s} {row['backend']:18s} accuracy {row['accuracy']:.4f}"
+              + (f"  gap {row['gap_points']:+.2f} points  agreement {row['agreement']:.4f}" if dtype else ""),
+              flush=True)
+    return {"images": int(len(labels)), "results": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--release", required=True, help="a release folder (or version name)")
+    p.add_argument("--data", required=True, help="a CIFAR-10 source (its test set is evaluated)")
+    p.add_argument("--dtypes", default="int8,fp8", help="comma-separated calibrated dtypes to evaluate")
+    p.add_argument("--limit", type=int, help="evaluate only the first N test images")
+    p.add_argument("--json", help="write the figures to PATH")
+    args = p.parse_args(argv)
+    from resnet_native.data import load_cifar10
+
+    dtypes = tuple(d for d in args.dtypes.split(",") if d)
+    report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit)
+    if args.json:
+        from resnet_native.checkpoint import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
