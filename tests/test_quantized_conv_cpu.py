@@ -101,3 +101,8 @@ def test_a_calibration_of_another_dtype_or_network_is_refused(rng):
     with pytest.raises(ValueError, match="do not match this network"):
         quantized_convs(quantized_plan(build_plan(deeper, "cifar", "fp32", 32), "int8"), deeper, calibration, "int8",
                         np.asarray)
+
+
+def test_the_legacy_int8x32_probe_checks_its_sizes_before_the_device():
+    with pytest.raises(ValueError, match="c and k multiples of 32"):
+        rn._C._probe_legacy_int8x32(8, 16, 8, 8, 64, 3, 1, 1, True, 5)

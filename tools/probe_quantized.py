@@ -5,7 +5,8 @@
 For each ResNet-50 (CIFAR) layer shape at batch 256 and each epilogue the quantised engine uses, the fused
 quantised convolution (quantized_conv.conv2d, algo 'find') with an 8-bit and a float output, and the fp16
 graph-engine convolution with bias + ReLU; median ms of 20 calls between CUDA events after warm-up, or cuDNN's
-refusal. x_fp16 = fp16 time / quantised time.
+refusal. x_fp16 = fp16 time / quantised time. Beside them, cuDNN's legacy INT8x32 path (NCHW_VECT_C,
+cudnnConvolutionBiasActivationForward, int8 output; layers with channel multiples of 32) on the same shapes.
 """
 
 from __future__ import annotations
@@ -89,6 +90,22 @@ def main(argv=None) -> int:
                 status = f"{row['ms']:.4f} ms  x{row['x_fp16']:.2f}" if "ms" in row else row["error"][:140]
                 print(f"{name:12s} {precision:4s} out={out_name:5s} {epilogue:26s} fp16 {fp16_ms:.4f} ms  {status}",
                       flush=True)
+    from resnet_native._loader import _C
+
+    for name, h, c, k, r, stride in SHAPES:
+        row = dict(layer=name, precision="int8x32 legacy", out="int8", epilogue="bias+relu")
+        if c % 32 or k % 32:
+            row["error"] = "channels not a multiple of 32"
+        else:
+            found = _C._probe_legacy_int8x32(BATCH, c, h, h, k, r, stride, r // 2, True, 20)
+            if found["supported"]:
+                fp16 = next(x["fp16_ms"] for x in rows if x["layer"] == name)
+                row.update(ms=found["ms"], x_fp16=fp16 / found["ms"])
+            else:
+                row["error"] = found["error"]
+        rows.append(row)
+        print(f"{name:12s} int8x32 legacy  " + (f"{row['ms']:.4f} ms  x{row['x_fp16']:.2f}" if "ms" in row
+                                                else row["error"][:200]), flush=True)
     with open(args.json, "w") as f:
         json.dump({"batch": BATCH, "rows": rows}, f, indent=1)
     return 0

@@ -24,6 +24,7 @@
 #include "../conv/conv_spec.h"
 #include "../conv/legacy_algo_names.h"
 #include "../conv/legacy_engine.h"
+#include "../conv/legacy_int8_probe.h"
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/workspace.h"
@@ -383,6 +384,25 @@ void bind_conv(py::module_& m) {
         py::arg("out_code"), py::arg("stream"),
         "y = [relu](scale * conv(x, w) + bias [+ gamma * z]) in int8 / fp8 (graph engine, NHWC); returns out.");
   m.def("quantized_out_codes", &quantized_out_codes, "{dtype name: code} of the dtypes a quantised conv writes.");
+  m.def(
+      "_probe_legacy_int8x32",
+      [](int n, int c, int h, int w, int k, int r, int stride, int pad, bool int8_out, int runs) {
+        if (n < 1 || c < 32 || c % 32 || k < 32 || k % 32 || h < 1 || w < 1 || r < 1 || stride < 1 || pad < 0 ||
+            runs < 1) {
+          throw ValueError("_probe_legacy_int8x32: expected positive sizes with c and k multiples of 32");
+        }
+        const legacy::Int8x32Probe p = legacy::probe_int8x32(n, c, h, w, k, r, stride, pad, int8_out, runs);
+        py::dict d;
+        d["supported"] = p.supported;
+        d["error"] = p.error;
+        d["ms"] = p.ms;
+        d["workspace"] = p.workspace;
+        return d;
+      },
+      py::arg("n"), py::arg("c"), py::arg("h"), py::arg("w"), py::arg("k"), py::arg("r"), py::arg("stride"),
+      py::arg("pad"), py::arg("int8_out"), py::arg("runs"),
+      "A measurement (tools/probe_quantized.py): the legacy INT8x32 conv + bias + ReLU on zeros, {supported, "
+      "error, ms, workspace}. Allocates and synchronises.");
   m.def("conv_backward_data", &conv_backward_data, py::arg("dy"), py::arg("w"), py::arg("out"), py::arg("x_shape"),
         py::arg("spec"), py::arg("stream"), "dx of a convolution; returns out (allocated when None).");
   m.def("conv_backward_filter", &conv_backward_filter, py::arg("x"), py::arg("dy"), py::arg("out"), py::arg("w_shape"),
