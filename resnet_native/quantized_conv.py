@@ -21,7 +21,7 @@ import numpy as np
 from . import reference
 from ._loader import _C
 from ._runtime import op_stream as _stream
-from .conv_spec import ConvSpec, _check_spec, _native_spec
+from .conv_spec import ConvSpec, _native_spec
 from .names import QUANT_ARRAY_DTYPES, QUANT_OUT_DTYPES, QUANT_PRECISIONS, choice, flag
 
 _OUT_CODES = dict(_C.quantized_out_codes())
@@ -50,12 +50,10 @@ def conv2d(x, w, spec: ConvSpec, scale, *, bias=None, z=None, gamma=1.0, relu=Fa
         raise ValueError(f"spec: expected a ConvSpec of precision {' or '.join(map(repr, QUANT_PRECISIONS))}, got "
                          f"{spec!r}")
     relu = flag("relu", relu)
-    name = _out_name(spec, out)
     if isinstance(x, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: the float64 reference
         return reference_conv2d(x, w, spec, scale, bias=bias, z=z, gamma=gamma, relu=relu, out=out)
-    spec = _check_spec(spec)
     return _C.conv_forward_quantized(x, w, scale, bias, z, out, _native_spec(spec, "forward"), relu, float(gamma),
-                                     _OUT_CODES[name], _stream())
+                                     _OUT_CODES[_out_name(spec, out)], _stream())
 
 
 def decode(q, precision: str) -> np.ndarray:

@@ -77,6 +77,10 @@ class TrainStep:
             raise ValueError("overlap_allreduce: needs an allreduce to overlap")
         self.overlap_allreduce = overlap_allreduce
         self._param_index = {id(p): i for i, p in enumerate(optimizer.params)}
+        from .layers import BatchNorm2d
+
+        # Found once: synchronize_batch_norms may switch their sync on after this, so each step looks at them.
+        self._batch_norms = [m for _, m in model.named_modules() if isinstance(m, BatchNorm2d)]
         self.capture_error = None  # why capture was abandoned, if it was
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
@@ -160,9 +164,7 @@ class TrainStep:
         return loss, correct
 
     def _backward_overlapped(self, dlogits) -> None:
-        from .layers import BatchNorm2d
-
-        if any(isinstance(m, BatchNorm2d) and m.sync is not None for _, m in self.model.named_modules()):
+        if any(m.sync is not None for m in self._batch_norms):
             raise ValueError("overlap_allreduce: not with synchronized batch norm (its NCCL sums would share the "
                              "communicator from a second stream)")
         session = self.allreduce.overlapping([p.grad for p in self.optimizer.params])

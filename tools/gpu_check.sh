@@ -73,7 +73,7 @@ for stage in "${stages[@]}"; do
         [ "$rc" -eq 0 ] || status=1
       done ;;
     quant-A)
-      # Issue 17's accuracy goal: recipe A trained (or /tmp/run_A reused), released with its int8 and FP8
+      # The 8-bit engines' accuracy: recipe A trained (or /tmp/run_A reused), released with its int8 and FP8
       # calibrations, then the test set through the float, int8 and FP8 engines.
       [ -f /tmp/run_A/best.npz ] || python3 -m resnet_native.train --recipe A --data .data/cifar10-jpeg.tar.xz \
         --out /tmp/run_A --no-progress ${TRAIN_ARGS:-} 2>&1 | tail -5

@@ -1,4 +1,4 @@
-"""Test accuracy of a release through its float engine and its int8 / FP8 engines (issue 17's accuracy goal).
+"""Test accuracy of a release through its float engine and its int8 / FP8 engines: the calibration's cost in points.
 
     python tools/quant_accuracy.py --release cifar10_models/version_A --data .data/cifar10-jpeg.tar.xz
                                    [--dtypes int8,fp8] [--limit N] [--json PATH]

@@ -11,9 +11,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -205,10 +207,10 @@ py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, 
                   stream);
 }
 
-// The dtypes a quantised convolution may write y in, as the codes Python passes (1 + DType, ConvParams::out_dtype).
+// The dtypes a quantised convolution may write y in, as the codes Python passes (ConvParams::out_dtype's).
 py::dict quantized_out_codes() {
   py::dict d;
-  for (DType t : {DType::I8, DType::FP8, DType::F16, DType::F32}) d[dtype_short_name(t)] = static_cast<int>(t) + 1;
+  for (DType t : kQuantizedOutDtypes) d[dtype_short_name(t)] = out_dtype_code(t);
   return d;
 }
 
@@ -226,8 +228,9 @@ py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle
   if (spec.layout != Layout::NHWC) throw ValueError("spec: int8 / fp8 convolutions need layout='NHWC'");
   const DType dtype = storage_dtype(spec.precision);
   const DType y_dtype = static_cast<DType>(out_code - 1);
-  const bool valid_out = out_code >= 1 && out_code <= static_cast<int>(DType::FP8) + 1 &&
-                         (y_dtype == dtype || y_dtype == DType::F16 || y_dtype == DType::F32);
+  const bool known = std::any_of(std::begin(kQuantizedOutDtypes), std::end(kQuantizedOutDtypes),
+                                 [&](DType t) { return out_code == out_dtype_code(t); });
+  const bool valid_out = known && (y_dtype == dtype || y_dtype == DType::F16 || y_dtype == DType::F32);
   if (!valid_out) {
     throw ValueError(std::string("out_dtype: expected '") + dtype_short_name(dtype) + "', 'fp16' or 'fp32' for " +
                      precision_name(spec.precision) + " (code " + std::to_string(out_code) + ")");
@@ -241,7 +244,7 @@ py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle
   const uint8_t epilogue =
       static_cast<uint8_t>(kEpilogueScale | epilogue_flags(bias.defined(), z.defined(), relu ? "relu" : "identity"));
   ConvParams params = make_conv_params(ConvDirection::Forward, spec, view_dims(x), view_dims(w), epilogue, "x", "w");
-  params.out_dtype = y_dtype == dtype ? 0 : static_cast<uint8_t>(out_code);
+  params.out_dtype = y_dtype == dtype ? 0 : out_dtype_code(y_dtype);
   const std::vector<int64_t> y_shape = as_vector(output_shape(params));
   check_shape_is(scale, "scale", {params.y[1]}, "one per output channel");
   ConvOperands ops = forward_operands(params, y_shape, x, w, bias, z);

@@ -16,12 +16,9 @@ const char* precision_key_name(uint8_t p) {
   return p <= static_cast<uint8_t>(Precision::FP8) ? precision_name(static_cast<Precision>(p)) : "invalid";
 }
 
-// The dtypes a quantised convolution may write y in, by their key names.
-constexpr DType kOutDtypes[] = {DType::I8, DType::FP8, DType::F16, DType::F32};
-
 const char* out_dtype_key_name(uint8_t out_dtype) {
-  for (DType t : kOutDtypes) {
-    if (out_dtype == static_cast<uint8_t>(t) + 1) return dtype_short_name(t);
+  for (DType t : kQuantizedOutDtypes) {
+    if (out_dtype == out_dtype_code(t)) return dtype_short_name(t);
   }
   return "invalid";
 }
@@ -137,8 +134,8 @@ ConvParams ConvParams::from_string(const std::string& text) {
   }
   if (has_out) {
     const std::string& t = tokens.back();
-    for (DType d : kOutDtypes) {
-      if (t == std::string("out=") + dtype_short_name(d)) p.out_dtype = static_cast<uint8_t>(d) + 1;
+    for (DType d : kQuantizedOutDtypes) {
+      if (t == std::string("out=") + dtype_short_name(d)) p.out_dtype = out_dtype_code(d);
     }
     if (p.out_dtype == 0) malformed(text, "expected out=int8|fp8|fp16|fp32, got '" + t + "'");
   }

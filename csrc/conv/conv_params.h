@@ -15,6 +15,13 @@
 
 namespace rn {
 
+// The dtypes a quantised convolution may write y in, and the code ConvParams::out_dtype holds for one (1 + DType:
+// 0 means the storage dtype).
+inline constexpr DType kQuantizedOutDtypes[] = {DType::I8, DType::FP8, DType::F16, DType::F32};
+inline constexpr uint8_t out_dtype_code(DType t) {
+  return static_cast<uint8_t>(static_cast<uint8_t>(t) + 1);
+}
+
 struct ConvParams {
   int32_t device;
   uint8_t direction;      // ConvDirection

@@ -39,6 +39,9 @@ class DeferredOverlap:
         if self.finished:
             raise RuntimeError("overlap session: finish() called twice")
         self.finished = True
+        self._complete()
+
+    def _complete(self) -> None:
         self.allreduce.average(self.grads)
 
 
@@ -85,10 +88,7 @@ class StreamOverlap(DeferredOverlap):
         with self.comm_stream:
             self.allreduce._reduce_bucket(b, self.reordered, self.comm_stream)
 
-    def finish(self) -> None:
-        if self.finished:
-            raise RuntimeError("overlap session: finish() called twice")
-        self.finished = True
+    def _complete(self) -> None:
         for b in range(len(self.launched)):  # any bucket whose gradients were never reported: now
             self._launch(b)
         join = self.events[-1]

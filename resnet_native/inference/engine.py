@@ -241,18 +241,13 @@ class InferenceEngine(contextlib.AbstractContextManager):
                              for s in self.plan.conv_steps() if s.name not in self._quantized}
             self._arena = [cupy.zeros(size * largest, dtype=np.uint8) for size in self.buffers.sizes]
             _, height, width = self.plan.values[self.plan.input].shape
-            lut = normalization_lut(self.dtype)
-            if self.quantized:
+            if self.quantized:  # the table of the simulation's fp32 normalised inputs, quantised
                 table = input_table(self.calibration, self.precision, normalization_lut("fp32"))
                 self._input = QuantizedInputStage(self.precision, (height, width), cupy.asarray(table))
             else:
-                self._input = InputStage(self.dtype, self.layout, (height, width), cupy.asarray(lut))
-            self._specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout=self.layout,
-                                                 precision=self.precision if s.name in self._quantized else
-                                                 s.precision, algo="find",
-                                                 engine="graph" if s.name in self._quantized else self.conv_engine,
-                                                 deterministic=self.deterministic)
-                           for s in self.plan.conv_steps()}
+                lut = cupy.asarray(normalization_lut(self.dtype))
+                self._input = InputStage(self.dtype, self.layout, (height, width), lut)
+            self._specs = {s.name: self._spec(s) for s in self.plan.conv_steps()}
             # The residual steps' fp16 scratch (quantised engines: quantized.py), shared: each is read at once.
             scratch = cupy.empty(residual_scratch_elements(self.plan) * largest if self.quantized else 0, np.float16)
             self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout,
@@ -279,6 +274,13 @@ class InferenceEngine(contextlib.AbstractContextManager):
             conv.save_algorithm_cache(self.algorithm_cache)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
+
+    def _spec(self, step):
+        """A convolution step's ConvSpec: a quantised one's on the graph engine (the only one with 8-bit kernels)."""
+        quantized = step.name in self._quantized
+        return conv.ConvSpec(stride=step.stride, padding=step.padding, layout=self.layout,
+                             precision=self.precision if quantized else step.precision, algo="find",
+                             engine="graph" if quantized else self.conv_engine, deterministic=self.deterministic)
 
     def _view(self, value: int, batch: int):
         """Value `value` for a batch of `batch`: the leading bytes of its buffer, in its dtype and the layout."""

@@ -67,6 +67,15 @@ def normalize_u8(images, lut, out, *, layout: str, dtype: str):
     return _C.normalize_u8(images, lut, out, layout, dtype, op_stream())
 
 
+def check_images(x, name: str, height: int, width: int) -> str:
+    """NORMALIZE for a uint8 (N, height, width, 3) batch of images; ValueError naming `name` for another shape."""
+    shape = tuple(x.shape)
+    if len(shape) != 4 or shape[1:] != (height, width, 3):
+        raise ValueError(f"{name}: uint8 images must be (N, {height}, {width}, 3) RGB in HWC order (any engine "
+                         f"layout), got shape {shape}")
+    return NORMALIZE
+
+
 class InputStage:
     """Checks a batch against the engine's input (storage `dtype`, `layout`, (H, W)) and writes it into a buffer."""
 
@@ -81,10 +90,7 @@ class InputStage:
         """COPY, CAST or NORMALIZE for an accepted batch; TypeError / ValueError naming `name` otherwise."""
         shape = tuple(x.shape)
         if x.dtype == np.uint8:
-            if len(shape) != 4 or shape[1:] != (self.height, self.width, 3):
-                raise ValueError(f"{name}: uint8 images must be (N, {self.height}, {self.width}, 3) RGB in HWC "
-                                 f"order (any engine layout), got shape {shape}")
-            return NORMALIZE
+            return check_images(x, name, self.height, self.width)
         source = _FLOAT_INPUTS.get(np.dtype(x.dtype))
         if source is None:
             raise TypeError(f"{name}: expected uint8 images or a float32 / float16 / bf16 (uint16 bits) batch, got "
@@ -119,14 +125,10 @@ class QuantizedInputStage:
         self.sample_shape = (self.height, self.width, 3)
 
     def kind_of(self, x, name: str = "x") -> str:
-        shape = tuple(x.shape)
         if x.dtype != np.uint8:
             raise TypeError(f"{name}: the {self.dtype} engine takes uint8 (N, {self.height}, {self.width}, 3) images "
                             f"(it quantises them by table), got {x.dtype}")
-        if len(shape) != 4 or shape[1:] != self.sample_shape:
-            raise ValueError(f"{name}: uint8 images must be (N, {self.height}, {self.width}, 3) RGB in HWC order, "
-                             f"got shape {shape}")
-        return NORMALIZE
+        return check_images(x, name, self.height, self.width)
 
     def write(self, x, kind: str, out) -> None:
         import cupy

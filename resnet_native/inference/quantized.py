@@ -63,13 +63,11 @@ def residual_scratch_elements(plan) -> int:
 
 def checked_scales(plan, calibration: Calibration, dtype: str) -> dict:
     """{value index: activation scale} of every value a quantised convolution reads; ValueError when the
-    calibration is for another dtype or another network."""
-    if not isinstance(calibration, Calibration):
-        raise TypeError(f"calibration: expected a resnet_native.quantization.Calibration, got "
-                        f"{type(calibration).__name__}")
+    calibration is for another network or another dtype."""
+    scales = activation_scales(plan, calibration)  # checks the type and the network
     if calibration.dtype != dtype:
         raise ValueError(f"calibration: made for {calibration.dtype!r}, the engine computes in {dtype!r}")
-    return activation_scales(plan, calibration)
+    return scales
 
 
 def quantized_plan(plan, dtype: str):
