@@ -183,7 +183,7 @@ def bare_conv_ops(spec, x, w, dy, y, dx, dw) -> dict:
     fwd, bwd_data, bwd_filter = (conv._native_spec(spec, d) for d in ("forward", "backward_data", "backward_filter"))
     return {
         "forward": lambda: C.conv_forward(x, w, y, None, None, fwd, "identity", 1.0, 1.0, True, stream),
-        "backward_data": lambda: C.conv_backward_data(dy, w, dx, x.shape, bwd_data, stream),
+        "backward_data": lambda: C.conv_backward_data(dy, w, dx, x.shape, False, bwd_data, stream),
         "backward_filter": lambda: C.conv_backward_filter(x, dy, dw, w.shape, False, bwd_filter, stream),
     }
 

@@ -93,13 +93,14 @@ def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", al
                            float(alpha2), _fusion_enabled, _stream())
 
 
-def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None):
-    """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy."""
+def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None, accumulate=False):
+    """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy; with accumulate=True
+    it is added to `out` (which must then be given), as a residual block sums its two input gradients."""
     if isinstance(dy, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: the float64 reference
-        return reference.conv.conv2d_backward_data(dy, w, spec, x_shape, out=out)
+        return reference.conv.conv2d_backward_data(dy, w, spec, x_shape, out=out, accumulate=accumulate)
     spec = _check_spec(spec)
-    return _C.conv_backward_data(dy, w, out, _shape4(x_shape, "x_shape"), _native_spec(spec, "backward_data"),
-                                 _stream())
+    return _C.conv_backward_data(dy, w, out, _shape4(x_shape, "x_shape"), flag("accumulate", accumulate),
+                                 _native_spec(spec, "backward_data"), _stream())
 
 
 def conv2d_backward_filter(x, dy, spec: ConvSpec, w_shape, *, out=None, accumulate=False):

@@ -31,6 +31,8 @@ def test_valid_fake_arguments_reach_the_device_check():
     with expect_device_stage():
         conv.conv2d_backward_data(fake((2, 4, 8, 8)), w, SPEC, (2, 3, 8, 8))
     with expect_device_stage():
+        conv.conv2d_backward_data(fake((2, 4, 8, 8)), w, SPEC, (2, 3, 8, 8), out=fake((2, 3, 8, 8)), accumulate=True)
+    with expect_device_stage():
         conv.conv2d_backward_filter(x, fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3), out=fake((4, 3, 3, 3)),
                                     accumulate=True)
     with expect_device_stage():
@@ -90,6 +92,11 @@ def test_valid_fake_arguments_reach_the_device_check():
                                            algo="IMPLICIT_PRECOMP_GEMM"), (2, 3, 8, 8)), ValueError, "backward_data"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
                                              accumulate=True), ValueError, "accumulate"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8, 8),
+                                           accumulate=True), ValueError, "accumulate"),
+        (lambda: conv.conv2d_backward_data(fake((2, 4, 8, 8)), fake((4, 3, 3, 3)), SPEC, (2, 3, 8, 8),
+                                           out=fake((2, 3, 8, 8)), accumulate="yes"), TypeError,
+         "accumulate: expected True or False"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 4, 8, 8)), SPEC, (4, 3, 3, 3),
                                              accumulate=1), TypeError, "accumulate: expected True or False"),
         (lambda: conv.conv2d_backward_filter(fake((2, 3, 8, 8)), fake((2, 5, 8, 8)), SPEC, (4, 3, 3, 3)),

@@ -12,6 +12,8 @@ cuDNN reports NOT_SUPPORTED or BAD_PARAM, so the summary lists what the library 
 multiple of 8, 3x3 or 1x1, stride 1 or 2) in the common precision/layout pairs are strict: any error fails.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from device_values import TOLERANCE, check_close, host_values, poisoned, rounded, to_device
@@ -122,6 +124,26 @@ def test_backward_filter_accumulates(rng, algo, precision):
     conv.conv2d_backward_filter(p.dev(p.x), p.dev(p.dy), p.spec, p.w_shape, out=out, accumulate=True)
     # The search must not have clobbered dw (find searches on scratch space when accumulating).
     p.check(out, dw0 + p.backward_filter_ref(), f"accumulate {algo} {precision}")
+
+
+@pytest.mark.parametrize("engine", ["legacy", "graph", "auto"])
+@pytest.mark.parametrize("algo", ["find", "heuristic"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_backward_data_accumulates(rng, engine, algo, precision):
+    """dx += conv_backward_data (a residual block's two input gradients summed by the convolution, beta = 1), both
+    for a fresh search (which must not time on dx itself) and for a choice cached by a non-accumulating call."""
+    conv.clear_algorithm_cache()
+    for cached in (False, True):
+        p = problem(rng, "stride2", precision, "NHWC", algo=algo)
+        p.spec = dataclasses.replace(p.spec, engine=engine)
+        if cached:
+            conv.conv2d_backward_data(p.dev(p.dy), p.dev(p.w), p.spec, p.x_shape)
+        before = p.values(p.x.shape)
+        out = p.dev(before)
+        with unsupported_is_xfail(precision != "bf16"):
+            assert conv.conv2d_backward_data(p.dev(p.dy), p.dev(p.w), p.spec, p.x_shape, out=out,
+                                             accumulate=True) is out
+        p.check(out, before + p.backward_data_ref(), f"accumulate {engine} {algo} {precision} cached={cached}")
 
 
 def test_outputs_are_allocated_when_out_is_none(rng):

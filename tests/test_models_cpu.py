@@ -203,3 +203,27 @@ def test_forward_without_gpu_raises_clearly():
     model = ResNet18(num_classes=10)
     with pytest.raises(rn.NoGPUError):
         model.cuda()
+
+
+@pytest.mark.parametrize("fused_residual", [True, False])
+@pytest.mark.parametrize("block,inplanes,planes,stride", [("BasicBlock", 4, 4, 1), ("BasicBlock", 4, 6, 2),
+                                                          ("Bottleneck", 8, 2, 1), ("Bottleneck", 4, 3, 2)])
+def test_a_block_backward_is_the_gradient_of_its_forward(rng, block, inplanes, planes, stride, fused_residual):
+    """The block's input gradient, whose two summands (main path and shortcut) the first convolution's
+    backward-data adds (beta = 1), against a central difference of <forward(x), g> along a random direction; in
+    float64 on the host (batch statistics included)."""
+    from resnet_native.models import blocks
+
+    cls = getattr(blocks, block)
+    b = cls(inplanes, planes, stride, layout="NHWC", fused_residual=fused_residual,
+            rng=np.random.default_rng(1)).to_host()
+    x, v = rng.standard_normal((3, 6, 6, inplanes)), rng.standard_normal((3, 6, 6, inplanes))
+    g = rng.standard_normal(b.forward(x, train=True).shape)
+    dx = np.array(b.backward(g))
+
+    def loss(x_):
+        return float(np.sum(b.forward(x_, train=True) * g))
+
+    eps = 1e-6
+    numeric = (loss(x + eps * v) - loss(x - eps * v)) / (2 * eps)
+    assert np.isclose(np.sum(dx * v), numeric, rtol=1e-6, atol=1e-8), (np.sum(dx * v), numeric)

@@ -86,6 +86,9 @@ def test_conv_reference_matches_direct_loops_and_is_adjoint(rng, layout, stride,
     before = rng.standard_normal(wl.shape)
     accumulated = R.conv.conv2d_backward_filter(xl, dy, spec, wl.shape, out=before.copy(), accumulate=True)
     np.testing.assert_allclose(accumulated, before + dw, rtol=1e-12)
+    before = rng.standard_normal(xl.shape)
+    accumulated = R.conv.conv2d_backward_data(dy, wl, spec, xl.shape, out=before.copy(), accumulate=True)
+    np.testing.assert_allclose(accumulated, before + dx, rtol=1e-12)
 
 
 def test_conv_reference_epilogue(rng):

@@ -256,9 +256,12 @@ py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle
 }
 
 py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle out_obj, py::handle x_shape_obj,
-                              const ConvSpec& spec, uintptr_t stream) {
+                              bool accumulate, const ConvSpec& spec, uintptr_t stream) {
   const DType dtype = float_storage(spec);
   const Dims4 x_shape = ints_arg<4>(x_shape_obj, "x_shape");
+  if (accumulate && out_obj.is_none()) {
+    throw ValueError("accumulate: accumulating into the input gradient needs out= (the gradient to add to)");
+  }
   const TensorView dy = tensor_arg(dy_obj, "dy", dtype, host_only(4));
   const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
   const ConvParams params =
@@ -268,6 +271,7 @@ py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle ou
   ConvOperands ops;
   ops.w = w;
   ops.y = dy;
+  ops.beta = accumulate ? 1.0f : 0.0f;
   return convolve(params, ops, &ConvOperands::x, out, {{dy, "dy"}, {w, "w"}}, true, stream);
 }
 
@@ -407,7 +411,8 @@ void bind_conv(py::module_& m) {
       "A measurement (tools/probe_quantized.py): the legacy INT8x32 conv + bias + ReLU on zeros, {supported, "
       "error, ms, workspace}. Allocates and synchronises.");
   m.def("conv_backward_data", &conv_backward_data, py::arg("dy"), py::arg("w"), py::arg("out"), py::arg("x_shape"),
-        py::arg("spec"), py::arg("stream"), "dx of a convolution; returns out (allocated when None).");
+        py::arg("accumulate"), py::arg("spec"), py::arg("stream"),
+        "dx of a convolution (added to out when accumulate); returns out (allocated when None).");
   m.def("conv_backward_filter", &conv_backward_filter, py::arg("x"), py::arg("dy"), py::arg("out"), py::arg("w_shape"),
         py::arg("accumulate"), py::arg("spec"), py::arg("stream"),
         "dw of a convolution (added to out when accumulate); returns out (allocated when None).");

@@ -213,11 +213,12 @@ std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands&
   std::sort(sizes.begin(), sizes.end(), [](size_t a, size_t b) { return a > b; });
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
 
-  // Find writes every candidate's result into the output. An accumulating backward-filter call must keep dw,
-  // so its search writes into scratch space at the start of the pool buffer instead.
-  void* out = dir == ConvDirection::Forward ? ops.y.data : dir == ConvDirection::BackwardData ? ops.x.data : ops.w.data;
-  const bool scratch_output = dir == ConvDirection::BackwardFilter && ops.beta != 0.0f;
-  const size_t scratch = scratch_output ? round_up(ops.w.nbytes(), 256) : 0;
+  // Find writes every candidate's result into the output. An accumulating call (beta != 0) must keep what its
+  // output holds, so its search writes into scratch space at the start of the pool buffer instead.
+  const TensorView& result = dir == ConvDirection::Forward ? ops.y : dir == ConvDirection::BackwardData ? ops.x : ops.w;
+  void* out = result.data;
+  const bool scratch_output = ops.beta != 0.0f;
+  const size_t scratch = scratch_output ? round_up(result.nbytes(), 256) : 0;
   void* base = nullptr;
   size_t ws_size = 0;
   bool have = false;

@@ -124,7 +124,10 @@ class Conv2d(Module):
         self._saved_x = x if train else None
         return y
 
-    def backward(self, dy):
+    def backward(self, dy, *, accumulate_into=None):
+        """dx (None without needs_input_grad), after adding dw into the weight's gradient. accumulate_into: an
+        array of x's shape that the convolution adds dx into (beta = 1) and returns, in place of its own buffer: a
+        residual block's other input gradient, summed without a pass of its own."""
         x = self._saved_x
         if x is None:
             raise RuntimeError("Conv2d.backward: nothing saved; call forward(x, train=True) first")
@@ -137,6 +140,9 @@ class Conv2d(Module):
         self.weight.accumulate_grad(dw)
         if not self.needs_input_grad:
             return None
+        if accumulate_into is not None:
+            return conv.conv2d_backward_data(dy, self._weight_for_ops(), spec, tuple(x.shape), out=accumulate_into,
+                                             accumulate=True)
         dx = self._buffers.get("dx", x.shape, dy.dtype)
         conv.conv2d_backward_data(dy, self._weight_for_ops(), spec, tuple(x.shape), out=dx)
         return dx

@@ -65,13 +65,18 @@ class _ResidualBlock(Module):
         else:
             d, d_shortcut = self._children["add"].backward(dy)
             d = last_bn.backward(d)
-        d = last_conv.backward(d)
-        for conv, bn in reversed(pairs[:-1]):
-            d = conv.backward(bn.backward(d))
         if self.downsample is not None:
             d_shortcut = self.downsample.backward(d_shortcut)
-        # d is the first conv's input-gradient buffer, owned by that layer and not read again: add in place.
-        kernels.add(d, d_shortcut, out=d, dtype=native_dtype(d))
+        # The shortcut's gradient is a buffer of this block's layers (the downsample conv's dx, or the last batch
+        # norm's dz / the Add's gradient, already read by that batch norm): the first conv's backward-data adds
+        # into it (beta = 1) and the sum needs no pass of its own. The block's input gradient dy is not its own.
+        into = None if d_shortcut is dy else d_shortcut
+        d = last_conv.backward(d)
+        for i in reversed(range(len(pairs) - 1)):
+            conv, bn = pairs[i]
+            d = conv.backward(bn.backward(d), accumulate_into=into if i == 0 else None)
+        if into is None:
+            kernels.add(d, d_shortcut, out=d, dtype=native_dtype(d))
         return d
 
 

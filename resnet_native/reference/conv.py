@@ -138,9 +138,18 @@ def conv2d(x, w, spec, *, bias=None, z=None, activation="identity", alpha1=1.0, 
     return storage.write(storage.output(out, y_shape, x.dtype), from_nchw(y, g.layout), dtype)
 
 
-def conv2d_backward_data(dy, w, spec, x_shape, *, out=None):
-    """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy."""
+def _accumulate_into(accumulate, out) -> bool:
+    accumulate = flag("accumulate", accumulate)
+    if accumulate and out is None:
+        raise ValueError("accumulate: needs out, the gradient to add to")
+    return accumulate
+
+
+def conv2d_backward_data(dy, w, spec, x_shape, *, out=None, accumulate=False):
+    """dx, the gradient of conv2d's input x (of shape x_shape, in the spec's layout) given dy; with accumulate=True it
+    is added to `out` (which must then be given) instead of overwriting it."""
     g = _geometry(spec)
+    accumulate = _accumulate_into(accumulate, out)
     dtype = _operands(g, dy=dy, w=w)
     x_nchw = shape_to_nchw(_shape4(x_shape, "x_shape"), g.layout)
     dyn, wk = storage.decode(to_nchw(dy, g.layout), dtype), storage.decode(to_nchw(w, g.layout), dtype)
@@ -158,18 +167,18 @@ def conv2d_backward_data(dy, w, spec, x_shape, *, out=None):
                 rows = slice(i * dh, i * dh + sh * (p - 1) + 1, sh)
                 cols = slice(j * dw, j * dw + sw * (q - 1) + 1, sw)
                 dxpad[:, cin, rows, cols] += dwin[:, :, :, :, i, j].transpose(0, 3, 1, 2)
-    dx = dxpad[:, :, ph : ph + h, pw : pw + wd]
+    dx = from_nchw(dxpad[:, :, ph : ph + h, pw : pw + wd], g.layout)
     result = storage.output(out, shape_from_nchw(x_nchw, g.layout), dy.dtype)
-    return storage.write(result, from_nchw(dx, g.layout), dtype)
+    if accumulate:
+        dx = dx + storage.decode(result, dtype)
+    return storage.write(result, dx, dtype)
 
 
 def conv2d_backward_filter(x, dy, spec, w_shape, *, out=None, accumulate=False):
     """dw, the gradient of conv2d's filter (of shape w_shape, in the spec's layout); with accumulate=True it is added
     to `out` (which must then be given) instead of overwriting it."""
     g = _geometry(spec)
-    accumulate = flag("accumulate", accumulate)
-    if accumulate and out is None:
-        raise ValueError("accumulate: needs out, the gradient to add to")
+    accumulate = _accumulate_into(accumulate, out)
     dtype = _operands(g, x=x, dy=dy)
     w_kcrs = shape_to_nchw(_shape4(w_shape, "w_shape"), g.layout)
     xn, dyn = storage.decode(to_nchw(x, g.layout), dtype), storage.decode(to_nchw(dy, g.layout), dtype)

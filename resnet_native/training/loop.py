@@ -118,7 +118,9 @@ class Trainer:
             self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
-        data = self._load_data()
+        spent = _Stopwatch()  # where this process's wall time goes outside training steps (the summary's "seconds")
+        with spent("data"):
+            data = self._load_data()
         if primary:
             self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: checkpoint writer, metrics log, workers
@@ -127,7 +129,8 @@ class Trainer:
                 load_algorithm_cache(self.out / ALGOS_FILE)
             elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
                 rn.conv.load_algorithm_cache(self.algorithms)
-            parts = _build(cfg, data, self.world, self.store, self.allreduce)
+            with spent("build"):
+                parts = _build(cfg, data, self.world, self.store, self.allreduce)
             progress = _Progress()
             if state is not None:
                 parts.load_state_dict(state)
@@ -144,12 +147,14 @@ class Trainer:
                 writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
             else:  # the other ranks keep their rows and write nothing
                 log, writer = _RowsOnly(rows), None
-            for epoch in range(progress.next_epoch, end_epoch):
+            first = progress.next_epoch
+            for epoch in range(first, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
                 train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
-                test_loss, test_acc = evaluate(parts.model, parts.test_inputs, parts.test_labels,
-                                               cfg.eval_batch_size) if primary else (math.nan, math.nan)
+                with spent("evaluate"):
+                    test_loss, test_acc = evaluate(parts.model, parts.test_inputs, parts.test_labels,
+                                                   cfg.eval_batch_size) if primary else (math.nan, math.nan)
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
                        "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                        "images_per_s": parts.images_per_epoch / epoch_time}
@@ -161,16 +166,21 @@ class Trainer:
                       file=sys.stderr)
                 due = (epoch + 1) % self.checkpoint_every == 0 or epoch + 1 == end_epoch
                 if primary and (due or is_best):
-                    snapshot = self._state(parts, epoch, progress, log.rows)
-                    if due:
-                        writer.submit(self.out / "last.npz", snapshot, self.out / "best.npz" if is_best else None)
-                    else:
-                        writer.submit(self.out / "best.npz", snapshot)
-                    save_algorithm_cache(self.out / ALGOS_FILE)
+                    with spent("checkpoint"):
+                        snapshot = self._state(parts, epoch, progress, log.rows)
+                        if due:
+                            writer.submit(self.out / "last.npz", snapshot,
+                                          self.out / "best.npz" if is_best else None)
+                        else:
+                            writer.submit(self.out / "best.npz", snapshot)
+                        save_algorithm_cache(self.out / ALGOS_FILE)
         if self.store is not None:  # every rank returns once rank 0's checkpoints are on disk
             self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model
-        return self._summary(parts, progress, log.rows, end_epoch, t_start)
+        summary = self._summary(parts, progress, log.rows, end_epoch, t_start)
+        summary["seconds"] = spent.totals(train=sum(r["epoch_time_s"] for r in log.rows[-(end_epoch - first):])
+                                          if end_epoch > first else 0.0, wall=summary["wall_time_s"])
+        return summary
 
     def _resumed_state(self) -> dict | None:
         """last.npz of the run folder, checked to continue this configuration; None (and a note) when absent."""
@@ -404,6 +414,29 @@ def _epoch_images(aa, epoch: int, end_epoch: int):
     if epoch + 1 < end_epoch:
         aa.prefetch(epoch + 1)
     return images
+
+
+class _Stopwatch:
+    """Seconds summed per activity: `with spent("evaluate"): ...`."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    @contextlib.contextmanager
+    def __call__(self, what: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+
+    def totals(self, *, train: float, wall: float) -> dict:
+        """{activity: s} with this run's training epochs and the rest of the wall time ('other': start-up,
+        metrics, waiting for the checkpoint writer)."""
+        out = {k: round(v, 3) for k, v in self.seconds.items()}
+        out["train"] = round(train, 3)
+        out["other"] = round(wall - sum(out.values()), 3)
+        return out
 
 
 def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
