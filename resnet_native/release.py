@@ -47,6 +47,7 @@ _NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
 WEIGHTS_FILE = "model.safetensors"
 ONNX_FILE = "model.onnx"
 _warned_without_onnx = False  # the missing onnx package is reported once per process, not once per release
+CALIBRATE_ON = ("host", "gpu")  # where a release's calibration forwards run (quantization.simulate's devices)
 CALIBRATION_SEED = 0  # the training-set slices a calibration uses: the same for every release
 
 # A release name: a letter or digit, then up to 63 letters, digits, '.', '_' or '-' (no path separators, not hidden).
@@ -259,10 +260,11 @@ def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
 
 def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
             bench_batch_size: int = 1000, quantize=(), data=None, calibration_images: int = 512,
-            holdout_images: int = 1000) -> pathlib.Path:
+            holdout_images: int = 1000, calibrate_on: str = "host") -> pathlib.Path:
     """Build <out_dir>/version_<version>/ from a training run; returns its path. quantize: dtypes ('int8',
     'fp8') to calibrate for, on `data` (a CIFAR-10 source): calibration_images of the training set calibrate,
-    the next holdout_images choose the method. data: a CIFAR-10 source (load_cifar10) or a loaded CIFAR10Data."""
+    the next holdout_images choose the method. data: a CIFAR-10 source (load_cifar10) or a loaded CIFAR10Data.
+    calibrate_on: 'host' (the float64 NumPy forwards: minutes) or 'gpu' (fp32 cuDNN: seconds)."""
     from .quantization.calibration import QUANT_DTYPES
 
     check_version(version)
@@ -270,6 +272,7 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
     quantize = tuple(dict.fromkeys(choice("quantize", q, QUANT_DTYPES) for q in quantize))
     if quantize and data is None:
         raise ValueError(f"data: calibrating for {', '.join(quantize)} needs the training set (a CIFAR-10 source)")
+    calibrate_on = choice("calibrate_on", calibrate_on, CALIBRATE_ON)
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(ckpt_path)
     weights = {k: np.asarray(v) for k, v in state["model"].items()}
@@ -286,16 +289,17 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
     calibrations = {}
     if quantize:
         calibrations, metrics["quantization"] = calibrate_release(
-            weights, config["model"]["stem"], data, quantize, calibration_images, holdout_images)
+            weights, config["model"]["stem"], data, quantize, calibration_images, holdout_images, calibrate_on)
     return _write_release(pathlib.Path(out_dir), version, config, metrics, weights, calibrations)
 
 
-def calibrate_release(weights: dict, stem: str, data, dtypes, calibration_images: int, holdout_images: int):
+def calibrate_release(weights: dict, stem: str, data, dtypes, calibration_images: int, holdout_images: int,
+                      calibrate_on: str = "host"):
     """({dtype: Calibration}, {dtype: report}) from two disjoint, seeded slices of the training set of `data`
-    (quantization.selection.choose_calibration)."""
+    (quantization.selection.choose_calibrations)."""
     from .data.augment import normalize_on_host
     from .data.cifar10 import CIFAR10Data, load_cifar10
-    from .quantization.selection import choose_calibration
+    from .quantization.selection import choose_calibrations
 
     n_cal = whole_number("calibration_images", calibration_images, 1)
     n_hold = whole_number("holdout_images", holdout_images, 1)
@@ -309,11 +313,10 @@ def calibrate_release(weights: dict, stem: str, data, dtypes, calibration_images
     def images(idx):
         return normalize_on_host(train.train_images[idx], layout="NCHW", dtype="fp32")
 
-    calibrations, reports = {}, {}
-    for dtype in dtypes:
-        calibrations[dtype], reports[dtype] = choose_calibration(weights, images(cal), images(hold),
-                                                                 train.train_labels[hold], dtype=dtype, stem=stem)
-    return calibrations, reports
+    # Batches of 256 on the GPU; 16 keep the float64 host forward's arrays small.
+    chosen = choose_calibrations(weights, images(cal), images(hold), train.train_labels[hold], dtypes=dtypes,
+                                 stem=stem, device=calibrate_on, batch_size=256 if calibrate_on == "gpu" else 16)
+    return {d: c for d, (c, _) in chosen.items()}, {d: r for d, (_, r) in chosen.items()}
 
 
 def release_config(state: dict, version: str, *, run_name: str, checkpoint_name: str) -> dict:
@@ -413,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-images", type=int, default=512, help="training images that calibrate")
     p.add_argument("--holdout-images", type=int, default=1000,
                    help="further training images on which the calibration method is chosen")
+    p.add_argument("--calibrate-on", choices=CALIBRATE_ON, default="host",
+                   help="where the calibration's forwards run: host (float64 NumPy, minutes) or gpu (fp32 cuDNN)")
     return p
 
 
@@ -424,7 +429,8 @@ def main(argv=None) -> pathlib.Path:
         parser.error(f"--{quantize[0]}: pass --data, the CIFAR-10 source whose training set calibrates")
     path = release(args.run, args.version, args.out, checkpoint=args.checkpoint, benchmark=not args.no_benchmark,
                    bench_batch_size=args.bench_batch_size, quantize=quantize, data=args.data,
-                   calibration_images=args.calibration_images, holdout_images=args.holdout_images)
+                   calibration_images=args.calibration_images, holdout_images=args.holdout_images,
+                   calibrate_on=args.calibrate_on)
     print(json.dumps({"release": str(path), **json.loads((path / "metrics.json").read_text())}))
     return path
 

@@ -61,3 +61,59 @@ def test_a_calibration_of_another_network_is_refused(problem):
         simulate_logits(other, images[:1], cal)
     with pytest.raises(ValueError, match="images"):
         calibrate(state, images[:, :2], "max")
+
+
+def test_one_shared_pass_calibrates_every_method_and_dtype_as_separate_passes_do(problem):
+    """calibrate_many (one float forward watched by every method's observers) gives each (method, dtype) exactly
+    the calibration of its own pass; choose_calibrations picks per dtype what choose_calibration picks alone."""
+    from resnet_native.quantization import calibrate_many, choose_calibration, choose_calibrations
+
+    state, images, _ = problem
+    methods, dtypes = ("max", "percentile", "entropy"), ("int8", "fp8")
+    many = calibrate_many(state, images[:4], methods, dtypes, batch_size=4)
+    assert set(many) == {(m, d) for m in methods for d in dtypes}
+    for (m, d), cal in many.items():
+        assert cal == calibrate(state, images[:4], m, dtype=d, batch_size=4), (m, d)
+    labels = np.array([0, 1])
+    both = choose_calibrations(state, images[:4], images[4:], labels, dtypes=dtypes, batch_size=4)
+    for d in dtypes:
+        alone = choose_calibration(state, images[:4], images[4:], labels, dtype=d, batch_size=4)
+        assert both[d][0] == alone[0] and both[d][1] == alone[1], d
+        assert set(both[d][1]["methods"]) == set(methods)
+    with pytest.raises(ValueError, match="dtypes"):
+        choose_calibrations(state, images[:4], images[4:], labels, dtypes=())
+    with pytest.raises(ValueError, match="dtype"):
+        calibrate_many(state, images[:4], ("max",), ("int4",))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+def test_in_place_fake_quantisation_is_fake_quantize(rng, dtype):
+    """The ufunc-only rounding the fp32 / GPU forward uses equals the float64 one on float64 values (ties, values
+    past the saturation point and exact zeros included)."""
+    from resnet_native.quantization.simulate import fake_quantize, fake_quantize_in_place
+
+    scale = 0.037
+    x = np.concatenate([rng.standard_normal(5000) * 3, (np.arange(-300, 300) + 0.5) * scale, [0.0, -0.0, 1e6, -1e6]])
+    got = x.copy()
+    fake_quantize_in_place(got, scale, dtype)
+    np.testing.assert_array_equal(got, fake_quantize(x, scale, dtype))
+
+
+def test_the_fp32_forward_agrees_with_float64(problem):
+    """device='host-fp32' (the GPU path's code and arithmetic, on the host): float logits, every calibration's
+    scales and the fake-quant logits within fp32 rounding of the float64 forward."""
+    from resnet_native.quantization import calibrate_many
+
+    state, images, f = problem
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    assert rel(float_logits(state, images, batch_size=4, device="host-fp32"), f) < 1e-6
+    many = calibrate_many(state, images, ("max", "entropy"), ("int8", "fp8"), batch_size=4)
+    fp32 = calibrate_many(state, images, ("max", "entropy"), ("int8", "fp8"), batch_size=4, device="host-fp32")
+    for key, cal in many.items():
+        a, b = (np.array(list(c.activation_scales.values())) for c in (cal, fp32[key]))
+        assert np.max(np.abs(a - b) / a) < 1e-6, key
+        assert fp32[key].weight_scales == cal.weight_scales, key
+        q64 = simulate_logits(state, images, cal, batch_size=4)
+        assert rel(simulate_logits(state, images, cal, batch_size=4, device="host-fp32"), q64) < 1e-5, key
+    with pytest.raises(ValueError, match="device"):
+        float_logits(state, images, device="tpu")

@@ -381,7 +381,10 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
     assert cal.dtype == "int8" and cal.method in ("max", "percentile", "entropy")
     report = json.loads((path / "metrics.json").read_text())["quantization"]["int8"]
     assert report["method"] == cal.method and set(report["methods"]) == {"max", "percentile", "entropy"}
-    assert report["calibration_images"] == 3 and report["holdout_images"] == 3
+    assert report["calibration_images"] == 3 and report["holdout_images"] == 3 and report["device"] == "host"
+    with pytest.raises(ValueError, match="calibrate_on"):
+        release.release(tmp_path / "run", "Q2", tmp_path / "models", benchmark=False, quantize=["int8"], data=data,
+                        calibrate_on="tpu")
     for figures in report["methods"].values():
         assert 0.0 <= figures["accuracy"] <= 1.0 and 0.0 <= figures["agreement"] <= 1.0
     best = report["methods"][cal.method]

@@ -20,8 +20,8 @@ from .calibration import EntropyObserver, MaxAbsObserver, PercentileObserver, ma
 from .calibration_file import Calibration, load_calibration, save_calibration
 from .fp8 import E4M3_MAX, decode_e4m3, dequantize_fp8, encode_e4m3, fp8_scale, quantize_fp8
 from .int8 import INT8_MAX, dequantize_int8, int8_scale, quantize_int8, requant_params, requantize, requantize_float
-from .selection import choose_calibration
-from .simulate import calibrate, float_logits, simulate_logits, value_names
+from .selection import choose_calibration, choose_calibrations
+from .simulate import calibrate, calibrate_many, float_logits, simulate_logits, value_names
 
 __all__ = [
     "Calibration",
@@ -31,7 +31,9 @@ __all__ = [
     "MaxAbsObserver",
     "PercentileObserver",
     "calibrate",
+    "calibrate_many",
     "choose_calibration",
+    "choose_calibrations",
     "decode_e4m3",
     "dequantize_fp8",
     "dequantize_int8",

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..names import choice
 from .calibration import METHODS, QUANT_DTYPES
-from .simulate import calibrate, float_logits, simulate_logits
+from .simulate import calibrate_many, float_logits, simulate_logits
 
 
 def choose_calibration(state: dict, calibration_images, holdout_images, holdout_labels, *, dtype: str = "int8",
@@ -17,10 +17,23 @@ def choose_calibration(state: dict, calibration_images, holdout_images, holdout_
     """(Calibration, report) for the network `state`: the method of `methods` whose calibration on
     calibration_images gives the highest top-1 accuracy on holdout_images (normalised NCHW float batches) against
     holdout_labels; ties go to the higher agreement with the float forward's predictions, then to the order of
-    `methods`. report: {"dtype", "method", "calibration_images", "holdout_images", "float_accuracy",
+    `methods`. report: {"dtype", "method", "calibration_images", "holdout_images", "device", "float_accuracy",
     "methods": {method: {"accuracy", "agreement"}}}."""
-    choice("dtype", dtype, QUANT_DTYPES)
-    methods = tuple(methods)
+    return choose_calibrations(state, calibration_images, holdout_images, holdout_labels, dtypes=(dtype,),
+                               methods=methods, stem=stem, percentile=percentile, batch_size=batch_size)[dtype]
+
+
+def choose_calibrations(state: dict, calibration_images, holdout_images, holdout_labels, *, dtypes=QUANT_DTYPES,
+                        methods=METHODS, stem: str = "cifar", percentile: float = 99.99, batch_size: int = 16,
+                        device: str = "host"):
+    """{dtype: (Calibration, report)}: choose_calibration for each of `dtypes`, sharing the float forwards (one
+    over the calibration images for every method and dtype, one over the held-out images). device: where the
+    forwards run (simulate.DEVICES: 'gpu' is fp32 cuDNN, minutes faster than the float64 host)."""
+    dtypes, methods = tuple(dtypes), tuple(methods)
+    if not dtypes:
+        raise ValueError("dtypes: expected at least one of " + ", ".join(QUANT_DTYPES))
+    for d in dtypes:
+        choice("dtype", d, QUANT_DTYPES)
     if not methods:
         raise ValueError("methods: expected at least one of " + ", ".join(METHODS))
     for m in methods:
@@ -29,17 +42,23 @@ def choose_calibration(state: dict, calibration_images, holdout_images, holdout_
     if labels.ndim != 1 or len(labels) != len(holdout_images) or len(labels) == 0:
         raise ValueError(f"holdout_labels: expected one label per held-out image ({len(holdout_images)}), got shape "
                          f"{labels.shape}")
-    reference = float_logits(state, holdout_images, stem=stem, batch_size=batch_size).argmax(axis=1)
-    report = {"dtype": dtype, "calibration_images": len(calibration_images), "holdout_images": len(labels),
-              "float_accuracy": float(np.mean(reference == labels)), "methods": {}}
-    best = None
-    for m in methods:
-        cal = calibrate(state, calibration_images, m, dtype=dtype, stem=stem, percentile=percentile,
-                        batch_size=batch_size)
-        predicted = simulate_logits(state, holdout_images, cal, stem=stem, batch_size=batch_size).argmax(axis=1)
-        figures = {"accuracy": float(np.mean(predicted == labels)), "agreement": float(np.mean(predicted == reference))}
-        report["methods"][m] = figures
-        if best is None or (figures["accuracy"], figures["agreement"]) > best[0]:
-            best = ((figures["accuracy"], figures["agreement"]), m, cal)
-    report["method"] = best[1]
-    return best[2], report
+    reference = float_logits(state, holdout_images, stem=stem, batch_size=batch_size, device=device).argmax(axis=1)
+    calibrations = calibrate_many(state, calibration_images, methods, dtypes, stem=stem, percentile=percentile,
+                                  batch_size=batch_size, device=device)
+    chosen = {}
+    for dtype in dtypes:
+        report = {"dtype": dtype, "calibration_images": len(calibration_images), "holdout_images": len(labels),
+                  "device": device, "float_accuracy": float(np.mean(reference == labels)), "methods": {}}
+        best = None
+        for m in methods:
+            cal = calibrations[m, dtype]
+            predicted = simulate_logits(state, holdout_images, cal, stem=stem, batch_size=batch_size,
+                                        device=device).argmax(axis=1)
+            figures = {"accuracy": float(np.mean(predicted == labels)),
+                       "agreement": float(np.mean(predicted == reference))}
+            report["methods"][m] = figures
+            if best is None or (figures["accuracy"], figures["agreement"]) > best[0]:
+                best = ((figures["accuracy"], figures["agreement"]), m, cal)
+        report["method"] = best[1]
+        chosen[dtype] = (best[2], report)
+    return chosen

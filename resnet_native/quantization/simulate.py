@@ -15,6 +15,11 @@ float64 references; this module only says what each value and weight holds:
 The int8 arithmetic is exact here: int8 x int8 products summed in float64 are exact integers (below 2**53), so
 conv(fake-quant x, fake-quant w) = acc * s_x * s_w[k] up to one rounding, as requantize_float defines it.
 Slow (NumPy convolutions): for small batches.
+
+device='gpu' runs the same forward on the GPU in fp32 (cuDNN convolutions, strict fp32: no TF32; the values
+fake-quantised there, the observers fed on the host): what choosing a release's calibration needs, seconds
+instead of minutes, within fp32 rounding (~1e-7 relative) of the float64 forward. device='host-fp32' is that
+arithmetic on the host (fp32 storage between ops), where the GPU path's code can be tested without a GPU.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from ..inference.runner import bind_forward
 from ..names import choice, whole_number
 from .calibration import METHODS, QUANT_DTYPES, make_observer
 from .calibration_file import Calibration
-from .fp8 import fake_quantize_fp8, fp8_scale
-from .int8 import fake_quantize_int8, int8_scale
+from .fp8 import fake_quantize_fp8, fp8_scale, round_e4m3_values
+from .int8 import INT8_MAX, fake_quantize_int8, int8_scale
 
 INPUT_NAME = "input"
+DEVICES = ("host", "host-fp32", "gpu")
 
 
 def value_names(plan) -> tuple:
@@ -54,6 +60,24 @@ def fake_quantize(x, scale, dtype: str, axis=None) -> np.ndarray:
     """x quantised to `dtype` ('int8' or 'fp8') at `scale` and back, float64."""
     choice("dtype", dtype, QUANT_DTYPES)
     return (fake_quantize_int8 if dtype == "int8" else fake_quantize_fp8)(x, scale, axis)
+
+
+def fake_quantize_in_place(a, scale: float, dtype: str) -> None:
+    """a (a host or device float array) replaced by its values quantised to `dtype` at the per-tensor `scale` and
+    back, in a's own dtype: the same rounding as fake_quantize (round half to even, saturating), written with the
+    ufuncs NumPy and cupy share."""
+    xp = _array_module(a)
+    v = a / a.dtype.type(scale)
+    q = xp.clip(xp.rint(v), -INT8_MAX, INT8_MAX) if dtype == "int8" else round_e4m3_values(v, xp)
+    a[...] = q * a.dtype.type(scale)
+
+
+def _array_module(a):
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
 
 
 def weight_scales(plan, state: dict, dtype: str) -> dict:
@@ -79,22 +103,33 @@ def _plan(state: dict, stem: str, images: np.ndarray):
     return build_plan(state, stem, "fp32", image_size=images.shape[2:])
 
 
-def _run(plan, images: np.ndarray, weights: dict, on_value, batch_size: int) -> np.ndarray:
-    """Logits of the plan over `images` in batches; on_value(v, array) may change each value in place once it is
-    produced (the input first)."""
+def _run(plan, images: np.ndarray, weights: dict, on_value, batch_size: int, device: str = "host") -> np.ndarray:
+    """Logits (float64, host) of the plan over `images` in batches on `device`; on_value(v, array) may change each
+    value in place once it is produced (the input first); array is a device array on the GPU."""
+    choice("device", device, DEVICES)
+    if device == "host":
+        xp, dtype = np, np.float64
+    elif device == "host-fp32":
+        xp, dtype = np, np.float32
+    else:
+        import cupy as xp
+
+        dtype = np.float32
     specs = {s.name: conv.ConvSpec(stride=s.stride, padding=s.padding, layout="NCHW", precision="fp32")
              for s in plan.conv_steps()}
+    if device != "host":
+        weights = {k: (xp.asarray(w, dtype), xp.asarray(b, dtype)) for k, (w, b) in weights.items()}
     logits, batch_size = [], whole_number("batch_size", batch_size, 1)
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
-        arrays = {v: np.empty((len(chunk), *value.shape)) for v, value in enumerate(plan.values)}
+        arrays = {v: xp.empty((len(chunk), *value.shape), dtype) for v, value in enumerate(plan.values)}
         forward = bind_forward(plan, len(chunk), lambda v, _n, arrays=arrays: arrays[v], weights, specs, "NCHW")
-        forward.input[...] = chunk
+        forward.input[...] = xp.asarray(chunk, dtype)
         on_value(plan.input, arrays[plan.input])
         for step, call in zip(plan.steps, forward.calls, strict=True):
             call()
             on_value(step.out, arrays[step.out])
-        logits.append(forward.logits.copy())
+        logits.append(np.asarray(forward.logits.get() if xp is not np else forward.logits, np.float64))
     return np.concatenate(logits)
 
 
@@ -102,33 +137,53 @@ def _float_weights(plan, state: dict) -> dict:
     return {s.name: conv_step_params(s, state, "NCHW") for s in plan.conv_steps()}
 
 
-def float_logits(state: dict, images, *, stem: str = "cifar", batch_size: int = 16) -> np.ndarray:
-    """(N, classes) logits of the float64 forward (BatchNorm folded), the baseline of simulate_logits."""
+def float_logits(state: dict, images, *, stem: str = "cifar", batch_size: int = 16, device: str = "host") -> np.ndarray:
+    """(N, classes) logits of the float forward (BatchNorm folded), the baseline of simulate_logits."""
     images = _images(images)
     plan = _plan(state, stem, images)
-    return _run(plan, images, _float_weights(plan, state), lambda v, a: None, batch_size)
+    return _run(plan, images, _float_weights(plan, state), lambda v, a: None, batch_size, device)
 
 
 def calibrate(state: dict, images, method: str = "entropy", *, dtype: str = "int8", stem: str = "cifar",
-              percentile: float = 99.99, batch_size: int = 16) -> Calibration:
+              percentile: float = 99.99, batch_size: int = 16, device: str = "host") -> Calibration:
     """A Calibration of the network `state` from a float forward over `images`: one observer per quantised value
     (calibration.py's `method`), weight scales from the folded weights' max |w| per output channel."""
-    choice("method", method, METHODS)
-    choice("dtype", dtype, QUANT_DTYPES)
+    return calibrate_many(state, images, (method,), (dtype,), stem=stem, percentile=percentile,
+                          batch_size=batch_size, device=device)[method, dtype]
+
+
+def calibrate_many(state: dict, images, methods, dtypes, *, stem: str = "cifar", percentile: float = 99.99,
+                   batch_size: int = 16, device: str = "host") -> dict:
+    """{(method, dtype): Calibration} for every pair, from one float forward over `images`: the activations do not
+    depend on the method or the dtype, so every method's observers watch the same pass (what choosing among
+    methods and dtypes costs is then one calibration forward, not one per pair)."""
+    methods, dtypes = tuple(methods), tuple(dtypes)
+    for m in methods:
+        choice("method", m, METHODS)
+    for d in dtypes:
+        choice("dtype", d, QUANT_DTYPES)
     images = _images(images)
     plan = _plan(state, stem, images)
-    observers = {v: make_observer(method, percentile=percentile) for v in quantized_values(plan)}
+    values = quantized_values(plan)
+    watched = set(values)
+    observers = {m: {v: make_observer(m, percentile=percentile) for v in values} for m in methods}
 
     def observe(v, array):
-        if v in observers:
-            observers[v].observe(array)
+        if v in watched:
+            host = array.get() if _array_module(array) is not np else array
+            for per_value in observers.values():
+                per_value[v].observe(host)
 
     weights = _float_weights(plan, state)  # folded once: the forward and the weight scales both read them
-    _run(plan, images, weights, observe, batch_size)
+    _run(plan, images, weights, observe, batch_size, device)
     names = value_names(plan)
-    return Calibration(dtype, method, float(percentile) if method == "percentile" else None, names,
-                       {names[v]: o.scale(dtype) for v, o in observers.items()},
-                       {k: tuple(float(s) for s in v) for k, v in _weight_scales(plan, weights, dtype).items()})
+    out = {}
+    for d in dtypes:
+        w_scales = {k: tuple(float(s) for s in v) for k, v in _weight_scales(plan, weights, d).items()}
+        for m in methods:
+            out[m, d] = Calibration(d, m, float(percentile) if m == "percentile" else None, names,
+                                    {names[v]: o.scale(d) for v, o in observers[m].items()}, w_scales)
+    return out
 
 
 def activation_scales(plan, calibration: Calibration) -> dict:
@@ -158,7 +213,7 @@ def step_weight_scales(calibration: Calibration, step, k: int) -> np.ndarray:
 
 
 def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
-                    batch_size: int = 16) -> np.ndarray:
+                    batch_size: int = 16, device: str = "host") -> np.ndarray:
     """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says."""
     images = _images(images)
     plan = _plan(state, stem, images)
@@ -171,6 +226,9 @@ def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str 
 
     def quantize(v, array):
         if v in scales:
-            array[...] = fake_quantize(array, scales[v], calibration.dtype)
+            if device == "host":
+                array[...] = fake_quantize(array, scales[v], calibration.dtype)
+            else:
+                fake_quantize_in_place(array, scales[v], calibration.dtype)
 
-    return _run(plan, images, weights, quantize, batch_size)
+    return _run(plan, images, weights, quantize, batch_size, device)

@@ -1,0 +1,36 @@
+"""The fake-quant forward on the GPU (device='gpu': fp32 cuDNN convolutions, strict, no TF32) against the float64
+host forward of the same tiny ResNet-18: what `release --int8 --fp8 --calibrate-on gpu` chooses its calibration
+with. Bounds: fp32 rounding over ~20 layers (1e-7 per op, amplified little by a random network: 1e-5 norm-wise for
+float logits and scales); a fake-quant value within fp32 rounding of a rounding boundary may take the next code,
+which moves the logits by far less than a step (1e-4 norm-wise)."""
+
+import numpy as np
+import pytest
+from quant_helpers import tiny_resnet18_state
+
+from resnet_native.quantization import calibrate_many, choose_calibrations, float_logits, simulate_logits
+
+pytestmark = pytest.mark.gpu
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_the_gpu_forward_calibrates_and_simulates_like_the_host():
+    state = tiny_resnet18_state()
+    images = np.random.default_rng(1).standard_normal((24, 3, 32, 32))
+    f64 = float_logits(state, images, batch_size=8)
+    assert _rel(float_logits(state, images, batch_size=8, device="gpu"), f64) < 1e-5
+    methods, dtypes = ("max", "percentile", "entropy"), ("int8", "fp8")
+    host = calibrate_many(state, images[:16], methods, dtypes, batch_size=8)
+    gpu = calibrate_many(state, images[:16], methods, dtypes, batch_size=8, device="gpu")
+    for key, cal in host.items():
+        a, b = (np.array(list(c.activation_scales.values())) for c in (cal, gpu[key]))
+        assert np.max(np.abs(b - a) / a) < 1e-5, key
+        assert gpu[key].weight_scales == cal.weight_scales, key
+        q64 = simulate_logits(state, images[16:], cal, batch_size=8)
+        assert _rel(simulate_logits(state, images[16:], cal, batch_size=8, device="gpu"), q64) < 1e-4, key
+    labels = f64[16:].argmax(axis=1)
+    chosen = choose_calibrations(state, images[:16], images[16:], labels, batch_size=8, device="gpu")
+    assert set(chosen) == set(dtypes) and all(r["float_accuracy"] == 1.0 for _, r in chosen.values())
