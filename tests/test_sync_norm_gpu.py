@@ -112,18 +112,38 @@ def test_the_layer_with_a_one_rank_nccl_all_reduce_trains_like_per_gpu_batch_nor
         step.reset_graphs()
         return losses, grads, state
 
+    # The last step's gradients in float64 on the host (lr 0: the weights of every step are the initial ones; in
+    # training mode the running statistics do not enter), the mean cross-entropy's gradient as TrainStep takes it.
+    exact_model = ResNet18(num_classes=10, layout="NHWC", precision="fp32", seed=3).to_host()
+    x_last, y_last = batches[-1][0].get().astype(np.float64), batches[-1][1].get()
+    logits = exact_model.forward(x_last, train=True)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y_last)), y_last] -= 1.0
+    exact_model.backward(p / len(y_last))
+    exact = {name: np.asarray(q.grad, np.float64) for name, q in exact_model.named_parameters()}
+
     with rendezvous(world, 30.0) as store:
         ar = NcclAllReduce(store, world)
         try:
             for cuda_graph in (False, True):
                 # lr 0: every step sees the same weights, so the two kinds of batch norm must agree to rounding
                 # in loss, gradients and running statistics (training amplifies rounding from step to step).
-                # The first layers' gradients pass 20 batch-norm backwards, each a difference of nearly equal
-                # per-channel sums (over 128 values in the last stage): their rounding grows to ~1e-3 there.
+                # This network amplifies rounding in its gradients (an input perturbation of 1e-6 moves most of
+                # them by ~1e-2), so a fixed bound says little: each gradient of the synchronized network must be
+                # as close to float64 as cuDNN's batch norm brings the ordinary one (within 3x, floor 1e-4).
                 plain, synced = train(None, cuda_graph, 0.0), train(ar, cuda_graph, 0.0)
                 np.testing.assert_allclose(synced[0], plain[0], rtol=1e-5)
-                for name, want in plain[1].items():
-                    check_close(synced[1][name], np.asarray(want, np.float64), 1e-2, "grad " + name)
+                # Both against the float64 network: the judge of which batch norm is off where they differ.
+                table, failed = [], []
+                for name, want in exact.items():
+                    err = reference.relative_error(np.asarray(synced[1][name], np.float64), want)
+                    base = reference.relative_error(np.asarray(plain[1][name], np.float64), want)
+                    table.append(f"{name:32s} synchronized {err:.2e}  cuDNN {base:.2e}")
+                    if not err <= max(1e-4, 3 * base):
+                        failed.append(f"{name}: {err:.3g} (cuDNN's batch norm: {base:.3g})")
+                print(f"cuda_graph={cuda_graph}: gradients against float64\n" + "\n".join(table))
+                assert not failed, f"cuda_graph={cuda_graph}: " + "; ".join(failed)
                 for name, want in plain[2].items():
                     if name.endswith("num_batches_tracked") or not np.any(want):  # counts; biases still at 0 (lr 0)
                         assert np.array_equal(np.asarray(synced[2][name]), np.asarray(want)), name

@@ -6,6 +6,7 @@
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
 #   TRAIN_ARGS    extra trainer arguments; NORM_ARGS: bench_norm.py arguments; PROFILE_ARGS: profile_step.py's
+#   RELEASE_ARGS  extra release arguments (quant-A, e.g. "--holdout-images 500")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rn_out}
@@ -67,7 +68,8 @@ for stage in "${stages[@]}"; do
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck}; do
         { "$sanitizer" --tool "$tool" --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider \
             tests/test_kernels_gpu.py tests/test_multi_tensor_gpu.py tests/test_pool_gpu.py \
-          && "$sanitizer" --tool "$tool" --error-exitcode 99 python3 tools/reliability.py step; } \
+          && "$sanitizer" --tool "$tool" --error-exitcode 99 python3 -X faulthandler tools/reliability.py step \
+            --algo heuristic; } \
           >"$OUT/sanitize_$tool.log" 2>&1
         rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
         [ "$rc" -eq 0 ] || status=1
@@ -77,8 +79,9 @@ for stage in "${stages[@]}"; do
       # calibrations, then the test set through the float, int8 and FP8 engines.
       [ -f /tmp/run_A/best.npz ] || python3 -m resnet_native.train --recipe A --data .data/cifar10-jpeg.tar.xz \
         --out /tmp/run_A --no-progress ${TRAIN_ARGS:-} 2>&1 | tail -5
+      # shellcheck disable=SC2086
       python3 -m resnet_native.release --run /tmp/run_A --version A --out /tmp/models --int8 --fp8 \
-        --data .data/cifar10-jpeg.tar.xz --no-benchmark 2>&1 | tail -5
+        --data .data/cifar10-jpeg.tar.xz --no-benchmark --calibrate-on gpu ${RELEASE_ARGS:-} 2>&1 | tail -5
       cp /tmp/models/version_A/metrics.json "$OUT/quant_A_metrics.json" 2>/dev/null
       python3 tools/quant_accuracy.py --release /tmp/models/version_A --data .data/cifar10-jpeg.tar.xz \
         --json "$OUT/quant_A_accuracy.json" 2>&1 | tail -10

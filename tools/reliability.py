@@ -86,7 +86,8 @@ def soak(args) -> dict:
             gc.collect()
             per_model.append((i, probe()))
             print(f"soak: model {i} at {time.perf_counter() - t0:.1f} s: {per_model[-1][1]}", flush=True)
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
     xb = rn.kernels.cast(cp.random.standard_normal((128, 32, 32, 3), dtype=cp.float32),
@@ -118,7 +119,8 @@ def pressure(args) -> dict:
 
     import resnet_native as rn
 
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
     x = rn.kernels.cast(cp.random.standard_normal((256, 32, 32, 3), dtype=cp.float32),
@@ -270,14 +272,17 @@ def small_step(args) -> dict:
 
     import resnet_native as rn
 
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
     x = rn.kernels.cast(cp.random.standard_normal((8, 16, 16, 3), dtype=cp.float32), cp.empty((8, 16, 16, 3),
                                                                                                cp.float16))
     y = cp.random.randint(0, 10, 8).astype(cp.int32)
-    for _ in range(3):  # eager (warm-up), captured, replayed
+    for phase in ("eager (warm-up)", "captured", "replayed"):
         step.run(x, y)
+        cp.cuda.get_current_stream().synchronize()
+        print(f"step: {phase} step done", flush=True)  # where a run under a sanitizer stopped
     loss_sum, _, seen = step.read_totals()
     check(np.isfinite(loss_sum) and seen == 24 and step.num_graphs == 1, "step: three steps, one captured graph")
     return {"loss_sum": loss_sum}
@@ -290,7 +295,7 @@ def main(argv=None) -> int:
     s.add_argument("--models", type=int, default=1000)
     s.add_argument("--steps", type=int, default=10000)
     sub.add_parser("pressure")
-    sub.add_parser("step")
+    sub.add_parser("step").add_argument("--algo", default="find", choices=("find", "heuristic"))
     k = sub.add_parser("kill")
     k.add_argument("--data", required=True)
     k.add_argument("--kills", type=int, default=12)
