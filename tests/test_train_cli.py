@@ -397,3 +397,23 @@ def test_summary_line_is_plain_json():
     line = cli.summary_line({"test_acc": float("nan"), "wall_time_s": 12.5, "best": float("inf"), "x": 1})
     assert "\n" not in line
     assert json.loads(line) == {"test_acc": None, "wall_time_s": 12.5, "best": None, "x": 1}
+
+
+def test_the_stopwatch_sums_each_activity_and_calls_the_rest_other(monkeypatch):
+    from resnet_native.training import stopwatch
+
+    clock = iter([0.0, 1.5, 2.0, 2.25, 10.0, 10.5])
+    monkeypatch.setattr(stopwatch.time, "perf_counter", lambda: next(clock))
+    spent = stopwatch.Stopwatch()
+    with spent("evaluate"):
+        pass
+    with spent("evaluate"):
+        pass
+    with pytest.raises(RuntimeError), spent("data"):  # an activity that raises still counts
+        raise RuntimeError
+    assert spent.totals(train=3.0, wall=6.0) == {"evaluate": 1.75, "data": 0.5, "train": 3.0, "other": 0.75}
+
+
+def test_the_evaluation_graph_is_off_unless_asked_for():
+    assert cfg_from(["--recipe", "A"]).eval_cuda_graph is False
+    assert cfg_from(["--recipe", "A", "--eval-cuda-graph"]).eval_cuda_graph is True

@@ -21,7 +21,7 @@ from resnet_native import checkpoint, release
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
 from resnet_native.layers import Module
-from resnet_native.training import checkpoint_writer, cli, loop
+from resnet_native.training import checkpoint_writer, cli, evaluation, loop
 
 
 @pytest.fixture
@@ -186,17 +186,17 @@ def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, t
     def failing_save(path, state):
         raise OSError("No space left on device")
 
-    evaluate = loop.evaluate
+    evaluate = evaluation.Evaluation.__call__
     calls = []
 
-    def evaluate_then_fail(*a, **k):
+    def evaluate_then_fail(self):
         calls.append(1)
         if len(calls) == 2:  # epoch 2, after epoch 1's checkpoint write has failed in the background
             raise RuntimeError("training broke")
-        return evaluate(*a, **k)
+        return evaluate(self)
 
     monkeypatch.setattr(checkpoint_writer, "save_checkpoint", failing_save)
-    monkeypatch.setattr(loop, "evaluate", evaluate_then_fail)
+    monkeypatch.setattr(evaluation.Evaluation, "__call__", evaluate_then_fail)
     threads = threading.active_count()
     with pytest.raises(RuntimeError, match="training broke"):
         run(config("--epochs", "2"), tmp_path, tiny).run()
@@ -237,7 +237,7 @@ def test_a_death_between_best_and_last_leaves_them_consistent(cpu_backend, tiny,
     naming a best epoch that best.npz does not hold; --resume then publishes both again."""
     accuracy = {1: 0.2, 2: 0.5, 3: 0.4}  # by epoch: epoch 2 is the best
     epochs = iter([1, 2, 3])  # the epochs evaluated (the write error surfaces at epoch 3's submit)
-    monkeypatch.setattr(loop, "evaluate", lambda *a, **k: (1.0, accuracy[next(epochs)]))
+    monkeypatch.setattr(evaluation.Evaluation, "__call__", lambda self: (1.0, accuracy[next(epochs)]))
     publish = checkpoint_writer._publish_copy
     calls = []
 

@@ -62,6 +62,7 @@ class AugmentSettings(Settings):
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
+    eval_cuda_graph: capture the per-epoch evaluation and replay it;
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
     batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
     gradient bucket's all-reduce starts during backward (not with sync_bn)."""
@@ -80,6 +81,7 @@ class TrainConfig(Settings):
     label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
+    eval_cuda_graph: bool = flag(False)
     allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
     sync_bn: bool = flag(False)
     overlap_allreduce: bool = flag(False)

@@ -57,6 +57,8 @@ from .builders import (
 )
 from .checkpoint_writer import CheckpointWriter, load_algorithm_cache, save_algorithm_cache
 from .config import TrainConfig, resume_differences
+from .evaluation import Evaluation
+from .stopwatch import Stopwatch
 
 STATE_FORMAT = "resnet_native.train/1"
 ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
@@ -118,7 +120,7 @@ class Trainer:
             self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
-        spent = _Stopwatch()  # where this process's wall time goes outside training steps (the summary's "seconds")
+        spent = Stopwatch()  # where this process's wall time goes outside training steps (the summary's "seconds")
         with spent("data"):
             data = self._load_data()
         if primary:
@@ -147,14 +149,15 @@ class Trainer:
                 writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
             else:  # the other ranks keep their rows and write nothing
                 log, writer = _RowsOnly(rows), None
+            evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
+                                    cuda_graph=cfg.eval_cuda_graph)
             first = progress.next_epoch
             for epoch in range(first, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
                 train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
                 with spent("evaluate"):
-                    test_loss, test_acc = evaluate(parts.model, parts.test_inputs, parts.test_labels,
-                                                   cfg.eval_batch_size) if primary else (math.nan, math.nan)
+                    test_loss, test_acc = evaluation() if primary else (math.nan, math.nan)
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
                        "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                        "images_per_s": parts.images_per_epoch / epoch_time}
@@ -414,50 +417,6 @@ def _epoch_images(aa, epoch: int, end_epoch: int):
     if epoch + 1 < end_epoch:
         aa.prefetch(epoch + 1)
     return images
-
-
-class _Stopwatch:
-    """Seconds summed per activity: `with spent("evaluate"): ...`."""
-
-    def __init__(self):
-        self.seconds = {}
-
-    @contextlib.contextmanager
-    def __call__(self, what: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
-
-    def totals(self, *, train: float, wall: float) -> dict:
-        """{activity: s} with this run's training epochs and the rest of the wall time ('other': start-up,
-        metrics, waiting for the checkpoint writer)."""
-        out = {k: round(v, 3) for k, v in self.seconds.items()}
-        out["train"] = round(train, 3)
-        out["other"] = round(wall - sum(out.values()), 3)
-        return out
-
-
-def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a normalised device set, without augmentation; one host sync. The loss
-    is the training loss's own code (SoftmaxCrossEntropy, no smoothing), summed on the device."""
-    import cupy
-
-    from ..losses import SoftmaxCrossEntropy
-
-    model.eval()
-    loss_fn = SoftmaxCrossEntropy()
-    loss_sum = cupy.zeros((), cupy.float64)
-    correct_sum = cupy.zeros((), cupy.float64)
-    n = len(y_all)
-    for s in range(0, n, batch_size):
-        y = y_all[s:s + batch_size]
-        logits = model.forward(x_all[s:s + batch_size], train=False, copy=False)  # the model's buffer: no copy
-        loss, correct = loss_fn.forward(logits, y, train=False)
-        loss_sum += loss * len(y)
-        correct_sum += correct
-    return float(loss_sum) / n, float(correct_sum) / n
 
 
 def _progress_bar(total, desc, enabled):

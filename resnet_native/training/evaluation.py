@@ -1,0 +1,98 @@
+"""Evaluating a model on a fixed device test set: mean cross-entropy (no smoothing) and accuracy, summed on the
+device, one host synchronisation per evaluation.
+
+With cuda_graph=True the first evaluation runs eagerly (algorithm searches, the layers' buffers for the evaluation
+batch shapes, workspace growth, all allocated from a cupy pool of its own), the second is captured whole (every
+batch and both sums) in one CUDA graph, and each later one replays it: one launch instead of a few hundred
+Python-driven ops per batch. The replay runs on the legacy default stream, as the eager evaluation does, so it
+is ordered after the training step's blocking stream with no events. The graph reads the weights, the batch-norm
+running statistics and the test set in place, so it sees each epoch's model; after something replaces those arrays
+(rather than writing into them), call reset(). A capture that fails warns, and evaluation stays eager.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
+from ..losses import SoftmaxCrossEntropy
+
+
+class Evaluation:
+    """evaluation() -> (mean loss, accuracy) of `model` over x_all (normalised, the model's layout and dtype) and
+    y_all (int32 labels), in batches of batch_size."""
+
+    def __init__(self, model, x_all, y_all, batch_size: int, *, cuda_graph: bool = False):
+        self.model, self.x_all, self.y_all, self.batch_size = model, x_all, y_all, int(batch_size)
+        self.loss_fn = SoftmaxCrossEntropy()
+        self.cuda_graph = bool(cuda_graph)
+        self.capture_error = None  # why capture was abandoned, if it was
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the captured graph: the next evaluation warms up again, the one after captures."""
+        hold = getattr(self, "_hold", None)
+        if hold is not None:
+            hold.release()
+        self._pool = self._graph = self._sums = self._keep = self._hold = None
+
+    @property
+    def captured(self) -> bool:
+        return self._graph is not None
+
+    def __call__(self) -> tuple[float, float]:
+        import cupy
+
+        self.model.eval()
+        if not self.cuda_graph:
+            loss_sum, correct_sum = self._device_sums()
+        elif self._pool is None:  # warm-up: what the capture will reuse is allocated from its own pool
+            self._pool = cupy.cuda.MemoryPool()
+            with cupy.cuda.using_allocator(self._pool.malloc):
+                loss_sum, correct_sum = self._device_sums()
+        else:
+            if self._graph is None:
+                self._capture()
+            if self._graph is None:
+                loss_sum, correct_sum = self._device_sums()
+            else:
+                launch_ordered(self._graph, cupy.cuda.Stream.null)
+                loss_sum, correct_sum = self._sums
+        n = len(self.y_all)
+        return float(loss_sum) / n, float(correct_sum) / n
+
+    def _device_sums(self):
+        """(loss sum, correct sum): 0-d float64 device arrays, every batch's work enqueued on the current stream."""
+        import cupy
+
+        loss_sum = cupy.zeros((), cupy.float64)
+        correct_sum = cupy.zeros((), cupy.float64)
+        for s in range(0, len(self.y_all), self.batch_size):
+            y = self.y_all[s:s + self.batch_size]
+            logits = self.model.forward(self.x_all[s:s + self.batch_size], train=False, copy=False)
+            loss, correct = self.loss_fn.forward(logits, y, train=False)
+            loss_sum += loss * len(y)
+            correct_sum += correct
+        return loss_sum, correct_sum
+
+    def _capture(self) -> None:
+        import cupy
+
+        stream = cupy.cuda.Stream(non_blocking=False)
+        try:
+            graph, sums, _ = capture_graph(self._device_sums, stream, self._pool)
+        except Exception as e:  # an op that cannot be captured: say so, and evaluate eagerly
+            self.capture_error = f"{type(e).__name__}: {e}"
+            warnings.warn(f"Evaluation: CUDA-graph capture failed, evaluation stays eager ({self.capture_error})",
+                          RuntimeWarning, stacklevel=3)
+            self.cuda_graph = False
+            return
+        self._graph, self._sums, self._hold = graph, sums, WorkspaceHold()
+        # The layers' buffers the graph writes: kept referenced, so a buffer-cache eviction cannot free them.
+        self._keep = [a for _, m in self.model.named_modules() for a in m._buffers.arrays()]
+        self._keep += self.loss_fn._buffers.arrays()
+
+
+def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a normalised device set, eagerly: Evaluation without a graph."""
+    return Evaluation(model, x_all, y_all, batch_size)()

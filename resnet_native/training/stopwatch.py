@@ -1,0 +1,30 @@
+"""Where a run's wall time goes: seconds summed per activity, the rest reported as 'other' (the summary's
+"seconds")."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+
+class Stopwatch:
+    """Seconds summed per activity: `with spent("evaluate"): ...`."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    @contextlib.contextmanager
+    def __call__(self, what: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+
+    def totals(self, *, train: float, wall: float) -> dict:
+        """{activity: s} with this run's training epochs and the rest of the wall time ('other': start-up,
+        metrics, waiting for the checkpoint writer)."""
+        out = {k: round(v, 3) for k, v in self.seconds.items()}
+        out["train"] = round(train, 3)
+        out["other"] = round(wall - sum(out.values()), 3)
+        return out
