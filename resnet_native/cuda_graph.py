@@ -43,6 +43,15 @@ def launch_ordered(graph, stream) -> None:
     _C._workspace_order(stream.ptr, False)
 
 
+def graph_buffers(model, *others) -> list:
+    """The layers' buffers a captured graph of `model` writes: every module's in its tree, and each of `others`'
+    own (a loss). The graph's owner keeps them referenced, so a buffer-cache eviction cannot free them."""
+    keep = [a for _, m in model.named_modules() for a in m._buffers.arrays()]
+    for other in others:
+        keep += other._buffers.arrays()
+    return keep
+
+
 class CapturedGraph(NamedTuple):
     graph: Any  # the uploaded cupy.cuda.Graph
     result: Any  # what fn returned during the capture (arrays the replays write)

@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-from .cuda_graph import WorkspaceHold, capture_graph, launch_ordered
+from .cuda_graph import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
 from .losses import SoftmaxCrossEntropy
 
 
@@ -232,8 +232,7 @@ class TrainStep:
                 m.num_batches_tracked = n
             if scaler_state is not None:
                 self.scaler._unscaled = scaler_state
-        keep = [a for _, m in model.named_modules() for a in m._buffers.arrays()]
-        keep += self.loss_fn._buffers.arrays()
-        entry = _CapturedStep(graph, static_x, static_labels, loss, correct, pool, keep, counted)
+        entry = _CapturedStep(graph, static_x, static_labels, loss, correct, pool, graph_buffers(model, self.loss_fn),
+                              counted)
         self._graphs[key] = entry
         return entry

@@ -30,6 +30,7 @@ from .. import conv
 from ..inference.fold import conv_step_params
 from ..inference.plan import build_plan
 from ..inference.runner import bind_forward
+from ..layers.placement import array_module, host_copy
 from ..names import choice, whole_number
 from .calibration import METHODS, QUANT_DTYPES, make_observer
 from .calibration_file import Calibration
@@ -66,18 +67,10 @@ def fake_quantize_in_place(a, scale: float, dtype: str) -> None:
     """a (a host or device float array) replaced by its values quantised to `dtype` at the per-tensor `scale` and
     back, in a's own dtype: the same rounding as fake_quantize (round half to even, saturating), written with the
     ufuncs NumPy and cupy share."""
-    xp = _array_module(a)
+    xp = array_module(a)
     v = a / a.dtype.type(scale)
     q = xp.clip(xp.rint(v), -INT8_MAX, INT8_MAX) if dtype == "int8" else round_e4m3_values(v, xp)
     a[...] = q * a.dtype.type(scale)
-
-
-def _array_module(a):
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
 
 
 def weight_scales(plan, state: dict, dtype: str) -> dict:
@@ -129,7 +122,7 @@ def _run(plan, images: np.ndarray, weights: dict, on_value, batch_size: int, dev
         for step, call in zip(plan.steps, forward.calls, strict=True):
             call()
             on_value(step.out, arrays[step.out])
-        logits.append(np.asarray(forward.logits.get() if xp is not np else forward.logits, np.float64))
+        logits.append(np.asarray(host_copy(forward.logits), np.float64))
     return np.concatenate(logits)
 
 
@@ -170,7 +163,7 @@ def calibrate_many(state: dict, images, methods, dtypes, *, stem: str = "cifar",
 
     def observe(v, array):
         if v in watched:
-            host = array.get() if _array_module(array) is not np else array
+            host = array if isinstance(array, np.ndarray) else array.get()
             for per_value in observers.values():
                 per_value[v].observe(host)
 

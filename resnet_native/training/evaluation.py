@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
+from ..cuda_graph import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
 from ..losses import SoftmaxCrossEntropy
 
 
@@ -88,9 +88,7 @@ class Evaluation:
             self.cuda_graph = False
             return
         self._graph, self._sums, self._hold = graph, sums, WorkspaceHold()
-        # The layers' buffers the graph writes: kept referenced, so a buffer-cache eviction cannot free them.
-        self._keep = [a for _, m in self.model.named_modules() for a in m._buffers.arrays()]
-        self._keep += self.loss_fn._buffers.arrays()
+        self._keep = graph_buffers(self.model, self.loss_fn)
 
 
 def evaluate(model, x_all, y_all, batch_size: int) -> tuple[float, float]:

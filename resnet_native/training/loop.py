@@ -120,7 +120,7 @@ class Trainer:
             self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
-        spent = Stopwatch()  # where this process's wall time goes outside training steps (the summary's "seconds")
+        spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
         with spent("data"):
             data = self._load_data()
         if primary:
@@ -151,11 +151,11 @@ class Trainer:
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
-            first = progress.next_epoch
-            for epoch in range(first, end_epoch):
+            for epoch in range(progress.next_epoch, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
-                train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
+                with spent("train"):
+                    train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
                 with spent("evaluate"):
                     test_loss, test_acc = evaluation() if primary else (math.nan, math.nan)
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
@@ -181,8 +181,7 @@ class Trainer:
             self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model
         summary = self._summary(parts, progress, log.rows, end_epoch, t_start)
-        summary["seconds"] = spent.totals(train=sum(r["epoch_time_s"] for r in log.rows[-(end_epoch - first):])
-                                          if end_epoch > first else 0.0, wall=summary["wall_time_s"])
+        summary["seconds"] = spent.totals(wall=summary["wall_time_s"])
         return summary
 
     def _resumed_state(self) -> dict | None:

@@ -21,10 +21,9 @@ class Stopwatch:
         finally:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
-    def totals(self, *, train: float, wall: float) -> dict:
-        """{activity: s} with this run's training epochs and the rest of the wall time ('other': start-up,
-        metrics, waiting for the checkpoint writer)."""
+    def totals(self, *, wall: float) -> dict:
+        """{activity: s}, and the rest of the wall time as 'other' (start-up, metrics, waiting for the checkpoint
+        writer)."""
         out = {k: round(v, 3) for k, v in self.seconds.items()}
-        out["train"] = round(train, 3)
         out["other"] = round(wall - sum(out.values()), 3)
         return out
