@@ -47,7 +47,7 @@ _NOT_PARAMETERS = ("running_mean", "running_var", "num_batches_tracked")
 WEIGHTS_FILE = "model.safetensors"
 ONNX_FILE = "model.onnx"
 _warned_without_onnx = False  # the missing onnx package is reported once per process, not once per release
-CALIBRATE_ON = ("host", "gpu")  # where a release's calibration forwards run (quantization.simulate's devices)
+CALIBRATE_ON = ("auto", "host", "gpu")  # where a release's calibration forwards run; auto: gpu when there is one
 CALIBRATION_SEED = 0  # the training-set slices a calibration uses: the same for every release
 
 # A release name: a letter or digit, then up to 63 letters, digits, '.', '_' or '-' (no path separators, not hidden).
@@ -260,11 +260,12 @@ def _publish(final: pathlib.Path, folder: pathlib.Path) -> pathlib.Path | None:
 
 def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str = "best", benchmark: bool = True,
             bench_batch_size: int = 1000, quantize=(), data=None, calibration_images: int = 512,
-            holdout_images: int = 1000, calibrate_on: str = "host") -> pathlib.Path:
+            holdout_images: int = 1000, calibrate_on: str = "auto") -> pathlib.Path:
     """Build <out_dir>/version_<version>/ from a training run; returns its path. quantize: dtypes ('int8',
     'fp8') to calibrate for, on `data` (a CIFAR-10 source): calibration_images of the training set calibrate,
     the next holdout_images choose the method. data: a CIFAR-10 source (load_cifar10) or a loaded CIFAR10Data.
-    calibrate_on: 'host' (the float64 NumPy forwards: minutes) or 'gpu' (fp32 cuDNN: seconds)."""
+    calibrate_on: 'host' (the float64 NumPy forwards: minutes), 'gpu' (fp32 cuDNN: seconds) or 'auto' (gpu when
+    one is available; the report's "device" says which ran)."""
     from .quantization.calibration import QUANT_DTYPES
 
     check_version(version)
@@ -273,6 +274,10 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
     if quantize and data is None:
         raise ValueError(f"data: calibrating for {', '.join(quantize)} needs the training set (a CIFAR-10 source)")
     calibrate_on = choice("calibrate_on", calibrate_on, CALIBRATE_ON)
+    if calibrate_on == "auto":
+        import resnet_native as rn
+
+        calibrate_on = "gpu" if rn.cuda_available() else "host"
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(ckpt_path)
     weights = {k: np.asarray(v) for k, v in state["model"].items()}
@@ -416,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-images", type=int, default=512, help="training images that calibrate")
     p.add_argument("--holdout-images", type=int, default=1000,
                    help="further training images on which the calibration method is chosen")
-    p.add_argument("--calibrate-on", choices=CALIBRATE_ON, default="host",
-                   help="where the calibration's forwards run: host (float64 NumPy, minutes) or gpu (fp32 cuDNN)")
+    p.add_argument("--calibrate-on", choices=CALIBRATE_ON, default="auto",
+                   help="where the calibration's forwards run: host (float64 NumPy, minutes), gpu (fp32 cuDNN, "
+                        "seconds) or auto (default: gpu when there is one)")
     return p
 
 

@@ -376,7 +376,7 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
     make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
     data = _random_cifar(8)
     path = release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
-                           data=data, calibration_images=3, holdout_images=3)
+                           data=data, calibration_images=3, holdout_images=3, calibrate_on="host")
     cal = load_calibration(path / "calibration_int8.json")
     assert cal.dtype == "int8" and cal.method in ("max", "percentile", "entropy")
     report = json.loads((path / "metrics.json").read_text())["quantization"]["int8"]
@@ -387,9 +387,10 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
                         calibrate_on="tpu")
     for figures in report["methods"].values():
         assert 0.0 <= figures["accuracy"] <= 1.0 and 0.0 <= figures["agreement"] <= 1.0
+        assert 0.0 < figures["logit_error"] < 1.0  # quantisation moves the logits, by less than their size
+    rank = lambda f: (f["accuracy"], f["agreement"], -f["logit_error"])  # noqa: E731
     best = report["methods"][cal.method]
-    assert all((best["accuracy"], best["agreement"]) >= (f["accuracy"], f["agreement"])
-               for f in report["methods"].values())
+    assert all(rank(best) >= rank(f) for f in report["methods"].values())
     images = data.train_images[:2]
     x = normalize_on_host(images, layout="NCHW", dtype="fp32")
     want = simulate_logits(load_weights(path), x, cal)
@@ -424,6 +425,19 @@ def test_release_quantize_arguments_are_checked(tmp_path, capsys):
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_auto_calibrates_on_the_gpu_when_there_is_one(tmp_path, monkeypatch, gpu):
+    import resnet_native as rn
+
+    make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
+    seen = []
+    monkeypatch.setattr(rn, "cuda_available", lambda: gpu)
+    monkeypatch.setattr(release, "calibrate_release", lambda *a: seen.append(a[-1]) or ({}, {}))
+    release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
+                    data=_random_cifar(8))
+    assert seen == ["gpu" if gpu else "host"]
+
+
 def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_float_one(tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import quant_accuracy
@@ -431,7 +445,7 @@ def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_floa
     make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
     data = _random_cifar(8)
     path = release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
-                           data=data, calibration_images=3, holdout_images=3)
+                           data=data, calibration_images=3, holdout_images=3, calibrate_on="host")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU backends say they are slow
         report = quant_accuracy.evaluate(path, data, ("int8",), limit=2)

@@ -131,7 +131,8 @@ def test_the_layer_with_a_one_rank_nccl_all_reduce_trains_like_per_gpu_batch_nor
                 # in loss, gradients and running statistics (training amplifies rounding from step to step).
                 # This network amplifies rounding in its gradients (an input perturbation of 1e-6 moves most of
                 # them by ~1e-2), so a fixed bound says little: each gradient of the synchronized network must be
-                # as close to float64 as cuDNN's batch norm brings the ordinary one (within 3x, floor 1e-4).
+                # as close to float64 as cuDNN's batch norm brings the ordinary one, or as its own rerun moves it
+                # (its fp32 atomics add in another order; amplified alike), within 3x, floor 1e-4.
                 plain, synced = train(None, cuda_graph, 0.0), train(ar, cuda_graph, 0.0)
                 again = train(ar, cuda_graph, 0.0)  # its fp32 atomics make a rerun differ: by how much, here
                 np.testing.assert_allclose(synced[0], plain[0], rtol=1e-5)
@@ -143,8 +144,8 @@ def test_the_layer_with_a_one_rank_nccl_all_reduce_trains_like_per_gpu_batch_nor
                     rerun = reference.relative_error(np.asarray(again[1][name], np.float64),
                                                      np.asarray(synced[1][name], np.float64))
                     table.append(f"{name:32s} synchronized {err:.2e}  cuDNN {base:.2e}  synchronized rerun {rerun:.2e}")
-                    if not err <= max(1e-4, 3 * base):
-                        failed.append(f"{name}: {err:.3g} (cuDNN's batch norm: {base:.3g})")
+                    if not err <= max(1e-4, 3 * base, 3 * rerun):
+                        failed.append(f"{name}: {err:.3g} (cuDNN's batch norm: {base:.3g}, rerun {rerun:.3g})")
                 print(f"cuda_graph={cuda_graph}: gradients against float64\n" + "\n".join(table))
                 assert not failed, f"cuda_graph={cuda_graph}: " + "; ".join(failed)
                 for name, want in plain[2].items():

@@ -416,6 +416,6 @@ def test_the_stopwatch_sums_each_activity_and_calls_the_rest_other(monkeypatch):
     assert spent.totals(wall=6.0) == {"evaluate": 1.75, "data": 0.5, "train": 3.0, "other": 0.75}
 
 
-def test_the_evaluation_graph_is_off_unless_asked_for():
-    assert cfg_from(["--recipe", "A"]).eval_cuda_graph is False
-    assert cfg_from(["--recipe", "A", "--eval-cuda-graph"]).eval_cuda_graph is True
+def test_the_evaluation_graph_is_on_unless_turned_off():
+    assert cfg_from(["--recipe", "A"]).eval_cuda_graph is True
+    assert cfg_from(["--recipe", "A", "--no-eval-cuda-graph"]).eval_cuda_graph is False

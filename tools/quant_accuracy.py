@@ -1,7 +1,7 @@
 """Test accuracy of a release through its float engine and its int8 / FP8 engines: the calibration's cost in points.
 
     python tools/quant_accuracy.py --release cifar10_models/version_A --data .data/cifar10-jpeg.tar.xz
-                                   [--dtypes int8,fp8] [--limit N] [--json PATH]
+                                   [--dtypes int8,fp8] [--limit N] [--engine-batch-sizes 256] [--json PATH]
 
 Every backend is CIFAR10Classifier(release, dtype=...) on the CIFAR-10 test set (the first --limit images):
 the release's own precision first (dtype=None), then each calibrated dtype the release carries
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 
-def evaluate(release, data, dtypes, limit=None) -> dict:
+def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,)) -> dict:
     from resnet_native.classifier import CIFAR10Classifier
 
     images, labels = data.test_images, np.asarray(data.test_labels)
@@ -29,10 +29,11 @@ def evaluate(release, data, dtypes, limit=None) -> dict:
     rows, reference = {}, None
     for dtype in (None, *dtypes):
         start = time.perf_counter()
-        clf = CIFAR10Classifier(release, dtype=dtype)
+        clf = CIFAR10Classifier(release, dtype=dtype, engine_batch_sizes=engine_batch_sizes)
+        built = time.perf_counter()
         predicted = clf.predict(images)
         row = {"backend": clf.backend, "accuracy": float(np.mean(predicted == labels)),
-               "seconds": time.perf_counter() - start}
+               "build_seconds": built - start, "predict_seconds": time.perf_counter() - built}
         if reference is None:
             reference = (predicted, row["accuracy"])
         else:
@@ -40,7 +41,8 @@ def evaluate(release, data, dtypes, limit=None) -> dict:
             row["agreement"] = float(np.mean(predicted == reference[0]))
         rows[dtype or "float"] = row
         print(f"{dtype or 'float':6s} {row['backend']:18s} accuracy {row['accuracy']:.4f}"
-              + (f"  gap {row['gap_points']:+.2f} points  agreement {row['agreement']:.4f}" if dtype else ""),
+              + (f"  gap {row['gap_points']:+.2f} points  agreement {row['agreement']:.4f}" if dtype else "")
+              + f"  (built in {row['build_seconds']:.1f} s, predicted in {row['predict_seconds']:.1f} s)",
               flush=True)
     return {"images": int(len(labels)), "results": rows}
 
@@ -51,12 +53,15 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="a CIFAR-10 source (its test set is evaluated)")
     p.add_argument("--dtypes", default="int8,fp8", help="comma-separated calibrated dtypes to evaluate")
     p.add_argument("--limit", type=int, help="evaluate only the first N test images")
+    p.add_argument("--engine-batch-sizes", default="256",
+                   help="comma-separated batch sizes the GPU engines are built for (each is a per-layer search)")
     p.add_argument("--json", help="write the figures to PATH")
     args = p.parse_args(argv)
     from resnet_native.data import load_cifar10
 
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
-    report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit)
+    sizes = tuple(int(b) for b in args.engine_batch_sizes.split(",") if b)
+    report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit, sizes)
     if args.json:
         from resnet_native.checkpoint import atomic_write_text
 

@@ -44,7 +44,7 @@ OVERRIDES = (
     ("--deterministic", "deterministic",
      "only deterministic convolution algorithms (bit-reproducible runs; may be slower)"),
     ("--cuda-graph", "cuda_graph", "capture the training step in a CUDA graph and replay it (recipe: on)"),
-    ("--eval-cuda-graph", "eval_cuda_graph", "capture the per-epoch evaluation in a CUDA graph (default: off)"),
+    ("--eval-cuda-graph", "eval_cuda_graph", "capture the per-epoch evaluation in a CUDA graph (default: on)"),
     ("--allreduce-dtype", "allreduce_dtype",
      "data parallel: the gradients' dtype in the NCCL all-reduce (bf16 halves the traffic; recipe: fp32)"),
     ("--sync-bn", "sync_bn", "data parallel: batch norm with the statistics of all ranks' batches (default: per GPU)"),

@@ -81,7 +81,7 @@ class TrainConfig(Settings):
     label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
-    eval_cuda_graph: bool = flag(False)
+    eval_cuda_graph: bool = flag(True)
     allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
     sync_bn: bool = flag(False)
     overlap_allreduce: bool = flag(False)
