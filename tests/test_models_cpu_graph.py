@@ -195,6 +195,19 @@ def test_train_step_with_loss_scaling_equals_without(rng, opt):
     assert scaler.get_scale() == 2048.0  # two good steps with growth_interval=2: doubled once
 
 
+def test_grad_scaler_loads_its_state_into_the_arrays_a_captured_step_reads(rng):
+    model = ResNet18(num_classes=10, seed=4).to_host()
+    scaler = GradScaler(init_scale=1024.0, growth_interval=3)
+    step = TrainStep(model, SGD(model.parameters(), lr=0.05), scaler=scaler)
+    step(_input(rng, "NHWC", 2, 8), rng.integers(0, 10, 2))
+    arrays = (scaler.scale_array, scaler.found_inf)
+    scaler.load_state_dict({"scale": 64.0, "growth_tracker": 2})
+    assert (scaler.scale_array, scaler.found_inf) == arrays  # the same objects: what a graph was captured on
+    assert scaler.get_scale() == 64.0 and scaler.state_dict()["growth_tracker"] == 2
+    step(_input(rng, "NHWC", 2, 8), rng.integers(0, 10, 2))
+    assert scaler.get_scale() == 128.0  # the loaded tracker's third good step doubles the loaded scale
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the inf input turns activations into NaN
 def test_grad_scaler_skips_the_step_on_inf(rng):
     model = ResNet18(num_classes=10, seed=6).to_host()

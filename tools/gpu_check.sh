@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm profile reliability sanitize quant-A (default: info build test bench)
+#   norm profile reliability sanitize quant-A sweep (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -97,6 +97,24 @@ for stage in "${stages[@]}"; do
         python3 benchmarks/bench_serve.py --model "$m" --out "$OUT/bench_serve_$m.json" ${SERVE_ARGS:-} \
           2>&1 | tee "$OUT/bench_serve_$m.txt" | tail -20
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    sweep)
+      # Short trainer runs, one per entry of SWEEP ("name=ARGS;name=ARGS", each ARGS trainer arguments, e.g.
+      # "e100s0=--epochs 100 --seed 0"), each within SWEEP_TIMEOUT seconds; every run's summary goes into one
+      # $OUT/sweep.json (at most 8 files come back).
+      IFS=';' read -ra runs <<<"${SWEEP:?set SWEEP}"
+      for run in "${runs[@]}"; do
+        name=${run%%=*}; args=${run#*=}
+        # shellcheck disable=SC2086
+        timeout -s INT "${SWEEP_TIMEOUT:-150}" python3 -m resnet_native.train --recipe "${SWEEP_RECIPE:-A}" \
+          --data .data/cifar10-jpeg.tar.xz --out "/tmp/sweep_$name" --no-progress --no-tensorboard $args 2>&1 | tail -2
+        python3 - "$OUT/sweep.json" "$name" "$args" "/tmp/sweep_$name/summary.json" <<'PY'
+import json, os, sys
+path, name, args, summary = sys.argv[1:]
+runs = json.load(open(path)) if os.path.exists(path) else []
+runs.append({"name": name, "args": args, "summary": json.load(open(summary)) if os.path.exists(summary) else None})
+json.dump(runs, open(path, "w"), indent=1)
+PY
       done ;;
     train-A|train-B)
       recipe=${stage#train-}

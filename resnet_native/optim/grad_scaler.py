@@ -190,7 +190,12 @@ class GradScaler:
         self.enabled = bool(state.get("enabled", self.enabled))
         self._host_scale = float(state["scale"])
         self._host_tracker = int(state.get("growth_tracker", 0))
-        self._dev = None  # re-created from the host values on next use
+        if self._dev is not None:
+            # Written into the arrays a captured step reads, so it continues from the loaded scale (the factors
+            # and interval it was captured with stay in its graph until TrainStep.reset_graphs()).
+            self._dev["scale"].fill(self._host_scale)
+            self._dev["tracker"].fill(self._host_tracker)
+            self._dev["found_inf"].fill(0)
         self._unscaled = False
 
     def __repr__(self):

@@ -25,7 +25,7 @@ class Evaluation:
     def __init__(self, model, x_all, y_all, batch_size: int, *, cuda_graph: bool = False):
         self.model, self.x_all, self.y_all, self.batch_size = model, x_all, y_all, int(batch_size)
         self.loss_fn = SoftmaxCrossEntropy()
-        self.cuda_graph = bool(cuda_graph)
+        self.cuda_graph = bool(cuda_graph) and model.ensure_placed().on_gpu  # a host model evaluates eagerly
         self.capture_error = None  # why capture was abandoned, if it was
         self.reset()
 
