@@ -41,7 +41,7 @@ def tiny_resnet18_state(seed: int = 0, num_classes: int = 10) -> dict:
 def assert_fp32_simulation_agrees(got: np.ndarray, want: np.ndarray, what) -> None:
     """The fp32 fake-quant logits `got` against the float64 ones `want`, image by image. An activation within fp32
     rounding of a rounding boundary takes the neighbouring code; in a network this narrow one such flip moves its
-    image's logits by ~1e-3..2e-2 (measured: as much as quantisation itself moves them), while an image without one
+    image's logits by ~1e-3..2e-2 (as much as quantisation itself moves them), while an image without one
     agrees to fp32 rounding (~1e-7). A wrong scale or rounding in the fp32 path moves every image, so: at least 3
     images in 4 agree to 1e-5."""
     err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)

@@ -42,12 +42,6 @@ void evaluate(Contender& c, const ConvParams& auto_params, const ConvOperands& o
     c.error = e.what();
   } catch (const ValueError& e) {
     c.error = e.what();
-  } catch (const CudaError& e) {
-    // Out of memory (this engine's workspace or buffers) leaves the context usable, so the other engine may
-    // still fit. Any other CUDA error may be sticky and is not this engine's alone: it propagates.
-    if (e.code != cudaErrorMemoryAllocation) throw;
-    (void)cudaGetLastError();  // consumed here, so no later check reports it as its own
-    c.error = e.what();
   }
 }
 
