@@ -16,13 +16,13 @@ def cfg_from(argv):
 
 def test_recipe_a_is_the_issue_recipe():
     cfg = cfg_from(["--recipe", "A"])
-    assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 200
-    assert cfg.batch_size == 256 and cfg.precision == "fp16" and cfg.layout == "NHWC"
-    assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True,
+    assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 110
+    assert cfg.batch_size == 512 and cfg.precision == "fp16" and cfg.layout == "NHWC"
+    assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.3, "momentum": 0.9, "nesterov": True,
                                        "weight_decay": 5e-4}
-    assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 0.0}
+    assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 2.0}
     assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False}
-    assert cfg.label_smoothing == 0.0
+    assert cfg.label_smoothing == 0.1
 
 
 def test_recipe_b_is_the_issue_recipe():

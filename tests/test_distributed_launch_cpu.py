@@ -128,9 +128,9 @@ def test_without_option():
 def test_cli_nproc_dispatches_to_the_launcher(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(cli, "launch", lambda nproc, argv: calls.append((nproc, argv)) or 0)
-    argv = ["--epochs", "1", "--nproc", "2", "--data", str(tmp_path)]
+    argv = ["--epochs", "3", "--nproc", "2", "--data", str(tmp_path)]
     assert cli.main(argv) == {"nproc": 2}
-    assert calls == [(2, ["--epochs", "1", "--data", str(tmp_path)])]
+    assert calls == [(2, ["--epochs", "3", "--data", str(tmp_path)])]
     monkeypatch.setattr(cli, "launch", lambda nproc, argv: 7)
     with pytest.raises(SystemExit) as e:
         cli.main(argv)

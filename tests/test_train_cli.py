@@ -53,7 +53,7 @@ def no_data_around(tmp_path, monkeypatch):
 
 def test_no_data_says_what_to_pass(no_data_around, capsys):
     with pytest.raises(SystemExit):
-        cli.main(["--epochs", "1"])
+        cli.main(["--epochs", "1", "--warmup-epochs", "0"])
     err = capsys.readouterr().err
     assert "CIFAR-10 not found" in err and "--data PATH" in err and "--download" in err
     assert ".data/" in err and str(no_data_around) in err  # where it looked
@@ -80,12 +80,12 @@ def test_download_fetches_into_the_cache_folder_and_trains_on_it(no_data_around,
     monkeypatch.setattr(rn, "require_gpu", lambda: None)
     monkeypatch.setattr(cli, "Trainer", RecordingTrainer)
     RecordingTrainer.made.clear()
-    cli.main(["--epochs", "1", "--download", "--no-progress", "--out", str(tmp_path / "run")])
+    cli.main(["--epochs", "1", "--warmup-epochs", "0", "--download", "--no-progress", "--out", str(tmp_path / "run")])
     fetched = no_data_around / "cifar-10-batches-py"
     assert RecordingTrainer.made[-1]["data_path"] == fetched and (fetched / "data_batch_1").is_file()
     # The next run finds the downloaded copy without --download.
     (tmp_path / "served.tar.gz").unlink()
-    cli.main(["--epochs", "1", "--out", str(tmp_path / "run")])
+    cli.main(["--epochs", "1", "--warmup-epochs", "0", "--out", str(tmp_path / "run")])
     assert RecordingTrainer.made[-1]["data_path"] == fetched
 
 
@@ -95,7 +95,8 @@ def test_cli_without_gpu_fails_before_touching_data_or_run_folder(tmp_path, monk
     monkeypatch.setattr(cifar10, "load_cifar10", lambda *a, **k: pytest.fail("data decoded without a GPU"))
     monkeypatch.setattr(download, "download", lambda *a, **k: pytest.fail("downloaded without a GPU"))
     with pytest.raises(SystemExit) as e:
-        cli.main(["--epochs", "1", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run")])
+        cli.main(["--epochs", "1", "--warmup-epochs", "0", "--data", str(tmp_path / "data"),
+                  "--out", str(tmp_path / "run")])
     assert e.value.code == 1 and "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -160,7 +161,7 @@ def test_schedule_adapter_onecycle_cycles_momentum():
 def test_optimizer_adapter_and_state_round_trip(tmp_path):
     model = rn.ResNet18(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
     sgd = builders.build_optimizer(cfg_from(["--recipe", "A"]), model)
-    assert isinstance(sgd, rn.SGD) and sgd.nesterov and sgd.lr == 0.1 and sgd.weight_decay == 5e-4
+    assert isinstance(sgd, rn.SGD) and sgd.nesterov and sgd.lr == 0.3 and sgd.weight_decay == 5e-4
     adamw = builders.build_optimizer(cfg_from(["--recipe", "B"]), model)
     assert isinstance(adamw, rn.AdamW) and adamw.lr == 3e-4 and adamw.weight_decay == 0.05
     state = {"optimizer": adamw.state_dict(), "model": model.state_dict()}
@@ -385,7 +386,7 @@ def test_resume_refuses_a_different_configuration(tmp_path, rng):
 
 @pytest.mark.skipif(rn.cuda_available(), reason="checks the no-GPU error")
 def test_training_without_gpu_says_so(tmp_path, rng):
-    cfg = cfg_from(["--epochs", "1", "--batch-size", "32"])
+    cfg = cfg_from(["--epochs", "1", "--batch-size", "32", "--warmup-epochs", "0"])
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
         loop.Trainer(cfg, tmp_path / "run", data=tiny_data(rng), progress=False).run()
     assert not (tmp_path / "run").exists()  # failed before making the run folder

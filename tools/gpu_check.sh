@@ -63,18 +63,15 @@ for stage in "${stages[@]}"; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     sanitize)
-      # compute-sanitizer over the custom kernels' tests and a few captured training steps (one log per tool).
-      # In the step, racecheck and initcheck leave cuDNN's own kernels (and the cuBLAS-style kernels it launches)
-      # unchecked: instrumented, one step takes minutes, and cuDNN reads workspace it has not written by design.
+      # compute-sanitizer memcheck, racecheck and initcheck over the custom kernels' tests, and memcheck and
+      # initcheck over a few captured training steps (one log per tool). Racecheck cannot run the step: cuDNN's own
+      # convolution kernels fault under it even when left out of its instrumentation (KNOWN_ISSUES 21).
       sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-      vendor="regex=cudnn|xmma|cutlass|cask|sm[0-9]+_|implicit_convolve|winograd|fft|gemm"
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck}; do
-        only_ours=(); [ "$tool" = memcheck ] || only_ours=(--kernel-name-exclude "$vendor")
         { "$sanitizer" --tool "$tool" --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider \
             tests/test_kernels_gpu.py tests/test_multi_tensor_gpu.py tests/test_pool_gpu.py \
-          && "$sanitizer" --tool "$tool" "${only_ours[@]}" --error-exitcode 99 python3 -X faulthandler \
-            tools/reliability.py step --algo heuristic; } \
-          >"$OUT/sanitize_$tool.log" 2>&1
+          && { [ "$tool" = racecheck ] || "$sanitizer" --tool "$tool" --error-exitcode 99 python3 -X faulthandler \
+            tools/reliability.py step --algo heuristic; }; } >"$OUT/sanitize_$tool.log" 2>&1
         rc=$?; echo "compute-sanitizer $tool: exit $rc"; tail -5 "$OUT/sanitize_$tool.log"
         [ "$rc" -eq 0 ] || status=1
       done ;;

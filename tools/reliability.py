@@ -87,7 +87,7 @@ def soak(args) -> dict:
             per_model.append((i, probe()))
             print(f"soak: model {i} at {time.perf_counter() - t0:.1f} s: {per_model[-1][1]}", flush=True)
     # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
     xb = rn.kernels.cast(cp.random.standard_normal((128, 32, 32, 3), dtype=cp.float32),
@@ -120,7 +120,7 @@ def pressure(args) -> dict:
     import resnet_native as rn
 
     # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
     x = rn.kernels.cast(cp.random.standard_normal((256, 32, 32, 3), dtype=cp.float32),
@@ -273,11 +273,11 @@ def small_step(args) -> dict:
     import resnet_native as rn
 
     # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo)
+    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
-    x = rn.kernels.cast(cp.random.standard_normal((8, 16, 16, 3), dtype=cp.float32), cp.empty((8, 16, 16, 3),
-                                                                                               cp.float16))
+    shape = (8, args.image_size, args.image_size, 3)
+    x = rn.kernels.cast(cp.random.standard_normal(shape, dtype=cp.float32), cp.empty(shape, cp.float16))
     y = cp.random.randint(0, 10, 8).astype(cp.int32)
     for phase in ("eager (warm-up)", "captured", "replayed"):
         step.run(x, y)
@@ -295,7 +295,10 @@ def main(argv=None) -> int:
     s.add_argument("--models", type=int, default=1000)
     s.add_argument("--steps", type=int, default=10000)
     sub.add_parser("pressure")
-    sub.add_parser("step").add_argument("--algo", default="find", choices=("find", "heuristic"))
+    st = sub.add_parser("step")
+    st.add_argument("--algo", default="find", choices=("find", "heuristic"))
+    st.add_argument("--engine", choices=("auto", "legacy", "graph"), help="conv engine (default: the model's)")
+    st.add_argument("--image-size", type=int, default=16, help="input height and width")
     k = sub.add_parser("kill")
     k.add_argument("--data", required=True)
     k.add_argument("--kills", type=int, default=12)
@@ -308,7 +311,7 @@ def main(argv=None) -> int:
     k.add_argument("--timeout-s", type=float, default=400.0)
     k.add_argument("--cleanup-s", type=float, default=20.0, help="how long a resumed run may take to remove leftovers")
     k.add_argument("--workdir", default="/tmp/rn_kill")
-    for sp in (s, k, sub.choices["pressure"], sub.choices["step"]):
+    for sp in (s, k, sub.choices["pressure"], st):
         sp.add_argument("--json")
     args = p.parse_args(argv)
     result = {"soak": soak, "pressure": pressure, "kill": kill, "step": small_step}[args.what](args)

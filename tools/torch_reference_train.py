@@ -33,7 +33,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, help="(default: the recipe YAML's)")
     p.add_argument("--recipe", choices=["A", "B"], default="A")
     p.add_argument("--lr", type=float, help="(peak) learning rate (default: the recipe YAML's)")
     p.add_argument("--cutout", type=int, help="Cutout side in pixels (default: the recipe YAML's)")
@@ -50,12 +50,13 @@ def main():
     lr = args.lr if args.lr is not None else recipe.optimizer.lr
     cutout = args.cutout if args.cutout is not None else recipe.augment.cutout
     smoothing = args.label_smoothing if args.label_smoothing is not None else recipe.label_smoothing
+    batch_size = args.batch_size or recipe.batch_size
     if args.pipeline == "torchvision":
         if cutout:
             raise SystemExit("--pipeline torchvision has no Cutout: pass --cutout 0")
-        batches = torchvision_batches(data, args.batch_size, recipe_b, args.workers, args.seed)
+        batches = torchvision_batches(data, batch_size, recipe_b, args.workers, args.seed)
     else:
-        batches = resnet_native_batches(data, args.batch_size, recipe_b, cutout, args.seed)
+        batches = resnet_native_batches(data, batch_size, recipe_b, cutout, args.seed)
     test_x = torch.from_dlpack(normalize_on_gpu(data.test_images, layout="NCHW", dtype="fp32"))
     test_x = test_x.contiguous(memory_format=torch.channels_last)
     test_y = torch.as_tensor(data.test_labels, device="cuda").long()
@@ -69,8 +70,14 @@ def main():
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+        warm = int(round(recipe.schedule.warmup_epochs * len(batches)))  # the trainer's: linear from lr/3, cosine
+
+        def factor(s):
+            if s < warm:
+                return 1 / 3 + (2 / 3) * s / warm
+            return 0.5 * (1 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     scaler = torch.amp.GradScaler()
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
     start = time.time()

@@ -94,7 +94,7 @@ class TrainConfig(Settings):
             raise ValueError("overlap_allreduce: not with sync_bn (both would use the NCCL communicator at once)")
         if self.schedule.warmup_epochs >= self.epochs:
             raise ValueError(f"schedule.warmup_epochs: {self.schedule.warmup_epochs} must be shorter than epochs "
-                             f"({self.epochs})")
+                             f"({self.epochs}); for a run this short pass --warmup-epochs 0")
 
     @classmethod
     def from_saved(cls, config: dict) -> TrainConfig:
