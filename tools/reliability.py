@@ -68,6 +68,14 @@ def probe() -> dict:
 # ------------------------------------------------------------------------------------------------------------
 
 
+def resnet18(args):
+    """The fp16 NHWC CIFAR ResNet-18 the model-building checks use, with --algo and --engine. --algo heuristic
+    skips the algorithm search, which under a sanitizer runs every candidate kernel slowly."""
+    import resnet_native as rn
+
+    return rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
+
+
 def soak(args) -> dict:
     import gc
 
@@ -86,8 +94,7 @@ def soak(args) -> dict:
             gc.collect()
             per_model.append((i, probe()))
             print(f"soak: model {i} at {time.perf_counter() - t0:.1f} s: {per_model[-1][1]}", flush=True)
-    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
+    model = resnet18(args)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
     xb = rn.kernels.cast(cp.random.standard_normal((128, 32, 32, 3), dtype=cp.float32),
@@ -119,8 +126,7 @@ def pressure(args) -> dict:
 
     import resnet_native as rn
 
-    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
+    model = resnet18(args)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler())
     x = rn.kernels.cast(cp.random.standard_normal((256, 32, 32, 3), dtype=cp.float32),
@@ -272,8 +278,7 @@ def small_step(args) -> dict:
 
     import resnet_native as rn
 
-    # --algo heuristic skips the algorithm search, which under a sanitizer runs every candidate kernel slowly.
-    model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0, algo=args.algo, engine=args.engine)
+    model = resnet18(args)
     opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
     shape = (8, args.image_size, args.image_size, 3)
@@ -291,13 +296,14 @@ def small_step(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("soak")
+    model = argparse.ArgumentParser(add_help=False)  # the options of resnet18(), for every check that builds one
+    model.add_argument("--algo", default="find", choices=("find", "heuristic"))
+    model.add_argument("--engine", choices=("auto", "legacy", "graph"), help="conv engine (default: the model's)")
+    s = sub.add_parser("soak", parents=[model])
     s.add_argument("--models", type=int, default=1000)
     s.add_argument("--steps", type=int, default=10000)
-    sub.add_parser("pressure")
-    st = sub.add_parser("step")
-    st.add_argument("--algo", default="find", choices=("find", "heuristic"))
-    st.add_argument("--engine", choices=("auto", "legacy", "graph"), help="conv engine (default: the model's)")
+    pr = sub.add_parser("pressure", parents=[model])
+    st = sub.add_parser("step", parents=[model])
     st.add_argument("--image-size", type=int, default=16, help="input height and width")
     k = sub.add_parser("kill")
     k.add_argument("--data", required=True)
@@ -311,7 +317,7 @@ def main(argv=None) -> int:
     k.add_argument("--timeout-s", type=float, default=400.0)
     k.add_argument("--cleanup-s", type=float, default=20.0, help="how long a resumed run may take to remove leftovers")
     k.add_argument("--workdir", default="/tmp/rn_kill")
-    for sp in (s, k, sub.choices["pressure"], st):
+    for sp in (s, k, pr, st):
         sp.add_argument("--json")
     args = p.parse_args(argv)
     result = {"soak": soak, "pressure": pressure, "kill": kill, "step": small_step}[args.what](args)

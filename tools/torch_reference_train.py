@@ -17,8 +17,8 @@ DataLoader workers, shuffle, last partial batch kept): the other half of the com
 
 import argparse
 import json
-import math
 import time
+import types
 
 import cupy as cp
 import torch
@@ -26,6 +26,7 @@ import torchvision
 
 from resnet_native.data.augment import MEAN, STD, AugmentConfig, GpuAugmenter, normalize_on_gpu
 from resnet_native.data.cifar10 import load_cifar10
+from resnet_native.training.builders import build_schedule
 from resnet_native.training.config import recipe_config
 
 
@@ -46,7 +47,7 @@ def main():
     torch.backends.cudnn.benchmark = True
     data = load_cifar10(args.data)
     recipe_b = args.recipe == "B"
-    recipe = recipe_config(args.recipe)
+    recipe = recipe_config(args.recipe, {"epochs": args.epochs})
     lr = args.lr if args.lr is not None else recipe.optimizer.lr
     cutout = args.cutout if args.cutout is not None else recipe.augment.cutout
     smoothing = args.label_smoothing if args.label_smoothing is not None else recipe.label_smoothing
@@ -70,14 +71,8 @@ def main():
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-        warm = int(round(recipe.schedule.warmup_epochs * len(batches)))  # the trainer's: linear from lr/3, cosine
-
-        def factor(s):
-            if s < warm:
-                return 1 / 3 + (2 / 3) * s / warm
-            return 0.5 * (1 + math.cos(math.pi * min(s - warm, total - warm) / (total - warm)))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        ours = build_schedule(recipe, types.SimpleNamespace(lr=lr), len(batches))  # the trainer's, per step
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: ours.lr_at(s) / lr)
     scaler = torch.amp.GradScaler()
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)
     start = time.time()
