@@ -16,13 +16,13 @@ def cfg_from(argv):
 
 def test_recipe_a_is_the_issue_recipe():
     cfg = cfg_from(["--recipe", "A"])
-    assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 110
+    assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 120
     assert cfg.batch_size == 512 and cfg.precision == "fp16" and cfg.layout == "NHWC"
     assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.3, "momentum": 0.9, "nesterov": True,
                                        "weight_decay": 5e-4}
     assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 2.0}
     assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False}
-    assert cfg.label_smoothing == 0.1
+    assert cfg.label_smoothing == 0.1 and cfg.eval_every == 10
 
 
 def test_recipe_b_is_the_issue_recipe():
@@ -32,7 +32,7 @@ def test_recipe_b_is_the_issue_recipe():
                                           "weight_decay": 0.05}
     assert cfg.schedule.name == "onecycle"
     assert cfg.augment.autoaugment is True and cfg.augment.cutout == 16
-    assert cfg.label_smoothing == 0.1
+    assert cfg.label_smoothing == 0.1 and cfg.eval_every == 1
     assert sorted(available_recipes())[:2] == ["A", "B"]
 
 

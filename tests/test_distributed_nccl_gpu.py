@@ -153,8 +153,8 @@ def test_store_all_reduce_is_refused_in_a_captured_step(one_rank):
 def test_trainer_world_size_one_over_nccl_matches_the_single_process_trainer(one_rank, tmp_path):
     world, store = one_rank
     cfg = cli.resolve_config(cli.build_parser().parse_args(
-        ["--recipe", "A", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--seed", "2",
-         "--cutout", "0", "--deterministic", "--warmup-epochs", "0"]))
+        ["--recipe", "A", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--eval-every", "1",
+         "--seed", "2", "--cutout", "0", "--deterministic", "--warmup-epochs", "0"]))
     data = tiny_cifar(np.random.default_rng(7))
 
     def run(out, **kw):

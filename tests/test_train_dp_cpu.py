@@ -49,8 +49,9 @@ print(json.dumps({"summary": summary}))
 """
 
 # No Cutout (recipe A's 16-pixel square would blank the 8x8 images), and recipe A's rate scaled to batch 16.
-ARGS = ["--recipe", "A", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--seed", "2",
-        "--cutout", "0", "--lr", "0.01", "--precision", "fp32", "--layout", "NCHW", "--warmup-epochs", "0"]
+ARGS = ["--recipe", "A", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--eval-every", "1",
+        "--seed", "2", "--cutout", "0", "--lr", "0.01", "--precision", "fp32", "--layout", "NCHW",
+        "--warmup-epochs", "0"]
 
 
 def _two_ranks(tmp_path, *extra):

@@ -21,6 +21,7 @@ from resnet_native import checkpoint, release
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
 from resnet_native.layers import Module
+from resnet_native.metrics_log import read_metrics_csv
 from resnet_native.training import checkpoint_writer, cli, evaluation, loop
 
 
@@ -53,10 +54,11 @@ def tiny(rng):
 
 def config(*extra):
     # No Cutout: recipe A's 16-pixel square would blank the 8x8 images; no warm-up in runs this short; recipe A's
-    # rate scaled to batch 16.
+    # rate scaled to batch 16; evaluated every epoch.
     return cli.resolve_config(cli.build_parser().parse_args(
         ["--recipe", "A", "--epochs", "3", "--batch-size", "16", "--eval-batch-size", "8", "--seed", "2",
-         "--cutout", "0", "--warmup-epochs", "0", "--label-smoothing", "0", "--lr", "0.01", *extra]))
+         "--cutout", "0", "--warmup-epochs", "0", "--label-smoothing", "0", "--lr", "0.01", "--eval-every", "1",
+         *extra]))
 
 
 def run(cfg, out, data, **kw):
@@ -82,6 +84,17 @@ def test_epochs_checkpoints_and_summary(cpu_backend, tiny, tmp_path):
     assert state["config"] == config().to_dict() and state["config"]["precision"] == "fp16"
     assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == config().to_dict()
     assert summary["precision"] == "fp16" and "dtype" not in summary
+
+
+def test_eval_every_evaluates_those_epochs_and_the_last(cpu_backend, tiny, tmp_path, capsys):
+    summary = run(config("--eval-every", "2", "--epochs", "5"), tmp_path, tiny).run()
+    rows = checkpoint.load_checkpoint(tmp_path / "last.npz")["metrics"]["history"]
+    evaluated = [r["epoch"] for r in rows if r["test_acc"] is not None]
+    assert evaluated == [2, 4, 5] and all(r["test_loss"] is None for r in rows if r["epoch"] in (1, 3))
+    assert summary["test_acc"] == rows[-1]["test_acc"] and summary["best_epoch"] in evaluated
+    assert "epoch 1/5: train loss" in capsys.readouterr().err
+    csv_rows = read_metrics_csv(tmp_path / "metrics.csv")
+    assert [r["test_acc"] is None for r in csv_rows] == [True, False, True, False, False]
 
 
 def test_resume_is_bit_identical(cpu_backend, tiny, tmp_path):
@@ -181,7 +194,7 @@ def test_algorithm_cache_problems_only_warn(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rn.conv, "save_algorithm_cache", full_disk)
     with pytest.warns(RuntimeWarning, match="could not write.*No space left"):
-        checkpoint_writer.save_algorithm_cache(tmp_path / "algos.json")
+        checkpoint_writer.AlgorithmCacheFile(tmp_path / "algos.json").save()
 
 
 def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, tiny, tmp_path, monkeypatch, capsys):

@@ -19,7 +19,7 @@ from .. import norm
 from ..names import LAYOUTS, choice, whole_number
 from .checks import check_activation, check_same_shape
 from .module import Module
-from .placement import host_copy, native_dtype
+from .placement import native_dtype
 
 
 class BatchNorm2d(Module):
@@ -61,12 +61,12 @@ class BatchNorm2d(Module):
             ("num_batches_tracked", (), np.int64),
         ]
 
-    def _read_state(self, name):
+    def _state_source(self, name):
         if name == "num_batches_tracked":
-            return np.array(self.num_batches_tracked, dtype=np.int64)
+            return np.array(self.num_batches_tracked, dtype=np.int64), np.asarray
         if name in ("running_mean", "running_var"):
-            return np.asarray(host_copy(getattr(self, name)), dtype=np.float32)
-        return super()._read_state(name)
+            return getattr(self, name), lambda a: np.asarray(a, dtype=np.float32)
+        return super()._state_source(name)
 
     def _write_state(self, name, value):
         if name == "num_batches_tracked":

@@ -138,15 +138,22 @@ class Module:
     def _from_torch(self, name, array) -> np.ndarray:
         return array
 
-    def _read_state(self, name) -> np.ndarray:
-        return np.ascontiguousarray(self._to_torch(name, self._params[name].numpy()))
+    def _state_source(self, name) -> tuple:
+        """(array, to_host) of one state entry: the live array where it is kept (device or host, not copied)
+        and the function that turns a host copy of it into its state_dict value."""
+        return self._params[name].data, lambda a: np.ascontiguousarray(self._to_torch(name, np.asarray(a, np.float32)))
 
     def _write_state(self, name, value) -> None:
         self._params[name].assign(self._from_torch(name, value))
 
+    def state_sources(self) -> dict:
+        """{torchvision name: (array, to_host)} of every parameter and buffer, uncopied: what state_dict() copies,
+        for callers that copy to the host themselves (the trainer's asynchronous checkpoint snapshot)."""
+        return {p + n: m._state_source(n) for p, m in self.named_modules() for n, _, _ in m._state_items()}
+
     def state_dict(self) -> dict:
         """{torchvision name: NumPy array} of every parameter and buffer (conv weights as (K, C, R, S))."""
-        return {p + n: m._read_state(n) for p, m in self.named_modules() for n, _, _ in m._state_items()}
+        return {k: to_host(placements.host_copy(a)) for k, (a, to_host) in self.state_sources().items()}
 
     def grads_dict(self) -> dict:
         """{torchvision name: NumPy array} of every parameter's gradient, in torch layout (for tests and

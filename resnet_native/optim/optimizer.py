@@ -177,19 +177,31 @@ class Optimizer:
         raise NotImplementedError
 
     # -- state_dict ------------------------------------------------------------------------------------------
+    def state_header(self) -> dict:
+        """The scalars of state_dict(): {'type', hyperparameters..., 'step'}."""
+        out = {"type": type(self).__name__, "step": self.step_count}
+        out.update({k: _plain(getattr(self, k)) for k in self.hyperparameters})
+        return out
+
+    def state_sources(self) -> dict:
+        """{'<state>.<i>': (array, to_host)} per parameter, uncopied (device arrays once placed, else the host
+        values a load left pending, or zeros): what state_dict() copies."""
+        out = {}
+        for name in self.state_names:
+            if self.state is not None:
+                arrays = self.state[name]
+            elif name in self._pending_state:
+                arrays = self._pending_state[name]
+            else:
+                arrays = [np.zeros(p.shape, np.float32) for p in self.params]
+            out.update({f"{name}.{i}": (a, _as_float32) for i, a in enumerate(arrays)})
+        return out
+
     def state_dict(self) -> dict:
         """{'type', hyperparameters..., 'step', '<state>.<i>': NumPy array per parameter} (parameters() order;
         arrays in the parameters' own layout, so load into a model of the same layout)."""
-        out = {"type": type(self).__name__, "step": self.step_count}
-        out.update({k: _plain(getattr(self, k)) for k in self.hyperparameters})
-        for name in self.state_names:
-            if self.state is not None:
-                arrays = [np.asarray(host_copy(a), np.float32) for a in self.state[name]]
-            elif name in self._pending_state:
-                arrays = [a.copy() for a in self._pending_state[name]]
-            else:
-                arrays = [np.zeros(p.shape, np.float32) for p in self.params]
-            out.update({f"{name}.{i}": a for i, a in enumerate(arrays)})
+        out = self.state_header()
+        out.update({k: to_host(host_copy(a)) for k, (a, to_host) in self.state_sources().items()})
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -224,6 +236,10 @@ class Optimizer:
     def __repr__(self):
         hp = ", ".join(f"{k}={getattr(self, k)}" for k in self.hyperparameters)
         return f"{type(self).__name__}({len(self.params)} parameters, {hp}, step={self.step_count})"
+
+
+def _as_float32(a):
+    return np.asarray(a, np.float32)
 
 
 def _plain(value):

@@ -26,11 +26,12 @@ from ..checkpoint import save_checkpoint
 class CheckpointWriter:
     """Serialises and fsyncs checkpoints on a background thread.
 
-    submit() takes host copies (state_dicts are NumPy) and returns at once; a later submit waits for the one before,
-    and flush() for all of them. With best_path, the state is written there first and then published at path with
-    a hard link, when possible, so an improving epoch costs one write, not two, and best is never behind what last
-    says. As a context manager it closes on exit; when the block raised, that error is the one reported and a
-    pending write error is only printed.
+    submit() takes host copies (state_dicts are NumPy), or a function the writer's thread calls to get them, and
+    returns at once; a later submit waits for the one before, and flush() for all of them. With best_path, the
+    state is written there first and then published at path with a hard link, when possible, so an improving
+    epoch costs one write, not two, and best is never behind what last says.
+    As a context manager it closes on exit; when the block raised, that error is the one reported and a pending write
+    error is only printed.
 
     folder, files: the run folder this writer owns and the names of the files written there (by it and by its
     owner); the stale temporaries of those files are removed before anything is written.
@@ -52,6 +53,8 @@ class CheckpointWriter:
                 return
             try:
                 path, state, best_path = job
+                if callable(state):
+                    state = state()
                 if best_path is None:
                     save_checkpoint(path, state)
                 else:  # best first: a crash before the link leaves last behind best, never ahead of it
@@ -130,14 +133,27 @@ def _publish_copy(src: pathlib.Path, dst: pathlib.Path, state) -> None:
         save_checkpoint(dst, state)
 
 
-def save_algorithm_cache(path: pathlib.Path) -> None:
-    """Write the conv algorithm choices beside a checkpoint; a failure only warns (the checkpoint still counts)."""
-    from .. import conv
+class AlgorithmCacheFile:
+    """The conv algorithm choices beside the checkpoints: save() writes them when they differ from what it wrote
+    last (after the first epochs they rarely change, and each write is an fsync); a failure only warns (the
+    checkpoint still counts)."""
 
-    try:
-        conv.save_algorithm_cache(path)
-    except Exception as e:  # the cache is an optimisation: never stop training for it
-        warnings.warn(f"could not write the convolution algorithm cache {path}: {e}", RuntimeWarning, stacklevel=2)
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+        self._written = None
+
+    def save(self) -> None:
+        from .. import conv
+
+        try:
+            entries = sorted(conv.algorithm_cache_entries(), key=lambda e: e["key"])
+            if entries == self._written and self.path.is_file():
+                return
+            conv.save_algorithm_cache(self.path)
+            self._written = entries
+        except Exception as e:  # the cache is an optimisation: never stop training for it
+            warnings.warn(f"could not write the convolution algorithm cache {self.path}: {e}", RuntimeWarning,
+                          stacklevel=2)
 
 
 def load_algorithm_cache(path: pathlib.Path) -> None:

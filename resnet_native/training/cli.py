@@ -32,6 +32,7 @@ OVERRIDES = (
     ("--epochs", "epochs", "number of epochs"),
     ("--batch-size", "batch_size", "training batch size (recipe: 256)"),
     ("--eval-batch-size", "eval_batch_size", "evaluation batch size (recipe: 1000)"),
+    ("--eval-every", "eval_every", "evaluate on the test set every this many epochs and after the last (recipe A: 10)"),
     ("--precision", "precision", "precision of weights and activations (recipe: fp16)"),
     ("--layout", "layout", "activation layout (recipe: NHWC)"),
     ("--seed", "seed", "seed of the initial weights, subset, shuffling and augmentation"),

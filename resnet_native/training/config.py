@@ -62,7 +62,8 @@ class AugmentSettings(Settings):
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
-    eval_cuda_graph: capture the per-epoch evaluation and replay it;
+    eval_cuda_graph: capture the per-epoch evaluation and replay it; eval_every: evaluate on the test set after
+    every this many epochs and after the last (the epochs between log no test figures);
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
     batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
     gradient bucket's all-reduce starts during backward (not with sync_bn)."""
@@ -74,6 +75,7 @@ class TrainConfig(Settings):
     epochs: int = integer(REQUIRED, minimum=1, hint="set it in the recipe or with --epochs")
     batch_size: int = integer(256, minimum=1)
     eval_batch_size: int = integer(1000, minimum=1)
+    eval_every: int = integer(1, minimum=1)
     precision: str = one_of("fp16", PRECISIONS)
     layout: str = one_of("NHWC", LAYOUTS)
     seed: int = integer(0, minimum=0)

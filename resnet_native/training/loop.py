@@ -55,9 +55,10 @@ from .builders import (
     build_train_step,
     subset_indices,
 )
-from .checkpoint_writer import CheckpointWriter, load_algorithm_cache, save_algorithm_cache
+from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
 from .config import TrainConfig, resume_differences
 from .evaluation import Evaluation
+from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
 
 STATE_FORMAT = "resnet_native.train/1"
@@ -151,32 +152,38 @@ class Trainer:
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
+            snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
             for epoch in range(progress.next_epoch, end_epoch):
                 images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
                 with spent("train"):
                     train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
                 with spent("evaluate"):
-                    test_loss, test_acc = evaluation() if primary else (math.nan, math.nan)
+                    if not primary:
+                        test_loss, test_acc = math.nan, math.nan
+                    elif (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == end_epoch:
+                        test_loss, test_acc = evaluation()
+                    else:  # not evaluated this epoch: no test figures in its row
+                        test_loss = test_acc = None
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
                        "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                        "images_per_s": parts.images_per_epoch / epoch_time}
                 log.log_epoch(row)
                 is_best = progress.record(row)
                 rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
+                test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
                 print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
-                      f"test loss {test_loss:.4f} acc {test_acc:.4f} | {row['images_per_s']:.0f} img/s",
-                      file=sys.stderr)
+                      f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
                 due = (epoch + 1) % self.checkpoint_every == 0 or epoch + 1 == end_epoch
                 if primary and (due or is_best):
                     with spent("checkpoint"):
-                        snapshot = self._state(parts, epoch, progress, log.rows)
+                        snapshot = self._state(parts, epoch, progress, log.rows, snapshots)
                         if due:
                             writer.submit(self.out / "last.npz", snapshot,
                                           self.out / "best.npz" if is_best else None)
                         else:
                             writer.submit(self.out / "best.npz", snapshot)
-                        save_algorithm_cache(self.out / ALGOS_FILE)
+                        algos.save()
         if self.store is not None:  # every rank returns once rank 0's checkpoints are on disk
             self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model
@@ -242,18 +249,24 @@ class Trainer:
             bar.close()
         return loss_sum / seen, correct_sum / seen, seconds
 
-    def _state(self, parts: _Parts, epoch: int, progress: _Progress, history) -> dict:
-        """The checkpoint after `epoch`: everything --resume needs to continue exactly."""
-        return {
-            "format": STATE_FORMAT,
-            "epoch": epoch,
-            "config": self.cfg.to_dict(),
-            **parts.state_dict(),
-            # The data pipeline draws from (seed, epoch) alone: these two numbers are its whole RNG state.
-            "rng": {"seed": self.cfg.seed, "next_epoch": epoch + 1},
-            "metrics": {"history": [dict(r) for r in history], "best": dict(progress.best),
-                        "train_time_s": progress.train_time_s},
-        }
+    def _state(self, parts: _Parts, epoch: int, progress: _Progress, history, snapshots: HostSnapshot):
+        """The checkpoint after `epoch`, everything --resume needs to continue exactly, as a function for the
+        writer's thread: the arrays' copies to the host are enqueued here and waited for there."""
+        arrays = snapshots.take({"model": parts.model.state_sources(),
+                                 "optimizer": parts.optimizer.state_sources()})
+        scalars = {"format": STATE_FORMAT, "epoch": epoch, "config": self.cfg.to_dict(),
+                   "optimizer": parts.optimizer.state_header(),
+                   "schedule": _state_of(parts.schedule), "scaler": _state_of(parts.scaler),
+                   # The data pipeline draws from (seed, epoch) alone: these two numbers are its whole RNG state.
+                   "rng": {"seed": self.cfg.seed, "next_epoch": epoch + 1},
+                   "metrics": {"history": [dict(r) for r in history], "best": dict(progress.best),
+                               "train_time_s": progress.train_time_s}}
+
+        def state() -> dict:
+            host = arrays.resolve()
+            return {**scalars, "model": host["model"], "optimizer": {**scalars["optimizer"], **host["optimizer"]}}
+
+        return state
 
     def _summary(self, parts: _Parts, progress: _Progress, rows, end_epoch: int, t_start: float) -> dict:
         from ..metrics_log import plot_curves
@@ -302,10 +315,6 @@ class _Parts:
     def images_per_epoch(self) -> int:
         """Over all ranks."""
         return len(self.augmenter) * self.augmenter.batch_size * self.world_size
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedule": _state_of(self.schedule), "scaler": _state_of(self.scaler)}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -382,7 +391,7 @@ class _Progress:
         """Count an epoch's row; True when its test accuracy is the best so far."""
         self.next_epoch = row["epoch"]
         self.train_time_s += row["epoch_time_s"]
-        if row["test_acc"] > self.best["test_acc"]:
+        if row["test_acc"] is not None and row["test_acc"] > self.best["test_acc"]:
             self.best = {"test_acc": row["test_acc"], "epoch": row["epoch"]}
             return True
         return False
