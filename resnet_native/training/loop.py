@@ -161,7 +161,7 @@ class Trainer:
                 with spent("evaluate"):
                     if not primary:
                         test_loss, test_acc = math.nan, math.nan
-                    elif (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == end_epoch:
+                    elif _due(epoch, cfg.eval_every, end_epoch):
                         test_loss, test_acc = evaluation()
                     else:  # not evaluated this epoch: no test figures in its row
                         test_loss = test_acc = None
@@ -174,7 +174,7 @@ class Trainer:
                 test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
                 print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                       f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
-                due = (epoch + 1) % self.checkpoint_every == 0 or epoch + 1 == end_epoch
+                due = _due(epoch, self.checkpoint_every, end_epoch)
                 if primary and (due or is_best):
                     with spent("checkpoint"):
                         snapshot = self._state(parts, epoch, progress, log.rows, snapshots)
@@ -323,6 +323,11 @@ class _Parts:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _due(epoch: int, every: int, end_epoch: int) -> bool:
+    """Whether something done every `every` epochs, and after the last, is due after `epoch` (0-based)."""
+    return (epoch + 1) % every == 0 or epoch + 1 == end_epoch
 
 
 def _state_of(obj):

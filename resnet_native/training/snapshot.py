@@ -1,11 +1,11 @@
 """Host copies of the training state taken without stalling the host, for checkpoints written in the background.
 
-A checkpoint needs every parameter, buffer and optimizer state array on the host: for ResNet-18 about 170 arrays,
-90 MB. Copied one synchronous `.get()` at a time into fresh pageable NumPy memory, and with the NHWC conv weights
-transposed to torch's layout on the spot, that held the training loop for ~38 ms per epoch. Here take() only
-enqueues one asynchronous device-to-host copy per array into page-locked buffers kept from one checkpoint to the
-next, on the current stream, and returns; resolve() (on the checkpoint writer's thread) waits for those copies
-and does the layout conversions there.
+A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()`
+at a time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot,
+that holds the training loop for tens of milliseconds per epoch. Here take() only enqueues one asynchronous
+device-to-host copy per array into page-locked buffers kept from one checkpoint to the next, on the current
+stream, and returns; resolve() (on the checkpoint writer's thread) waits for those copies and does the layout
+conversions there.
 
 Ordering: the copies run on the stream that is current at take(). Work that later overwrites the arrays must be
 ordered after it: the same stream, or a blocking stream when the current one is the legacy default stream (as in
@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+from ..layers.placement import array_module
 
 _ALIGN = 64  # bytes between entries of a buffer: every view is aligned for any dtype
 
@@ -112,7 +114,7 @@ class PendingSnapshot:
 
 
 def _is_device(a) -> bool:
-    return not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__")
+    return array_module(a) is not np
 
 
 def _layout(entries) -> tuple:
