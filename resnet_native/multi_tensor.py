@@ -14,7 +14,6 @@ SGD's momentum and AdamW's beta1, which a one-cycle schedule moves. found_inf is
 (numbers against their ranges; a device scalar cannot be: a captured graph reads its value at each replay).
 """
 
-import functools
 
 import numpy as np
 
@@ -106,44 +105,13 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
                           lr, inv_scale, step, found_inf, beta1, beta2, eps, weight_decay, stream())
 
 
-def _device_arrays(*arrays) -> None:
-    """The checks every op's array arguments get (the native parser: TypeError / ValueError naming the argument),
-    for the arrays of the cupy kernels below: each (array, name, dtype, shape, writable) is described and checked
-    on the host first, then their device, as the native ops do."""
-    for array, name, dtype, shape, writable in arrays:
-        got = _C._parse_tensor(array, name, dtype, ndim=len(shape), check_device=False, writable=writable)[2]
-        if tuple(got) != shape:
-            raise ValueError(f"{name}: expected shape {shape}, got {tuple(got)}")
-    for array, name, dtype, *_ in arrays:
-        _C._parse_tensor(array, name, dtype, check_device=True)
-
-
-@functools.cache
-def _scalar_writer(count: int):
-    import cupy
-
-    values = ", ".join(f"float32 v{i}" for i in range(count))
-    body = " ".join(f"out[{i}] = v{i};" for i in range(count))
-    return cupy.ElementwiseKernel(values, "raw float32 out", body, f"rn_write_scalars_{count}")
-
-
 def write_scalars(dst, values):
-    """dst[:] = values (floats) on the device with one kernel launch on the current stream: the values travel as
-    kernel arguments, so nothing is read from host memory later (a pinned-buffer copy could be overwritten by the
-    next step before it runs). dst: a float32 device array of len(values) elements."""
+    """dst[:] = values (1 to 8 floats) on the device with one kernel launch on the current stream: the values
+    travel as kernel arguments, so nothing is read from host memory later (a pinned-buffer copy could be
+    overwritten by the next step before it runs). dst: a float32 device array of len(values) elements."""
     if isinstance(dst, np.ndarray):  # host arrays: the float64 reference
         return reference.multi_tensor.write_scalars(dst, values)
-    values = [float(v) for v in values]
-    _device_arrays((dst, "dst", "fp32", (len(values),), True))
-    _scalar_writer(len(values))(*values, dst, size=1)
-
-
-@functools.cache
-def _step_advancer():
-    import cupy
-
-    return cupy.ElementwiseKernel("raw int32 found_inf", "raw float32 step",
-                                  "if (found_inf[0] == 0) step[0] += 1.0f;", "rn_advance_step")
+    _C.write_scalars(dst, list(values), stream())
 
 
 def advance_step(step, found_inf=None):
@@ -151,14 +119,7 @@ def advance_step(step, found_inf=None):
     scaler skips is not counted (PyTorch's AdamW bias correction counts applied updates)."""
     if isinstance(step, np.ndarray):  # host arrays: the float64 reference
         return reference.multi_tensor.advance_step(step, found_inf)
-    _device_arrays((step, "step", "fp32", (1,), True),
-                   *([] if found_inf is None else [(found_inf, "found_inf", "int32", (1,), False)]))
-    if found_inf is None:
-        import cupy
-
-        cupy.add(step, 1.0, out=step)
-    else:
-        _step_advancer()(found_inf, step, size=1)
+    _C.advance_step(step, found_inf, stream())
 
 
 def check_finite(grads, found_inf):

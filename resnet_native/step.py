@@ -85,7 +85,7 @@ class TrainStep:
         self._graphs = {}  # input key -> _CapturedStep
         self._pools = {}  # input key -> cupy MemoryPool of its warm-up (and then capture)
         self._stream = None
-        self._totals = None  # (loss sum, correct sum, scratch): 0-d float64 device arrays
+        self._totals = None  # (loss sum, correct sum): float64 arrays of shape (1,), where the step runs
         self._seen = 0
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -109,9 +109,9 @@ class TrainStep:
     def read_totals(self, reset: bool = False) -> tuple:
         """(sum of per-batch mean loss x batch size, correct predictions, samples) since the last reset, as host
         numbers (one synchronisation)."""
-        loss_sum, correct_sum, _ = self._totals_arrays()
+        loss_sum, correct_sum = self._totals_arrays()
         with self._on_stream():
-            values = (float(loss_sum), float(correct_sum), self._seen)
+            values = (float(loss_sum.reshape(())), float(correct_sum.reshape(())), self._seen)
             if reset:
                 loss_sum.fill(0)
                 correct_sum.fill(0)
@@ -141,7 +141,7 @@ class TrainStep:
         model, optimizer, scaler = self.model, self.optimizer, self.scaler
         optimizer.zero_grad()
         logits = model.forward(x, train=True, copy=False)
-        loss, correct = self.loss_fn.forward(logits, labels, train=True)
+        loss, correct = self.loss_fn.forward(logits, labels, train=True, totals=self._totals_arrays())
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
         dlogits = self.loss_fn.backward(scale)
         # The all-reduce comes before the scaler's inf check: every rank then skips alike.
@@ -156,11 +156,6 @@ class TrainStep:
             scaler.update()
         else:
             optimizer.launch_step()
-        xp = self.placement.xp
-        loss_sum, correct_sum, scratch = self._totals_arrays()
-        xp.multiply(loss, float(len(labels)), out=scratch)
-        xp.add(loss_sum, scratch, out=loss_sum)
-        xp.add(correct_sum, correct, out=correct_sum)
         return loss, correct
 
     def _backward_overlapped(self, dlogits) -> None:
@@ -175,7 +170,7 @@ class TrainStep:
 
     def _totals_arrays(self):
         if self._totals is None:
-            self._totals = tuple(self.placement.xp.zeros((), dtype=np.float64) for _ in range(3))
+            self._totals = tuple(self.placement.xp.zeros((1,), dtype=np.float64) for _ in range(2))
         return self._totals
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------

@@ -158,7 +158,8 @@ class Pieces:
         self.index = st.integers(0, self.n - 1)
         self.wide = [i for i, size in enumerate(target.shape) if size > 1]
         self.wide_index = st.sampled_from(self.wide) if self.wide else None
-        self.misalign = st.integers(1, self.itemsize - 1)
+        self.misalign = st.integers(1, self.itemsize - 1) if self.itemsize > 1 else None  # bytes are never misaligned
+        misaligned = ["misaligned"] if self.itemsize > 1 else []
         self.elements_below = st.integers(1, max(1, self.nbytes // self.itemsize - 1))
         self.strides_length = st.integers(0, 9).filter(lambda k, n=self.n: k != n)
         self.small_ints = st.integers(-64, 64)
@@ -170,17 +171,18 @@ class Pieces:
         self.strides_faults = st.sampled_from(["length", "non_int", "not_a_sequence", "entry_too_big"]
                                               + (["not_contiguous"] if self.wide else []))
         self.data_faults = st.sampled_from(["not_a_tuple", "length", "pointer_type", "read_only_type", "null",
-                                            "negative", "beyond_64_bits", "misaligned", "wraps"]
+                                            "negative", "beyond_64_bits", "wraps"] + misaligned
                                            + (["read_only"] if target.writable else []))
         self.not_a_sequence = st.one_of(NOT_A_SEQUENCE, st.just(np.array(target.shape)))
         self.many_dims = st.integers(9, 40)
         self.drop_key = st.sampled_from(REQUIRED_KEYS)
         self.typestr = st.one_of(TYPESTR_TEXT, TYPESTR_NOT_STR)
         dlpack = ["null_shape", "negative_ndim", "huge_ndim", "negative_dim", "zero_dim", "overflow", "zero_d",
-                  "null_data", "misaligned_data", "misaligned_offset", "wrapping_offset", "past_the_end", "lanes",
-                  "dtype", "device", "device_type_wraps", "device_answer", "capsule_device", "consumed", "version",
-                  "producer_raises"] + (["strides"] if self.wide else []) + (
-                      ["read_only", "copied"] if target.writable else [])
+                  "null_data", "wrapping_offset", "past_the_end", "lanes", "dtype", "device", "device_type_wraps",
+                  "device_answer", "capsule_device", "consumed", "version", "producer_raises"]
+        dlpack += ["strides"] if self.wide else []
+        dlpack += [f"{m}_{what}" for m in misaligned for what in ("data", "offset")]
+        dlpack += ["read_only", "copied"] if target.writable else []
         self.dlpack_faults = st.sampled_from(dlpack)
         self.wrong_dlpack_dtype = st.sampled_from(sorted(k for k, v in DLPACK_DTYPES.items()
                                                          if v not in target.dlpack_kinds()))

@@ -17,6 +17,8 @@ SPEC = conv.ConvSpec(padding=1)
 F4 = frozenset({"f4"})
 FLOATS_AND_BF16_BITS = frozenset({"f4", "f2", "bf16", "u2", "i2", "V2"})
 I4 = frozenset({"i4"})
+F8 = frozenset({"f8"})
+U1 = frozenset({"u1"})
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,38 @@ def _targets():
                     writable=True, host_dispatch=True))
     t += family("multi_tensor.advance_step", mt.advance_step,
                 [("step", one, dict(writable=True, host_dispatch=True)), ("found_inf", one, flag)])
+    t += _loss_and_augment_targets()
+    return t
+
+
+def _loss_and_augment_targets():
+    one = (1,)
+    out = dict(writable=True, optional=True)
+    t = family("loss.cross_entropy_forward",
+               lambda logits, labels, loss, correct, loss_sum, correct_sum: _C.cross_entropy_forward(
+                   logits, labels, 0.1, loss, correct, loss_sum, correct_sum, 0),
+               [("logits", (4, 10), {}), ("labels", (4,), dict(dtype="int32", accepted=I4)), ("loss", one, out),
+                ("correct", one, dict(dtype="int32", accepted=I4, **out)),
+                ("loss_sum", one, dict(dtype="float64", accepted=F8, **out)),
+                ("correct_sum", one, dict(dtype="float64", accepted=F8, **out))])
+    t += family("loss.cross_entropy_backward",
+                lambda logits, labels, scale, grad: _C.cross_entropy_backward(logits, labels, 0.0, scale, grad, 0),
+                [("logits", (4, 10), {}), ("labels", (4,), dict(dtype="int32", accepted=I4)),
+                 ("scale", one, dict(number_ok=True, optional=True)), ("grad", (4, 10), out)])
+    t += family("loss_scale.update", lambda scale, tracker, found_inf: _C.update_loss_scale(
+        scale, tracker, found_inf, 2.0, 0.5, 100, 0),
+        [("scale", one, dict(writable=True)), ("tracker", one, dict(dtype="int32", accepted=I4, writable=True)),
+         ("found_inf", one, dict(dtype="int32", accepted=I4))])
+    t += family("loss_scale.reciprocal", lambda scale, inv_scale: _C.reciprocal_scale(scale, inv_scale, 0),
+                [("scale", one, {}), ("inv_scale", one, dict(writable=True))])
+    labels = dict(dtype="int32", accepted=I4)
+    t += family("data.augment_u8",
+                lambda images, params, lut, out, labels, labels_out: _C.augment_u8(
+                    images, params, 0, 2, lut, out, "NHWC", 4, 0, labels, labels_out, 0),
+                [("images", (2, 8, 8, 3), dict(dtype="uint8", accepted=U1)),
+                 ("params", (6, 4), dict(dtype="int32", accepted=I4)),
+                 ("lut", (3, 256), dict(accepted=FLOATS_AND_BF16_BITS)), ("out", (2, 8, 8, 3), out),
+                 ("labels", (2,), labels), ("labels_out", (2,), dict(writable=True, **labels))])
     return t
 
 

@@ -19,12 +19,16 @@ def numpy_as_cupy():
     return fake
 
 
-def launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NHWC", crop_padding=4, cutout=0):
+def launch_on_numpy(images, params, batch_start, batch, lut, out, *, layout="NHWC", crop_padding=4, cutout=0,
+                    labels=None, labels_out=None):
     """resnet_native.data.augment.launch_augment's NumPy reference."""
     from resnet_native.data import augment as aug  # imported when used: a child installs the stand-ins first
 
-    out[...] = aug.apply_reference(np.asarray(images), params[:, batch_start:batch_start + batch], lut,
-                                   layout=layout, crop_padding=crop_padding, cutout=cutout)
+    columns = params[:, batch_start:batch_start + batch]
+    out[...] = aug.apply_reference(np.asarray(images), columns, lut, layout=layout, crop_padding=crop_padding,
+                                   cutout=cutout)
+    if labels_out is not None:
+        labels_out[...] = labels[columns[aug.ROW_INDEX]]
 
 
 def tiny_cifar(rng):

@@ -194,6 +194,37 @@ def test_search_during_capture_is_refused_and_runs_after(rng, engine):
     assert rconv.last_algorithm(shape_in(X, "NHWC"), shape_in(W, "NHWC"), spec)["mode"] == "find"
 
 
+def test_capture_never_narrows_the_legacy_choice(rng):
+    """A cached legacy choice whose workspace the pool no longer holds: outside capture the pool grows; during
+    capture (where it cannot) the call raises the capture error instead of running a smaller algorithm."""
+    for layout, precision in (("NCHW", "fp32"), ("NHWC", "fp16")):
+        spec = spec_for("legacy", layout, precision, "find")
+        arrays, values = new_inputs(rng, "forward", precision, layout)
+        out = poisoned(OUTPUT["forward"], precision, layout)
+        run("forward", spec, layout, arrays, out)
+        choice = rconv.last_algorithm(shape_in(X, layout), shape_in(W, layout), spec)
+        if choice["workspace"] > 0:
+            break
+    else:
+        pytest.skip("Find chose workspace-free algorithms for both problems")
+    cp.cuda.Device().synchronize()
+    rn.release_workspace()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            with pytest.raises(ValueError, match="during CUDA-graph capture; call resnet_native.reserve_workspace"):
+                run("forward", spec, layout, arrays, out)
+        finally:
+            stream.end_capture()
+        rn.reserve_workspace(choice["workspace"])
+        graph = capture(stream, lambda: run("forward", spec, layout, arrays, out))
+        graph.launch(stream)
+        stream.synchronize()
+    check_close(out, expected("forward", values), precision, "after reserve_workspace", layout)
+    assert rconv.last_algorithm(shape_in(X, layout), shape_in(W, layout), spec)["algo"] == choice["algo"]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # tensor_arg's direct read of cupy arrays
 

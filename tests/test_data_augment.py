@@ -1,10 +1,6 @@
 """GPU augmentation, checked without a GPU: host-side parameter sampling, the NumPy reference's properties, the
-normalisation table, and the CUDA kernel itself — compiled by NVRTC (as cupy will on the device) and, with a few
-host shims, by g++ and run on the CPU against the reference."""
-
-import ctypes
-import shutil
-import subprocess
+normalisation table, and the kernel's argument checks (the kernel itself, csrc/kernels/augment_u8.cu, is compared
+with the reference bit for bit in tests/test_data_gpu.py)."""
 
 import numpy as np
 import pytest
@@ -155,117 +151,6 @@ def test_normalize_on_host_matches_the_formula(rng):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# (b) the kernel source: NVRTC compiles it; the same source, run on the CPU, equals the reference bit for bit
-
-
-def _nvrtc():
-    try:
-        from cupy_backends.cuda.libs import nvrtc
-    except ImportError:
-        return None
-    return nvrtc
-
-
-def test_kernel_compiles_with_nvrtc():
-    nvrtc = _nvrtc()
-    if nvrtc is None:
-        pytest.skip("cupy's NVRTC bindings are not importable")
-    try:
-        prog = nvrtc.createProgram(aug.KERNEL_SOURCE, "augment.cu", [], [])
-    except Exception as e:  # libnvrtc missing
-        pytest.skip(f"NVRTC unavailable: {e}")
-    try:
-        nvrtc.compileProgram(prog, ["-arch=compute_90"])
-    except Exception as e:
-        pytest.fail(f"augment kernel does not compile: {e}\n{nvrtc.getProgramLog(prog)}")
-    ptx = nvrtc.getPTX(prog)
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    assert ".entry augment_2byte" in ptx and ".entry augment_4byte" in ptx
-
-
-HOST_SHIM = r"""
-struct Dim3 { unsigned int x, y, z; };
-static Dim3 blockIdx, blockDim, threadIdx;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-"""
-
-HOST_DRIVER = r"""
-extern "C" void run_grid(int itemsize, unsigned grid, unsigned block, const unsigned char* images,
-                         const int* params, int stride, int start, int batch, int h, int w, int pad, int cut,
-                         int nchw, const void* lut, void* out) {
-  blockDim.x = block;
-  for (unsigned g = 0; g < grid; ++g) {
-    blockIdx.x = g;
-    for (unsigned t = 0; t < block; ++t) {
-      threadIdx.x = t;
-      if (itemsize == 2)
-        augment_2byte(images, params, stride, start, batch, h, w, pad, cut, nchw, (const unsigned short*)lut,
-                      (unsigned short*)out);
-      else
-        augment_4byte(images, params, stride, start, batch, h, w, pad, cut, nchw, (const unsigned int*)lut,
-                      (unsigned int*)out);
-    }
-  }
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler to run the kernel on the CPU")
-    d = tmp_path_factory.mktemp("augment_kernel")
-    src = d / "augment_host.cpp"
-    src.write_text(HOST_SHIM + aug.KERNEL_SOURCE + HOST_DRIVER)
-    lib = d / "augment_host.so"
-    subprocess.run([cxx, "-O1", "-std=c++14", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True,
-                   capture_output=True)
-    return ctypes.CDLL(str(lib))
-
-
-def run_on_cpu(host_kernel, images, table, start, batch, lut, layout, pad, cut, block=aug.THREADS_PER_BLOCK):
-    """Launch the kernel's exact grid on the CPU; out starts as all-ones bits (NaN) so unwritten elements show."""
-    n, h, w, _ = images.shape
-    shape = (batch, h, w, 3) if layout == "NHWC" else (batch, 3, h, w)
-    out = np.frombuffer(bytearray(b"\xff" * (int(np.prod(shape)) * lut.dtype.itemsize)), lut.dtype).reshape(shape)
-    grid = (batch * h * w + block - 1) // block
-    p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    images, table, lut = (np.ascontiguousarray(a) for a in (images, table, lut))
-    host_kernel.run_grid(ctypes.c_int(lut.dtype.itemsize), ctypes.c_uint(grid), ctypes.c_uint(block), p(images),
-                         p(table), ctypes.c_int(table.shape[1]), ctypes.c_int(start), ctypes.c_int(batch),
-                         ctypes.c_int(h), ctypes.c_int(w), ctypes.c_int(pad), ctypes.c_int(cut),
-                         ctypes.c_int(layout == "NCHW"), p(lut), p(out))
-    return out
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-def test_kernel_on_cpu_equals_reference(host_kernel, rng, dtype, layout):
-    images = images_for(rng, n=40)
-    table = sample_epoch(11, 2, len(images), CUTOUT)
-    lut = normalization_lut(dtype)
-    start, batch = 5, 23  # a slice in the middle; 23 * 1024 is not a multiple of the block size
-    got = run_on_cpu(host_kernel, images, table, start, batch, lut, layout, 4, 16)
-    want = apply_reference(images, table[:, start:start + batch], lut, layout=layout, crop_padding=4, cutout=16)
-    bits = np.uint16 if lut.dtype.itemsize == 2 else np.uint32
-    np.testing.assert_array_equal(got.view(bits), want.view(bits))
-
-
-@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-def test_kernel_on_cpu_other_sizes_and_options(host_kernel, rng, layout):
-    images = images_for(rng, n=6, h=20, w=28)
-    cfg = AugmentConfig(crop_padding=2, flip=True, cutout=5)
-    table = sample_epoch(1, 1, len(images), cfg, height=20, width=28)
-    lut = normalization_lut("fp16")
-    got = run_on_cpu(host_kernel, images, table, 0, 6, lut, layout, 2, 5, block=64)
-    want = apply_reference(images, table, lut, layout=layout, crop_padding=2, cutout=5)
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Labels are checked once, on the host, when a data set enters the pipeline
 
 
@@ -299,3 +184,68 @@ def test_gpu_augmenter_rejects_out_of_range_labels(rng, monkeypatch):
     aug.GpuAugmenter(images, np.arange(8) % 7, batch_size=4, num_classes=7)
     with pytest.raises(ValueError, match=r"labels\[7\] = 7: expected a class index in \[0, 7\)"):
         aug.GpuAugmenter(images, np.arange(8), batch_size=4, num_classes=7)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The kernel's arguments, checked before any device access (fakes: no GPU needed)
+
+
+def _augment_args(**over):
+    from fake_arrays import fake
+
+    args = dict(images=fake((4, 8, 8, 3), "uint8"), params=fake((6, 5), "int32"), batch_start=1, batch=3,
+                lut=fake((3, 256), "float16"), out=fake((3, 8, 8, 3), "float16"), layout="NHWC", crop_padding=2,
+                cutout=0, labels=fake((4,), "int32"), labels_out=fake((3,), "int32"))
+    args.update(over)
+    return args
+
+
+def _launch(**over):
+    aug.launch_augment(**{k: v for k, v in _augment_args(**over).items()})
+
+
+def test_launch_augment_checks_every_argument():
+    from fake_arrays import expect_device_stage, fake
+
+    with expect_device_stage():
+        _launch()
+    with expect_device_stage():
+        _launch(labels=None, labels_out=None)
+    with expect_device_stage():  # NCHW output, bf16 bits
+        _launch(lut=fake((3, 256), "uint16"), out=fake((3, 3, 8, 8), "uint16"), layout="NCHW")
+    cases = [
+        (dict(images=fake((4, 8, 8, 4), "uint8")), ValueError, "images: expected \\(N, H, W, 3\\)"),
+        (dict(images=fake((4, 8, 8, 3), "float32")), TypeError, "images: expected a uint8"),
+        (dict(params=fake((5, 5), "int32")), ValueError, "params: expected an int32 \\(6, M\\)"),
+        (dict(params=fake((6, 5), "int64")), TypeError, "params: expected an int32"),
+        (dict(batch_start=3), ValueError, "batch: \\[3, 6\\) is outside the table's 5 columns"),
+        (dict(batch_start=-1), ValueError, "batch_start: expected an int >= 0"),
+        (dict(batch=0), ValueError, "batch: expected an int >= 1"),
+        (dict(batch=2**40), ValueError, "batch"),
+        (dict(crop_padding=-2), ValueError, "crop_padding"),
+        (dict(cutout=True), TypeError, "cutout"),
+        (dict(lut=fake((256, 3), "float16")), ValueError, "lut: expected shape \\(3, 256\\)"),
+        (dict(lut=fake((3, 256), "int32")), TypeError, "lut: expected a float32, float16 or bf16"),
+        (dict(out=fake((3, 8, 8, 3), "float32")), TypeError, "out: expected a float16"),
+        (dict(out=fake((3, 3, 8, 8), "float16")), ValueError, "out: expected shape \\(3, 8, 8, 3\\)"),
+        (dict(layout="NCWH"), ValueError, "layout"),
+        (dict(labels=None), ValueError, "labels: expected an int32 array of the images' labels"),
+        (dict(labels_out=None), ValueError, "labels_out: expected an int32 array of shape \\(batch,\\)"),
+        (dict(labels=fake((5,), "int32")), ValueError, "labels: expected shape \\(4,\\)"),
+        (dict(labels_out=fake((4,), "int32")), ValueError, "labels_out: expected shape \\(3,\\)"),
+        (dict(labels_out=fake((3,), "int32", readonly=True)), ValueError, "labels_out"),
+    ]
+    for over, error, message in cases:
+        with pytest.raises(error, match=message):
+            _launch(**over)
+
+
+def test_launch_augment_refuses_overlapping_outputs():
+    from fake_arrays import FakeCudaArray
+
+    images = FakeCudaArray((4, 8, 8, 3), "uint8")
+    with pytest.raises(ValueError, match="out must not share memory with images"):
+        _launch(images=images, out=FakeCudaArray((3, 8, 8, 3), "float16", ptr=images.ptr))
+    labels = FakeCudaArray((4,), "int32")
+    with pytest.raises(ValueError, match="labels_out must not share memory with labels"):
+        _launch(labels=labels, labels_out=FakeCudaArray((3,), "int32", ptr=labels.ptr))

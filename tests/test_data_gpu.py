@@ -115,13 +115,39 @@ def test_launch_validates_arguments(rng):
     table = cp.asarray(sample_epoch(0, 0, 4, CUTOUT))
     lut = cp.asarray(normalization_lut("fp16"))
     out = cp.empty((4, 32, 32, 3), cp.float16)
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ValueError, match="out: expected shape"):
         aug.launch_augment(images, table, 0, 4, lut, cp.empty((4, 3, 32, 32), cp.float16))
     with pytest.raises(ValueError, match="batch"):
         aug.launch_augment(images, table, 2, 4, lut, out)
-    with pytest.raises(ValueError, match="params"):
+    with pytest.raises(TypeError, match="params: expected an int32"):
         aug.launch_augment(images, table.astype(cp.int64), 0, 4, lut, out)
-    with pytest.raises(ValueError, match="lut"):
+    with pytest.raises(TypeError, match="out: expected a float32"):  # out must have lut's dtype
         aug.launch_augment(images, table, 0, 4, cp.asarray(normalization_lut("fp32")), out)
-    with pytest.raises(ValueError, match="images"):
+    with pytest.raises(TypeError, match="images: expected a uint8"):
         aug.launch_augment(images.astype(cp.float32), table, 0, 4, lut, out)
+
+
+def test_kernel_gathers_labels_and_contains_bad_indices(rng):
+    import cupy as cp
+
+    images = rng.integers(0, 256, (30, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, 30).astype(np.int32)
+    table = sample_epoch(3, 4, 30, CUTOUT)
+    table[aug.ROW_INDEX, 12] = 30  # outside the set
+    table[aug.ROW_INDEX, 13] = -7
+    lut = normalization_lut("fp16")
+    out = poisoned(cp, (20, 32, 32, 3), lut.dtype)
+    labels_out = cp.full(20, 12345, cp.int32)
+    aug.launch_augment(cp.asarray(images), cp.asarray(table), 5, 20, cp.asarray(lut), out, crop_padding=4,
+                       cutout=16, labels=cp.asarray(labels), labels_out=labels_out)
+    columns = table[aug.ROW_INDEX, 5:25]
+    known = (columns >= 0) & (columns < 30)
+    np.testing.assert_array_equal(labels_out.get(), np.where(known, labels[np.clip(columns, 0, 29)], -1))
+    good = np.flatnonzero(known)
+    want = apply_reference(images, table[:, 5:25][:, good], lut, crop_padding=4, cutout=16)
+    got = out.get()
+    np.testing.assert_array_equal(as_bits(got[good]), as_bits(want))
+    # The bad columns read nothing: black pixels (lut[c][0]) outside their Cutout square, 0 inside it.
+    black = apply_reference(np.zeros((1, 32, 32, 3), np.uint8), np.where(np.arange(6)[:, None] == 0, 0,
+                            table[:, 5:25][:, ~known]), lut, crop_padding=4, cutout=16)
+    np.testing.assert_array_equal(as_bits(got[~known]), as_bits(black))

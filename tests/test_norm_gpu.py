@@ -4,7 +4,7 @@ the residual z and ReLU; the fused cuDNN path where documented, equal to the unf
 
 import numpy as np
 import pytest
-from device_values import check_close, host_values, poisoned, to_device
+from device_values import TOLERANCE, check_close, host_values, poisoned, to_device
 
 from resnet_native import norm, reference
 
@@ -101,7 +101,16 @@ def check_training_step(p, relu, momentum=0.1, reserve=None):
     dx, dgamma, dbeta, dz = backward(p, y, save_mean, save_invstd, reserve, relu)
     backward_path = norm.last_path()
     dx_ref, dgamma_ref, dbeta_ref, dz_ref = backward_reference(p, host_values(y, p.layout), mean, invstd, relu)
-    p.check(dx, dx_ref, f"dx ({backward_path})")
+    if p.hx.size // p.c == 2:
+        # Two values per channel: x_hat = +-1 up to eps, so dx is what is left after terms of the size of
+        # gamma * invstd * dy cancel. Its error is bounded by theirs, not by its own (tiny) size.
+        got = host_values(dx, p.layout)
+        assert np.isfinite(got).all(), "dx: not written everywhere"
+        terms = np.linalg.norm(per_channel(p.hgamma * invstd) * p.hdy)
+        err = np.linalg.norm(got - dx_ref) / terms
+        assert err <= TOLERANCE[p.dtype], f"dx ({backward_path}): error {err:.3g} of the cancelling terms' size"
+    else:
+        p.check(dx, dx_ref, f"dx ({backward_path})")
     p.check(dgamma, dgamma_ref, "dgamma")
     p.check(dbeta, dbeta_ref, "dbeta")
     if p.z is not None:

@@ -172,3 +172,26 @@ def test_fused_unscale_equals_a_separate_unscale_pass(rng):
         got = np.asarray(states[0][name], np.float64)
         err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
         assert err <= 1e-3, (name, err)
+
+
+def test_loss_scale_update_follows_the_numpy_rule(rng):
+    """The native update_loss_scale and reciprocal_scale against update_scale on NumPy, over a random sequence of
+    good and overflowing steps (growth after 3 good steps, backoff on inf)."""
+    from resnet_native import _C
+    from resnet_native.optim.grad_scaler import update_scale
+
+    kw = dict(growth_factor=2.0, backoff_factor=0.25, growth_interval=3)
+    scale, tracker, found = cp.full((1,), 1024.0, cp.float32), cp.zeros((1,), cp.int32), cp.zeros((1,), cp.int32)
+    inv = cp.full((1,), np.nan, cp.float32)
+    host = {k: np.empty(1, bool) for k in ("good", "grow", "both")} | {"factor": np.empty(1), "term": np.empty(1)}
+    h_scale, h_tracker = np.array([1024.0]), np.zeros(1, np.int32)
+    for inf in rng.random(40) < 0.2:
+        found.fill(int(inf))
+        _C.update_loss_scale(scale, tracker, found, kw["growth_factor"], kw["backoff_factor"], kw["growth_interval"],
+                             0)
+        update_scale(np, h_scale, h_tracker, np.array([int(inf)], np.int32), scratch=host, **kw)
+        assert float(scale[0]) == h_scale[0] and int(tracker[0]) == h_tracker[0]
+    _C.reciprocal_scale(scale, inv, 0)
+    assert float(inv[0]) == np.float32(1.0) / np.float32(h_scale[0])
+    with pytest.raises(ValueError, match="growth_interval"):
+        _C.update_loss_scale(scale, tracker, found, 2.0, 0.5, 0, 0)

@@ -67,10 +67,11 @@ for stage in "${stages[@]}"; do
       # initcheck over a few captured training steps (one log per tool). Racecheck cannot run the step: cuDNN's own
       # convolution kernels fault under it even when left out of its instrumentation (KNOWN_ISSUES 21).
       # SANITIZER_TESTS: the tests that launch our kernels (cast, elementwise, multi-tensor, pooling, the
-      # augmenter, residual requantisation, sync-BN; the uint8 input stage is in the engine tests, too slow here).
+      # augmenter, the loss, residual requantisation, sync-BN; the uint8 input stage is in the engine tests, too
+      # slow here).
       sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
       tests=${SANITIZER_TESTS:-tests/test_kernels_gpu.py tests/test_multi_tensor_gpu.py tests/test_pool_gpu.py \
-        tests/test_data_gpu.py tests/test_quantized_conv_gpu.py::test_the_residual_requantization_matches_its_reference \
+        tests/test_data_gpu.py tests/test_loss_gpu.py tests/test_quantized_conv_gpu.py::test_the_residual_requantization_matches_its_reference \
         tests/test_sync_norm_gpu.py::test_two_simulated_ranks_match_the_whole_batch}
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck}; do
         # shellcheck disable=SC2086

@@ -15,7 +15,7 @@
 namespace rn {
 
 // The element types the parser tells apart; everything else is Other (named by RawArray::dtype_text).
-enum class ElementKind : uint8_t { F32, F16, BF16, U16, I16, V2, I32, U8, I8, Other };
+enum class ElementKind : uint8_t { F32, F16, BF16, U16, I16, V2, I32, U8, I8, F64, Other };
 
 struct RawArray {
   ElementKind kind = ElementKind::Other;

@@ -11,6 +11,7 @@
 #include "../kernels/normalize_u8.h"
 #include "../kernels/requantize.h"
 #include "bindings.h"
+#include "image_args.h"
 #include "op_args.h"
 #include "tensor_arg.h"
 #include "value_args.h"
@@ -19,33 +20,6 @@ namespace py = pybind11;
 
 namespace rn {
 namespace {
-
-const TensorView& images_arg(OpArgs& args, py::handle images_obj) {
-  TensorArgOptions four_d;
-  four_d.ndim = 4;
-  const TensorView& images = args.input(images_obj, "images", DType::U8, four_d);
-  if (images.shape[3] != kernels::ImagesU8::kChannels) {
-    throw ValueError("images: expected (N, H, W, 3) RGB pixels in HWC order, got shape " + images.shape_str());
-  }
-  return images;
-}
-
-const TensorView& lut_arg(OpArgs& args, py::handle lut_obj, DType dtype) {
-  TensorArgOptions two_d;
-  two_d.ndim = 2;
-  const TensorView& lut = args.input(lut_obj, "lut", dtype, two_d);
-  check_shape(lut, "lut", {3, 256});
-  return lut;
-}
-
-kernels::ImagesU8 source_of(const TensorView& images) {
-  kernels::ImagesU8 source;
-  source.data = static_cast<const uint8_t*>(images.data);
-  source.n = images.shape[0];
-  source.height = images.shape[1];
-  source.width = images.shape[2];
-  return source;
-}
 
 py::object normalize_u8_op(py::handle images_obj, py::handle lut_obj, py::handle out_obj, py::handle layout_obj,
                            py::handle dtype_obj, uintptr_t stream) {

@@ -61,42 +61,6 @@ const TensorTable* table_arg(py::handle obj, const char* name, bool optional) {
   return obj.cast<const TensorTable*>();
 }
 
-// Whether a scalar argument is a device array (then parsed as one) rather than a number: it has a
-// __cuda_array_interface__, or DLPack naming a CUDA device. Host arrays (NumPy 0-d arrays) are numbers.
-bool is_device_array(py::handle obj) {
-  if (py::hasattr(obj, "__cuda_array_interface__")) return true;
-  if (!py::hasattr(obj, "__dlpack_device__")) return false;
-  py::object device = obj.attr("__dlpack_device__")();
-  int64_t type = -1;
-  bool overflow = false;
-  if (PyTuple_Check(device.ptr()) && PyTuple_GET_SIZE(device.ptr()) == 2) {
-    read_int64(PyTuple_GET_ITEM(device.ptr(), 0), &type, &overflow);
-  }
-  return type == 2 || type == 13;  // kDLCUDA, kDLCUDAManaged
-}
-
-// A number, or a float32 device array of shape (1,) that the kernel reads (a Python float keeps no range check
-// here: check_range / check_at_least do that for the arguments that have one).
-ScalarArg scalar_arg(OpArgs& args, py::handle obj, const char* name) {
-  ScalarArg s;
-  if (is_device_array(obj)) {
-    TensorArgOptions one_d;
-    one_d.ndim = 1;
-    const TensorView& v = args.input(obj, name, DType::F32, one_d);
-    check_shape(v, name, {1});
-    s.ptr = static_cast<const float*>(v.data);
-    return s;
-  }
-  const std::string expected = std::string(name) + ": expected a number or a float32 device array of shape (1,), got ";
-  if (PyBool_Check(obj.ptr())) throw TypeError(expected + "a bool");
-  try {
-    s.value = static_cast<float>(number_arg(obj, name));
-  } catch (const TypeError&) {
-    throw TypeError(expected + std::string(py::str(py::type::of(obj).attr("__name__"))));
-  }
-  return s;
-}
-
 // A scalar whose host value must lie in [low, high) (high < 0: no upper bound).
 ScalarArg ranged_scalar_arg(OpArgs& args, py::handle obj, const char* name, double low, double high) {
   const ScalarArg s = scalar_arg(args, obj, name);
@@ -117,16 +81,8 @@ double non_negative_arg(py::handle obj, const char* name) {
 
 // found_inf: an int32 device array of shape (1,), read (and by check_finite written) by the kernel.
 int32_t* found_inf_arg(OpArgs& args, py::handle obj, bool required, bool written) {
-  if (obj.is_none()) {
-    if (required) throw TypeError("found_inf: expected a cupy int32 array of shape (1,), got None");
-    return nullptr;
-  }
-  TensorArgOptions one_d;
-  one_d.ndim = 1;
-  one_d.writable = written;
-  const TensorView& v = args.input(obj, "found_inf", DType::I32, one_d);
-  check_shape(v, "found_inf", {1});
-  return static_cast<int32_t*>(v.data);
+  if (obj.is_none() && !required) return nullptr;
+  return static_cast<int32_t*>(one_element_arg(args, obj, "found_inf", DType::I32, written).data);
 }
 
 // The table checks every update shares: params fp32, each state table fp32 and the size of params, grads the

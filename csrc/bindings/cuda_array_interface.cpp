@@ -72,6 +72,7 @@ void read_typestr(py::handle typestr_obj, const char* name, RawArray* raw) {
               : kind_size == "i4" ? ElementKind::I32
               : kind_size == "u1" ? ElementKind::U8
               : kind_size == "i1" ? ElementKind::I8
+              : kind_size == "f8" ? ElementKind::F64
                                   : ElementKind::Other;
 }
 

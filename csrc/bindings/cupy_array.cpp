@@ -20,7 +20,7 @@ struct CupyTypes {
     ElementKind kind;
     int itemsize;
   };
-  std::array<Known, 7> known{};
+  std::array<Known, 8> known{};
 };
 
 // All of this runs under the GIL (every op is a pybind11 call that keeps it), which serialises the lookup.
@@ -43,7 +43,8 @@ const CupyTypes* cupy_types() {
                      {dtype("int16").release().ptr(), ElementKind::I16, 2},
                      {dtype("int32").release().ptr(), ElementKind::I32, 4},
                      {dtype("uint8").release().ptr(), ElementKind::U8, 1},
-                     {dtype("int8").release().ptr(), ElementKind::I8, 1}}};
+                     {dtype("int8").release().ptr(), ElementKind::I8, 1},
+                     {dtype("float64").release().ptr(), ElementKind::F64, 8}}};
     found = types;
   } catch (const py::error_already_set&) {
     return nullptr;  // a half-imported or unusual cupy: the general parser serves (the error is cleared)

@@ -79,6 +79,7 @@ ElementKind dlpack_kind(const DLDataType& t) {
   if (t.code == kDLInt && t.bits == 32) return ElementKind::I32;
   if (t.code == kDLUInt && t.bits == 8) return ElementKind::U8;
   if (t.code == kDLInt && t.bits == 8) return ElementKind::I8;
+  if (t.code == kDLFloat && t.bits == 64) return ElementKind::F64;
   return ElementKind::Other;
 }
 

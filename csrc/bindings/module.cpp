@@ -15,4 +15,7 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_pool(m);
   rn::bind_graph_engine(m);
   rn::bind_inference(m);
+  rn::bind_augment(m);
+  rn::bind_loss(m);
+  rn::bind_device_scalars(m);
 }

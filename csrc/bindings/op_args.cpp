@@ -4,6 +4,7 @@
 
 #include "../core/device.h"
 #include "../core/error.h"
+#include "array_sources.h"
 #include "output_alloc.h"
 #include "value_args.h"
 
@@ -124,6 +125,54 @@ void check_disjoint(const TensorView& out, const char* out_name, std::initialize
   for (const NamedView& in : inputs) {
     if (overlaps(out, in.view)) throw ValueError(std::string(out_name) + " must not share memory with " + in.name);
   }
+}
+
+// Whether a scalar argument is a device array (then parsed as one) rather than a number: it has a
+// __cuda_array_interface__, or DLPack naming a CUDA device. Host arrays (NumPy 0-d arrays) are numbers.
+bool is_device_array(py::handle obj) {
+  if (py::hasattr(obj, "__cuda_array_interface__")) return true;
+  if (!py::hasattr(obj, "__dlpack_device__")) return false;
+  py::object device = obj.attr("__dlpack_device__")();
+  int64_t type = -1;
+  bool overflow = false;
+  if (PyTuple_Check(device.ptr()) && PyTuple_GET_SIZE(device.ptr()) == 2) {
+    read_int64(PyTuple_GET_ITEM(device.ptr(), 0), &type, &overflow);
+  }
+  return type == 2 || type == 13;  // kDLCUDA, kDLCUDAManaged
+}
+
+// A number, or a float32 device array of shape (1,) that the kernel reads (a Python float keeps no range check
+// here: check_range / check_at_least do that for the arguments that have one).
+kernels::ScalarArg scalar_arg(OpArgs& args, py::handle obj, const char* name) {
+  kernels::ScalarArg s;
+  if (is_device_array(obj)) {
+    TensorArgOptions one_d;
+    one_d.ndim = 1;
+    const TensorView& v = args.input(obj, name, DType::F32, one_d);
+    check_shape(v, name, {1});
+    s.ptr = static_cast<const float*>(v.data);
+    return s;
+  }
+  const std::string expected = std::string(name) + ": expected a number or a float32 device array of shape (1,), got ";
+  if (PyBool_Check(obj.ptr())) throw TypeError(expected + "a bool");
+  try {
+    s.value = static_cast<float>(number_arg(obj, name));
+  } catch (const TypeError&) {
+    throw TypeError(expected + std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+  return s;
+}
+
+const TensorView& one_element_arg(OpArgs& args, py::handle obj, const char* name, DType dtype, bool writable) {
+  if (obj.is_none()) {
+    throw TypeError(std::string(name) + ": expected a cupy " + dtype_name(dtype) + " array of shape (1,), got None");
+  }
+  TensorArgOptions one_d;
+  one_d.ndim = 1;
+  one_d.writable = writable;
+  const TensorView& v = args.input(obj, name, dtype, one_d);
+  check_shape(v, name, {1});
+  return v;
 }
 
 }  // namespace rn

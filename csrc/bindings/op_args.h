@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../core/tensor.h"
+#include "../kernels/scalar_arg.h"
 #include "tensor_arg.h"
 
 namespace rn {
@@ -85,5 +86,15 @@ struct NamedView {
 };
 // ValueError unless `out` is disjoint from each of `inputs` (ops that read an input after writing their output).
 void check_disjoint(const TensorView& out, const char* out_name, std::initializer_list<NamedView> inputs);
+
+// Whether a scalar argument is a device array (then parsed as one) rather than a number: it has a
+// __cuda_array_interface__, or DLPack naming a CUDA device. Host arrays (NumPy 0-d arrays) are numbers.
+bool is_device_array(pybind11::handle obj);
+// A number, or a float32 device array of shape (1,) that the kernel reads (a Python float keeps no range check
+// here: the caller checks the arguments that have one).
+kernels::ScalarArg scalar_arg(OpArgs& args, pybind11::handle obj, const char* name);
+
+// A device array of shape (1,) and `dtype` (found_inf, a step count, the loss scale): None is a TypeError.
+const TensorView& one_element_arg(OpArgs& args, pybind11::handle obj, const char* name, DType dtype, bool writable);
 
 }  // namespace rn

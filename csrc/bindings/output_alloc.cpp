@@ -23,6 +23,8 @@ const char* array_dtype(DType dtype) {
       return "uint8";
     case DType::I8:
       return "int8";
+    case DType::F64:
+      return "float64";
   }
   return "float32";
 }

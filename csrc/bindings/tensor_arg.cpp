@@ -36,6 +36,8 @@ bool kind_holds(ElementKind kind, DType dtype) {
       return kind == ElementKind::U8;
     case DType::I8:
       return kind == ElementKind::I8;
+    case DType::F64:
+      return kind == ElementKind::F64;
   }
   return false;
 }

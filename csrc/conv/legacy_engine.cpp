@@ -185,7 +185,7 @@ std::optional<Picked> first_fitting(const ConvParams& params, DescriptorGroups& 
     size_t bytes = 0;
     if (workspace_size(dir, h, groups.get(*math), c.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     if (bytes > max_workspace || bytes > params.workspace_cap) continue;
-    if (bytes > 0 && pool.try_get(bytes, stream) == nullptr) continue;
+    if (bytes > 0 && pool.try_get_for_choice(bytes, stream) == nullptr) continue;
     return Picked{c.algo, *math, bytes, c.time_ms};
   }
   return std::nullopt;
@@ -253,7 +253,7 @@ void run_plain(const ConvParams& params, const AlgoChoice& choice, const ConvOpe
                cudnnHandle_t handle, cudaStream_t stream) {
   const ConvDirection dir = direction_of(params);
   WorkspacePool& pool = WorkspacePool::current();
-  void* ws = pool.try_get(choice.workspace, stream);
+  void* ws = pool.try_get_for_choice(choice.workspace, stream);
   if (ws != nullptr || choice.workspace == 0) {
     execute(dir, handle, groups.get(static_cast<cudnnMathType_t>(choice.math_type)), choice.algo, ops, ws,
             choice.workspace);
@@ -284,7 +284,7 @@ std::optional<FusionRefusal> try_fused(const ConvParams& params, const AlgoChoic
                              algo_name(ConvDirection::Forward, choice.algo),
                          true};
   }
-  void* ws = WorkspacePool::current().try_get(choice.workspace, stream);
+  void* ws = WorkspacePool::current().try_get_for_choice(choice.workspace, stream);
   if (ws == nullptr && choice.workspace > 0) return FusionRefusal{"unfused: workspace unavailable", false};
 
   const void* z = ops.z.data;
@@ -369,7 +369,7 @@ AlgoChoice choose(const ConvParams& params, const ConvOperands& ops, cudnnHandle
       throw ValueError("algo: " + algo_name(dir, fixed_algo) + " does not support this convolution (" +
                        cudnn_status_name(status) + "): " + params.to_string());
     }
-    if (bytes <= params.workspace_cap && (bytes == 0 || WorkspacePool::current().try_get(bytes, stream))) {
+    if (bytes <= params.workspace_cap && (bytes == 0 || WorkspacePool::current().try_get_for_choice(bytes, stream))) {
       picked = Picked{fixed_algo, math, bytes, -1.0f};
     } else {
       // Its workspace cannot be had (cap or out of memory): the best candidate that fits instead.

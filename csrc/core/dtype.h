@@ -12,10 +12,11 @@ namespace rn {
 
 // F32, F16 and BF16 are the storage dtypes of activations, weights and gradients (bf16 arrays are often uint16
 // arrays holding bf16 bits: cupy has no bfloat16). I32 is for flags such as the loss scaler's found_inf and U8 for
-// images (the inference engine's input stage); they are never storage dtypes and have no Python name
+// images (the inference engine's input stage), F64 for the loss's running sums; they are never storage dtypes and
+// have no Python name
 // (resnet_native._C.DType lists the storage dtypes only). I8 and FP8 are the storage of the quantised forward
 // convolutions (precisions INT8 and FP8): int8 arrays, and FP8 E4M3 codes held in uint8 arrays (cupy has no fp8).
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4, I8 = 5, FP8 = 6 };
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4, I8 = 5, FP8 = 6, F64 = 7 };
 
 enum class Precision : uint8_t {
   FP32 = 0,  // fp32 storage, FMA math only (no tensor cores, no TF32)
@@ -43,6 +44,8 @@ inline int dtype_size(DType t) {
     case DType::I8:
     case DType::FP8:
       return 1;
+    case DType::F64:
+      return 8;
     default:
       return 2;
   }
@@ -66,6 +69,8 @@ inline const char* dtype_name(DType t) {
       return "int8";
     case DType::FP8:
       return "float8_e4m3 (uint8 codes)";
+    case DType::F64:
+      return "float64";
   }
   return "?";
 }
@@ -87,6 +92,8 @@ inline const char* dtype_short_name(DType t) {
       return "int8";
     case DType::FP8:
       return "fp8";
+    case DType::F64:
+      return "float64";
   }
   return "?";
 }
@@ -107,6 +114,8 @@ inline cudnnDataType_t cudnn_dtype(DType t) {
       return CUDNN_DATA_INT8;
     case DType::FP8:
       return CUDNN_DATA_FP8_E4M3;
+    case DType::F64:
+      return CUDNN_DATA_DOUBLE;
   }
   return CUDNN_DATA_FLOAT;
 }

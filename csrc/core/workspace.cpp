@@ -79,6 +79,12 @@ void* WorkspacePool::try_get(size_t bytes, cudaStream_t stream) {
   return serve(bytes, stream, /*throw_on_failure=*/false);
 }
 
+void* WorkspacePool::try_get_for_choice(size_t bytes, cudaStream_t stream) {
+  void* data = try_get(bytes, stream);
+  if (data == nullptr && bytes > 0 && bytes <= limit_ && stream_is_capturing(stream)) return get(bytes, stream);
+  return data;
+}
+
 void WorkspacePool::reserve(size_t bytes, cudaStream_t stream) {
   if (bytes > limit_) {
     throw ValueError("workspace reserve of " + std::to_string(bytes) + " bytes exceeds the limit of " +

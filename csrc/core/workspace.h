@@ -55,6 +55,10 @@ class WorkspacePool {
   void* get(size_t bytes, cudaStream_t stream);
   // Like get(), but returns nullptr instead of throwing when the request cannot be met (algorithm fallback).
   void* try_get(size_t bytes, cudaStream_t stream);
+  // try_get() for an algorithm choice: while `stream` is capturing a CUDA graph the buffer cannot grow, so a
+  // request within the limit that the buffer cannot meet raises get()'s capture error (reserve_workspace()
+  // first) instead of returning nullptr. A capture then never narrows a choice to a smaller algorithm.
+  void* try_get_for_choice(size_t bytes, cudaStream_t stream);
   // Scratch an op cannot run without (no algorithm or call avoids it): like get(), but not bounded by the
   // limit, which caps only the workspace that algorithm and call choices may trade for speed.
   void* get_required(size_t bytes, cudaStream_t stream);

@@ -83,6 +83,7 @@ void dispatch_dtype(DType dtype, F&& f) {
       return;
     case DType::I32:
     case DType::U8:
+    case DType::F64:
       throw TypeError(std::string(dtype_name(dtype)) + " arrays have no float kernel");
   }
 }

@@ -37,10 +37,6 @@ __device__ __forceinline__ void store_element(uint64_t ptr, int32_t dtype, int64
   }
 }
 
-__device__ __forceinline__ float read_scalar(const ScalarArg& s) {
-  return s.ptr ? *s.ptr : s.value;
-}
-
 // Every block walks chunks; each thread of a block handles elements of the chunk with stride blockDim.x.
 // A Body (copied per thread) provides begin() once per thread, bind(t) once per chunk, apply(i) per element
 // and end() once per thread (all threads of a block reach it, so it may synchronise the block).

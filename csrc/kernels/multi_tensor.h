@@ -12,15 +12,10 @@
 
 #include <cstdint>
 
+#include "scalar_arg.h"
 #include "tensor_table.h"
 
 namespace rn::kernels {
-
-// A scalar operand read by the kernel: *ptr (a float32 device scalar) when ptr is set, else value.
-struct ScalarArg {
-  float value = 0.0f;
-  const float* ptr = nullptr;
-};
 
 struct SgdOptions {
   float dampening = 0.0f;

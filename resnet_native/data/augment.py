@@ -4,9 +4,10 @@ Split in two so each half can be checked on its own:
   (a) host-side sampling (NumPy): per epoch, a seeded permutation and, for every image, its crop offsets, flip and
       Cutout centre -> an int32 (6, N) parameter table (sample_epoch). Seeded by (seed, epoch) alone, so any epoch's
       batches can be rebuilt without replaying the ones before it (which is what makes --resume exact);
-  (b) one fused CUDA kernel per batch that applies a slice of that table: gather the source pixel, zero-pad, flip,
-      Cutout, normalise through a per-channel lookup table, and write the model's layout and storage dtype
-      (apply_reference is the same computation in NumPy, used to check the kernel exactly).
+  (b) one fused CUDA kernel per batch (csrc/kernels/augment_u8.cu) that applies a slice of that table: gather the
+      source pixel, zero-pad, flip, Cutout, normalise through a per-channel lookup table, write the model's layout
+      and storage dtype, and gather the batch's labels (apply_reference is the same computation in NumPy, used to
+      check the kernel exactly).
 
 Semantics (torchvision's RandomCrop(32, padding=4) -> RandomHorizontalFlip -> ToTensor -> Normalize -> Cutout as in
 DeVries & Taylor): the crop reads the image padded with zeros (black; normalised like any black pixel), the flip
@@ -167,114 +168,32 @@ def apply_reference(images: np.ndarray, params: np.ndarray, lut: np.ndarray, *, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# (b) the CUDA kernel
-
-# One thread per output pixel; the element type only matters for its size (the lookup table already holds the
-# final bits), so one template serves fp32/tf32 (4 bytes) and fp16/bf16 (2 bytes).
-KERNEL_SOURCE = r"""
-template <typename T>
-__device__ __forceinline__ void augment_pixel(const unsigned char* __restrict__ images,
-                                              const int* __restrict__ params, int table_stride, int batch_start,
-                                              int batch, int height, int width, int pad, int cut, int nchw,
-                                              const T* __restrict__ lut, T* __restrict__ out, long long t) {
-  const long long pixels = (long long)height * width;
-  if (t >= (long long)batch * pixels) return;
-  const int x = (int)(t % width);
-  const int y = (int)((t / width) % height);
-  const int b = (int)(t / pixels);
-  const int j = batch_start + b;
-  const int image = params[0 * table_stride + j];
-  const int offset_y = params[1 * table_stride + j];
-  const int offset_x = params[2 * table_stride + j];
-  const int flip = params[3 * table_stride + j];
-  const int cut_y0 = params[4 * table_stride + j] - cut / 2;
-  const int cut_x0 = params[5 * table_stride + j] - cut / 2;
-
-  const int xs = flip ? width - 1 - x : x;
-  const int sy = y + offset_y - pad;
-  const int sx = xs + offset_x - pad;
-  const bool inside = sy >= 0 && sy < height && sx >= 0 && sx < width;
-  const bool in_cut = cut > 0 && y >= cut_y0 && y < cut_y0 + cut && x >= cut_x0 && x < cut_x0 + cut;
-  const unsigned char* src = images + ((long long)image * pixels + (inside ? (long long)sy * width + sx : 0)) * 3;
-  for (int c = 0; c < 3; ++c) {
-    T v = (T)0;
-    if (!in_cut) v = lut[c * 256 + (inside ? src[c] : 0)];
-    const long long o = nchw ? (((long long)b * 3 + c) * height + y) * width + x : t * 3 + c;
-    out[o] = v;
-  }
-}
-
-extern "C" __global__ void augment_2byte(const unsigned char* __restrict__ images, const int* __restrict__ params,
-                                         int table_stride, int batch_start, int batch, int height, int width,
-                                         int pad, int cut, int nchw, const unsigned short* __restrict__ lut,
-                                         unsigned short* __restrict__ out) {
-  augment_pixel<unsigned short>(images, params, table_stride, batch_start, batch, height, width, pad, cut, nchw,
-                                lut, out, (long long)blockIdx.x * blockDim.x + threadIdx.x);
-}
-
-extern "C" __global__ void augment_4byte(const unsigned char* __restrict__ images, const int* __restrict__ params,
-                                         int table_stride, int batch_start, int batch, int height, int width,
-                                         int pad, int cut, int nchw, const unsigned int* __restrict__ lut,
-                                         unsigned int* __restrict__ out) {
-  augment_pixel<unsigned int>(images, params, table_stride, batch_start, batch, height, width, pad, cut, nchw,
-                              lut, out, (long long)blockIdx.x * blockDim.x + threadIdx.x);
-}
-"""
-
-THREADS_PER_BLOCK = 256
-_kernels = {}
-
-
-def _kernel(itemsize: int):
-    """The compiled kernel for 2- or 4-byte outputs (compiled once per process by NVRTC, cached by cupy)."""
-    if itemsize not in _kernels:
-        import cupy
-
-        module = cupy.RawModule(code=KERNEL_SOURCE)
-        _kernels[itemsize] = module.get_function(f"augment_{itemsize}byte")
-    return _kernels[itemsize]
+# (b) the CUDA kernel (csrc/kernels/augment_u8.cu, compiled with the extension)
 
 
 def launch_augment(images, params, batch_start: int, batch: int, lut, out, *, layout: str = "NHWC",
-                   crop_padding: int = 4, cutout: int = 0) -> None:
-    """Run the kernel on cupy's current stream: out[b] = augment(images[params[0, batch_start + b]], ...).
+                   crop_padding: int = 4, cutout: int = 0, labels=None, labels_out=None):
+    """Run the kernel on cupy's current stream: out[b] = augment(images[params[0, batch_start + b]], ...), and
+    labels_out[b] = labels[params[0, batch_start + b]] when both are given.
 
-    images: cupy uint8 (N, H, W, 3); params: cupy int32 (6, M) table (C-contiguous); lut: cupy (3, 256) in the
-    output's storage dtype; out: cupy (batch, H, W, 3) or (batch, 3, H, W), C-contiguous. No allocation, no sync.
+    images: uint8 (N, H, W, 3); params: int32 (6, M) table; lut: (3, 256) in the output's storage dtype; out:
+    (batch, H, W, 3) or (batch, 3, H, W); labels int32 (N,), labels_out int32 (batch,); all C-contiguous device
+    arrays (the native core checks each, naming it); returns out (allocated when None, the only allocation). No
+    sync. A source index outside [0, N) gives a black image and label -1 (a NaN loss), never a read out of bounds.
     """
+    from .._loader import _C
+    from .._runtime import op_stream
 
-    check_layout(layout)
-    _, h, w, c = images.shape
-    if images.dtype != np.uint8 or c != 3 or not images.flags.c_contiguous:
-        raise ValueError(f"images: expected a C-contiguous uint8 (N, H, W, 3) array, got {images.dtype} "
-                         f"{images.shape}")
-    if params.dtype != np.int32 or params.ndim != 2 or params.shape[0] != NUM_ROWS or not params.flags.c_contiguous:
-        raise ValueError(f"params: expected a C-contiguous int32 (6, M) table, got {params.dtype} {params.shape}")
-    if not 0 <= batch_start <= batch_start + batch <= params.shape[1]:
-        raise ValueError(f"batch: [{batch_start}, {batch_start + batch}) is outside the table's {params.shape[1]}")
-    want = (batch, h, w, 3) if layout == "NHWC" else (batch, 3, h, w)
-    if tuple(out.shape) != want or not out.flags.c_contiguous:
-        raise ValueError(f"out: expected a C-contiguous {want} array for {layout}, got {tuple(out.shape)}")
-    if lut.dtype != out.dtype or lut.shape != (3, 256) or out.dtype.itemsize not in (2, 4):
-        raise ValueError(f"lut: expected (3, 256) of out's dtype {out.dtype}, got {lut.dtype} {lut.shape}")
-    total = batch * h * w
-    if total == 0:
-        return
-    grid = (total + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-    i32 = np.int32
-    _kernel(out.dtype.itemsize)(
-        (grid,), (THREADS_PER_BLOCK,),
-        (images, params, i32(params.shape[1]), i32(batch_start), i32(batch), i32(h), i32(w), i32(crop_padding),
-         i32(cutout), i32(layout == "NCHW"), lut, out),
-    )  # cupy launches on its current stream
+    return _C.augment_u8(images, params, batch_start, batch, lut, out, layout, crop_padding, cutout, labels,
+                         labels_out, op_stream())
 
 
 class GpuAugmenter:
     """The whole uint8 training set on the GPU, served as augmented, normalised batches.
 
     for x, y in augmenter.epoch(e): ...   # x: (B, H, W, 3) / (B, 3, H, W) in the storage dtype; y: int32 (B,)
-    Each epoch uploads one (6, N) int32 table (one host-to-device copy); each batch is one kernel launch into a
-    reused output buffer (stream order keeps the previous step's reads ahead of the next write).
+    Each epoch uploads one (6, N) int32 table (one host-to-device copy); each batch is one kernel launch into
+    reused image and label buffers (stream order keeps the previous step's reads ahead of the next write).
     drop_last: skip the final partial batch so every step has the same shape.
     num_classes: labels must lie in [0, num_classes) (checked once, here).
     """
@@ -320,13 +239,14 @@ class GpuAugmenter:
         n = self.num_images
         return n if self.world is None else n // self.world.world_size
 
-    def _buffer(self, batch):
+    def _buffers(self, batch):
+        """The (images, labels) output buffers of a batch size, reused by every batch of that size."""
         import cupy
 
         if batch not in self._out:
             _, h, w, _ = self.images.shape
             shape = (batch, h, w, 3) if self.layout == "NHWC" else (batch, 3, h, w)
-            self._out[batch] = cupy.empty(shape, dtype=self.lut.dtype)
+            self._out[batch] = (cupy.empty(shape, dtype=self.lut.dtype), cupy.empty((batch,), dtype=cupy.int32))
         return self._out[batch]
 
     def epoch(self, epoch: int, images=None):
@@ -344,14 +264,14 @@ class GpuAugmenter:
 
             table = np.ascontiguousarray(table[:, shard_indices(self.num_images, self.world, epoch, self.seed)])
         table = cupy.asarray(table)
-        labels = self.labels[table[ROW_INDEX]]  # epoch order; each batch's labels are a contiguous slice
         for i in range(len(self)):
             start = i * self.batch_size
             batch = min(self.batch_size, self.epoch_images - start)
-            out = self._buffer(batch)
+            out, labels = self._buffers(batch)
             launch_augment(src, table, start, batch, self.lut, out, layout=self.layout,
-                           crop_padding=self.config.crop_padding, cutout=self.config.cutout)
-            yield out, labels[start:start + batch]
+                           crop_padding=self.config.crop_padding, cutout=self.config.cutout, labels=self.labels,
+                           labels_out=labels)
+            yield out, labels
 
 
 def normalize_on_gpu(images, *, layout: str = "NHWC", dtype: str = "fp16", out=None):

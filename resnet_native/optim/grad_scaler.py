@@ -5,7 +5,8 @@ multi_tensor.check_finite sets found_inf when any gradient is inf/nan; the optim
 the gradients by 1/scale as it reads them (no separate pass; unscale_() does one, for callers that need the
 true gradients first, e.g. to clip them) and skips the whole update when found_inf is set; then update()
 halves the scale on inf/nan, or doubles it after `growth_interval` consecutive good steps (PyTorch's GradScaler
-rule), with a few one-element array ops. bf16 needs no scaling (use scaler=None).
+rule), in one native kernel launch (update_scale below is the same rule as array ops, for a scaler on the host).
+bf16 needs no scaling (use scaler=None).
 
 Its arrays live where the model does: TrainStep places the scaler with its model, a scaler first used with an
 optimizer follows the optimizer's parameters, and one used alone goes to the GPU (cuda() / to_host() say so).
@@ -14,6 +15,8 @@ optimizer follows the optimizer's parameters, and one used alone goes to the GPU
 import numpy as np
 
 from .. import multi_tensor
+from .._loader import _C
+from .._runtime import op_stream
 from ..layers import placement as placements
 from ..names import whole_number
 
@@ -21,7 +24,7 @@ from ..names import whole_number
 def update_scale(
     xp, scale, growth_tracker, found_inf, *, growth_factor, backoff_factor, growth_interval, scratch
 ):
-    """The scale update as array ops on shape-(1,) arrays (device or NumPy), all in place:
+    """The scale update as array ops on shape-(1,) arrays (NumPy for a scaler on the host), all in place:
 
         if found_inf:  scale *= backoff_factor;  tracker = 0
         else:          tracker += 1;  if tracker >= growth_interval: scale *= growth_factor;  tracker = 0
@@ -128,7 +131,10 @@ class GradScaler:
         dev["found_inf"].fill(0)
         for grads in grad_lists:
             multi_tensor.check_finite(grads, dev["found_inf"])
-        self.placement.xp.reciprocal(dev["scale"], out=dev["inv_scale"])
+        if self.placement.xp is np:
+            np.reciprocal(dev["scale"], out=dev["inv_scale"])
+        else:
+            _C.reciprocal_scale(dev["scale"], dev["inv_scale"], op_stream())
         return dev["inv_scale"]
 
     def step(self, optimizer) -> None:
@@ -154,16 +160,12 @@ class GradScaler:
         if not self.enabled:
             return
         dev = self._device()
-        update_scale(
-            self.placement.xp,
-            dev["scale"],
-            dev["tracker"],
-            dev["found_inf"],
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-            scratch=dev,
-        )
+        if self.placement.xp is np:
+            update_scale(np, dev["scale"], dev["tracker"], dev["found_inf"], growth_factor=self.growth_factor,
+                         backoff_factor=self.backoff_factor, growth_interval=self.growth_interval, scratch=dev)
+        else:  # one native kernel launch (resnet_native._C.update_loss_scale: the same rule)
+            _C.update_loss_scale(dev["scale"], dev["tracker"], dev["found_inf"], self.growth_factor,
+                                 self.backoff_factor, self.growth_interval, op_stream())
         self._unscaled = False
 
     def get_scale(self) -> float:

@@ -4,6 +4,7 @@
     reference.norm          batch_norm_train (+ residual, ReLU), batch_norm_infer, batch_norm_backward
     reference.pool          max_pool2d (+ output shape, backward), global_avg_pool (+ backward)
     reference.kernels       add, add_relu, relu and their backward, cast
+    reference.loss          cross_entropy_forward / cross_entropy_backward (softmax cross-entropy)
     reference.multi_tensor  TensorList, sgd_step, adamw_step, check_finite, zero_, scale_, write_scalars,
                             advance_step
     reference.bf16          to_bf16_bits / from_bf16_bits: bfloat16 rounding (uint16 bit patterns)
@@ -25,8 +26,8 @@ what an exact fp16 or bf16 computation would round to, the standard the native r
 imports the native core, cupy or a GPU.
 """
 
-from . import bf16, conv, kernels, multi_tensor, norm, pool, storage
+from . import bf16, conv, kernels, loss, multi_tensor, norm, pool, storage
 from .storage import from_storage, relative_error, to_storage
 
-__all__ = ["bf16", "conv", "from_storage", "kernels", "multi_tensor", "norm", "pool", "relative_error", "storage",
-           "to_storage"]
+__all__ = ["bf16", "conv", "from_storage", "kernels", "loss", "multi_tensor", "norm", "pool", "relative_error",
+           "storage", "to_storage"]

@@ -59,21 +59,18 @@ class Evaluation:
                 launch_ordered(self._graph, cupy.cuda.Stream.null)
                 loss_sum, correct_sum = self._sums
         n = len(self.y_all)
-        return float(loss_sum) / n, float(correct_sum) / n
+        return float(loss_sum.reshape(())) / n, float(correct_sum.reshape(())) / n
 
     def _device_sums(self):
-        """(loss sum, correct sum): 0-d float64 device arrays, every batch's work enqueued on the current stream."""
+        """(loss sum, correct sum): float64 device arrays of shape (1,), every batch's work enqueued on the current
+        stream (the loss kernel adds each batch's sums to them)."""
         import cupy
 
-        loss_sum = cupy.zeros((), cupy.float64)
-        correct_sum = cupy.zeros((), cupy.float64)
+        sums = (cupy.zeros((1,), cupy.float64), cupy.zeros((1,), cupy.float64))
         for s in range(0, len(self.y_all), self.batch_size):
-            y = self.y_all[s:s + self.batch_size]
             logits = self.model.forward(self.x_all[s:s + self.batch_size], train=False, copy=False)
-            loss, correct = self.loss_fn.forward(logits, y, train=False)
-            loss_sum += loss * len(y)
-            correct_sum += correct
-        return loss_sum, correct_sum
+            self.loss_fn.forward(logits, self.y_all[s:s + self.batch_size], train=False, totals=sums)
+        return sums
 
     def _capture(self) -> None:
         import cupy

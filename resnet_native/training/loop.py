@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..checkpoint import atomic_write_text, load_checkpoint
 from ..data.augment import check_labels
 from ..data.cifar10 import CIFAR10Data
@@ -154,7 +156,9 @@ class Trainer:
                                     cuda_graph=cfg.eval_cuda_graph)
             snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
             for epoch in range(progress.next_epoch, end_epoch):
-                images = _epoch_images(aa, epoch, end_epoch)
+                # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure.
+                with spent("autoaugment") if aa is not None else contextlib.nullcontext():
+                    images = _epoch_images(aa, epoch, end_epoch)
                 lr = float(parts.optimizer.lr)
                 with spent("train"):
                     train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
@@ -355,7 +359,7 @@ def _build(cfg: TrainConfig, data: CIFAR10Data, world, store=None, allreduce=Non
         synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
-    test_labels = cupy.asarray(data.test_labels, dtype=cupy.int32)
+    test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
     return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
 
 

@@ -1,0 +1,101 @@
+// Python binding of the training pipeline's augmentation kernel (csrc/kernels/augment_u8.h);
+// resnet_native/data/augment.py (launch_augment) wraps it.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../core/error.h"
+#include "../kernels/augment_u8.h"
+#include "bindings.h"
+#include "image_args.h"
+#include "op_args.h"
+#include "tensor_arg.h"
+#include "value_args.h"
+
+namespace py = pybind11;
+
+namespace rn {
+namespace {
+
+int64_t index_arg(py::handle obj, const char* name) {
+  const int v = int32_arg(obj, name);
+  if (v < 0) throw ValueError(std::string(name) + ": expected an int >= 0, got " + std::to_string(v));
+  return v;
+}
+
+py::object augment_op(py::handle images_obj, py::handle params_obj, py::handle start_obj, py::handle size_obj,
+                      py::handle lut_obj, py::handle out_obj, py::handle layout_obj, py::handle crop_padding_obj,
+                      py::handle cutout_obj, py::handle labels_obj, py::handle labels_out_obj, uintptr_t stream) {
+  const Layout layout = layout_arg(layout_obj);
+  kernels::AugmentBatch batch;
+  batch.start = index_arg(start_obj, "batch_start");
+  batch.size = index_arg(size_obj, "batch");
+  batch.crop_padding = static_cast<int>(index_arg(crop_padding_obj, "crop_padding"));
+  batch.cutout = static_cast<int>(index_arg(cutout_obj, "cutout"));
+  if (batch.size == 0) throw ValueError("batch: expected an int >= 1, got 0");
+
+  OpArgs args("augment_u8");
+  const TensorView& images = images_arg(args, images_obj);
+  TensorArgOptions two_d;
+  two_d.ndim = 2;
+  const TensorView& params = args.input(params_obj, "params", DType::I32, two_d);
+  if (params.shape[0] != kernels::kAugmentRows) {
+    throw ValueError("params: expected an int32 (6, M) parameter table, got shape " + params.shape_str());
+  }
+  batch.params = static_cast<const int32_t*>(params.data);
+  batch.columns = params.shape[1];
+  if (batch.start + batch.size > batch.columns) {
+    throw ValueError("batch: [" + std::to_string(batch.start) + ", " + std::to_string(batch.start + batch.size) +
+                     ") is outside the table's " + std::to_string(batch.columns) + " columns");
+  }
+  // lut's dtype is out's: float32, float16 or bf16 bits (uint16); the kernel only moves the table's bits.
+  TensorArgOptions lut_options;
+  lut_options.ndim = 2;
+  const TensorView& lut = args.input(lut_obj, "lut", DTypeRequest::infer(/*uint16_is_bf16=*/true), lut_options);
+  check_shape(lut, "lut", {3, 256});
+  const int64_t h = images.shape[1], w = images.shape[2];
+  const std::vector<int64_t> out_shape =
+      layout == Layout::NHWC ? std::vector<int64_t>{batch.size, h, w, 3} : std::vector<int64_t>{batch.size, 3, h, w};
+  TensorArgOptions four_d;
+  four_d.ndim = 4;
+  const TensorView& out = args.output(out_obj, "out", lut.dtype, out_shape, four_d);
+  check_shape(out, "out", {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  check_disjoint(out, "out", {{images, "images"}, {params, "params"}, {lut, "lut"}});
+
+  TensorArgOptions one_d;
+  one_d.ndim = 1;
+  const TensorView& labels = args.optional_input(labels_obj, "labels", DType::I32, one_d);
+  const TensorView& labels_out = args.optional_output(labels_out_obj, "labels_out", DType::I32, one_d);
+  if (labels.defined() != labels_out.defined()) {  // both (the batch's labels are gathered) or neither
+    throw ValueError(labels.defined()
+                         ? "labels_out: expected an int32 array of shape (batch,) since labels is given"
+                         : "labels: expected an int32 array of the images' labels since labels_out is given");
+  }
+  if (labels.defined()) {
+    check_shape(labels, "labels", {images.shape[0]});
+    check_shape(labels_out, "labels_out", {batch.size});
+    check_disjoint(labels_out, "labels_out", {{labels, "labels"}, {params, "params"}, {out, "out"}});
+    batch.labels = static_cast<const int32_t*>(labels.data);
+    batch.labels_out = static_cast<int32_t*>(labels_out.data);
+  }
+  args.set_note(std::string("layout=") + layout_name(layout));
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  kernels::augment_u8(source_of(images), batch, lut, out, layout, stream_arg(stream));
+  return args.object(out);
+}
+
+}  // namespace
+
+void bind_augment(py::module_& m) {
+  m.def("augment_u8", &augment_op, py::arg("images"), py::arg("params"), py::arg("batch_start"), py::arg("batch"),
+        py::arg("lut"), py::arg("out"), py::arg("layout"), py::arg("crop_padding"), py::arg("cutout"),
+        py::arg("labels"), py::arg("labels_out"), py::arg("stream"),
+        "out[b] = augment(images[params[0, batch_start + b]]): crop, flip, Cutout and normalisation through lut, "
+        "in the layout; labels_out[b] = labels[params[0, batch_start + b]] when both are given. Returns out "
+        "(allocated when None).");
+}
+
+}  // namespace rn
