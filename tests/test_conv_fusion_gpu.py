@@ -52,3 +52,23 @@ def test_fused_and_unfused_paths_both_run(rng):
                 raise
     assert "fused" in fused, fused
     assert run_epilogue(rng, "fp32", "NCHW", EPILOGUES[3])[1].startswith("unfused")
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_relu_propagates_nan_on_both_paths(rng, fusion):
+    """A NaN in x reaches y through the ReLU, fused or not, as in every other ReLU of the package (and the
+    reference's np.where(v < 0, 0, v))."""
+    import contextlib
+
+    import cupy as cp
+    import numpy as np
+
+    spec = conv.ConvSpec(padding=1, layout="NCHW", precision="fp32", algo="IMPLICIT_PRECOMP_GEMM", engine="legacy")
+    x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    x[1, 3, 4, 4] = np.nan
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    bias = np.zeros(16, np.float32)
+    with contextlib.nullcontext() if fusion else conv._fusion_disabled():
+        y = conv.conv2d(cp.asarray(x), cp.asarray(w), spec, bias=cp.asarray(bias), activation="relu").get()
+    assert np.isnan(y[1, :, 3:6, 3:6]).all()  # every output whose window holds the NaN
+    assert np.isfinite(y[0]).all() and (y[0] >= 0).all()

@@ -95,10 +95,9 @@ ConvDescriptors::ConvDescriptors(const ConvParams& p, cudnnMathType_t math) : ma
   const cudnnTensorFormat_t format = tensor_format(layout_of(p));
   RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y.get(), format, dtype, p.y[0], p.y[1], p.y[2], p.y[3]));
   RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias.get(), format, dtype, 1, p.y[1], 1, 1));
-  // No NaN propagation and an unbounded clip, as the frameworks set it for plain ReLU.
-  RN_CUDNN_CHECK(cudnnSetActivationDescriptor(relu.get(), CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, DBL_MAX));
-  RN_CUDNN_CHECK(
-      cudnnSetActivationDescriptor(identity.get(), CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, DBL_MAX));
+  // NaN propagates (a NaN input gives a NaN output, as every other ReLU here) and the clip is unbounded.
+  RN_CUDNN_CHECK(cudnnSetActivationDescriptor(relu.get(), CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, DBL_MAX));
+  RN_CUDNN_CHECK(cudnnSetActivationDescriptor(identity.get(), CUDNN_ACTIVATION_IDENTITY, CUDNN_PROPAGATE_NAN, DBL_MAX));
 }
 
 std::shared_ptr<const ConvDescriptors> descriptors(const ConvParams& params, cudnnMathType_t math_type) {
