@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "../core/error.h"
 #include "../kernels/augment_u8.h"
@@ -55,13 +54,8 @@ py::object augment_op(py::handle images_obj, py::handle params_obj, py::handle s
   lut_options.ndim = 2;
   const TensorView& lut = args.input(lut_obj, "lut", DTypeRequest::infer(/*uint16_is_bf16=*/true), lut_options);
   check_shape(lut, "lut", {3, 256});
-  const int64_t h = images.shape[1], w = images.shape[2];
-  const std::vector<int64_t> out_shape =
-      layout == Layout::NHWC ? std::vector<int64_t>{batch.size, h, w, 3} : std::vector<int64_t>{batch.size, 3, h, w};
-  TensorArgOptions four_d;
-  four_d.ndim = 4;
-  const TensorView& out = args.output(out_obj, "out", lut.dtype, out_shape, four_d);
-  check_shape(out, "out", {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  const TensorView& out =
+      image_batch_output(args, out_obj, lut.dtype, layout, batch.size, images.shape[1], images.shape[2]);
   check_disjoint(out, "out", {{images, "images"}, {params, "params"}, {lut, "lut"}});
 
   TensorArgOptions one_d;

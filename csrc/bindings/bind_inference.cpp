@@ -28,13 +28,8 @@ py::object normalize_u8_op(py::handle images_obj, py::handle lut_obj, py::handle
   OpArgs args("normalize_u8");
   const TensorView& images = images_arg(args, images_obj);
   const TensorView& lut = lut_arg(args, lut_obj, dtype);
-  const int64_t n = images.shape[0], h = images.shape[1], w = images.shape[2];
-  const std::vector<int64_t> out_shape =
-      layout == Layout::NHWC ? std::vector<int64_t>{n, h, w, 3} : std::vector<int64_t>{n, 3, h, w};
-  TensorArgOptions four_d;
-  four_d.ndim = 4;
-  const TensorView& out = args.output(out_obj, "out", dtype, out_shape, four_d);
-  check_shape(out, "out", {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  const TensorView& out =
+      image_batch_output(args, out_obj, dtype, layout, images.shape[0], images.shape[1], images.shape[2]);
   check_disjoint(out, "out", {{images, "images"}, {lut, "lut"}});
   args.set_note(std::string("layout=") + layout_name(layout));
   args.prepare_device();

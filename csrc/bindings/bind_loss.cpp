@@ -39,13 +39,9 @@ LossInputs loss_inputs(OpArgs& args, py::handle logits_obj, py::handle labels_ob
 
 // An optional (1,) output of `dtype`, disjoint from the inputs.
 const TensorView& scalar_output(OpArgs& args, py::handle obj, const char* name, DType dtype, const LossInputs& in) {
-  TensorArgOptions one_d;
-  one_d.ndim = 1;
-  const TensorView& v = args.optional_output(obj, name, dtype, one_d);
-  if (v.defined()) {
-    check_shape(v, name, {1});
-    check_disjoint(v, name, {{in.logits, "logits"}, {in.labels, "labels"}});
-  }
+  if (obj.is_none()) return args.optional_output(obj, name, dtype);  // undefined: not wanted
+  const TensorView& v = one_element_arg(args, obj, name, dtype, /*writable=*/true);
+  check_disjoint(v, name, {{in.logits, "logits"}, {in.labels, "labels"}});
   return v;
 }
 

@@ -1,5 +1,7 @@
 #include "image_args.h"
 
+#include <vector>
+
 #include "../core/error.h"
 #include "tensor_arg.h"
 
@@ -33,6 +35,17 @@ kernels::ImagesU8 source_of(const TensorView& images) {
   source.height = images.shape[1];
   source.width = images.shape[2];
   return source;
+}
+
+const TensorView& image_batch_output(OpArgs& args, py::handle out_obj, DType dtype, Layout layout, int64_t n, int64_t h,
+                                     int64_t w) {
+  const std::vector<int64_t> shape =
+      layout == Layout::NHWC ? std::vector<int64_t>{n, h, w, 3} : std::vector<int64_t>{n, 3, h, w};
+  TensorArgOptions four_d;
+  four_d.ndim = 4;
+  const TensorView& out = args.output(out_obj, "out", dtype, shape, four_d);
+  check_shape(out, "out", {shape[0], shape[1], shape[2], shape[3]});
+  return out;
 }
 
 }  // namespace rn

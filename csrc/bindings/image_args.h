@@ -15,5 +15,9 @@ const TensorView& images_arg(OpArgs& args, pybind11::handle images_obj);
 const TensorView& lut_arg(OpArgs& args, pybind11::handle lut_obj, DType dtype);
 // The kernels' description of a parsed images view.
 kernels::ImagesU8 source_of(const TensorView& images);
+// out: the normalised batch of n images of h x w, (n, h, w, 3) for NHWC or (n, 3, h, w) for NCHW, in `dtype`
+// (allocated when None).
+const TensorView& image_batch_output(OpArgs& args, pybind11::handle out_obj, DType dtype, Layout layout, int64_t n,
+                                     int64_t h, int64_t w);
 
 }  // namespace rn

@@ -146,11 +146,7 @@ bool is_device_array(py::handle obj) {
 kernels::ScalarArg scalar_arg(OpArgs& args, py::handle obj, const char* name) {
   kernels::ScalarArg s;
   if (is_device_array(obj)) {
-    TensorArgOptions one_d;
-    one_d.ndim = 1;
-    const TensorView& v = args.input(obj, name, DType::F32, one_d);
-    check_shape(v, name, {1});
-    s.ptr = static_cast<const float*>(v.data);
+    s.ptr = static_cast<const float*>(one_element_arg(args, obj, name, DType::F32, /*writable=*/false).data);
     return s;
   }
   const std::string expected = std::string(name) + ": expected a number or a float32 device array of shape (1,), got ";

@@ -93,12 +93,10 @@ class GradScaler:
                 "inv_scale": xp.empty((1,), dtype=f32),
                 "found_inf": xp.zeros((1,), dtype=np.int32),
                 "tracker": xp.full((1,), self._host_tracker, dtype=np.int32),
-                "good": xp.empty((1,), dtype=np.bool_),
-                "grow": xp.empty((1,), dtype=np.bool_),
-                "both": xp.empty((1,), dtype=np.bool_),
-                "factor": xp.empty((1,), dtype=f32),
-                "term": xp.empty((1,), dtype=f32),
             }
+            if xp is np:  # update_scale's scratch (on the GPU the update is one kernel and needs none)
+                self._dev.update({name: np.empty((1,), dtype=np.bool_) for name in ("good", "grow", "both")})
+                self._dev.update({name: np.empty((1,), dtype=f32) for name in ("factor", "term")})
         return self._dev
 
     @property

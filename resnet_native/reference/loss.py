@@ -20,10 +20,10 @@ def _rows(logits, labels, label_smoothing):
     target = np.full((n, c), label_smoothing / c)
     target[np.flatnonzero(valid), labels[valid]] += 1.0 - label_smoothing
     target[~valid] = np.nan
-    shifted = z - z.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
+    row_max = z.max(axis=1, keepdims=True)
+    exp = np.exp(z - row_max)
     total = exp.sum(axis=1, keepdims=True)
-    return z, target, exp / total, np.log(total[:, 0]) + z.max(axis=1)
+    return z, target, exp / total, (np.log(total) + row_max)[:, 0]
 
 
 def cross_entropy_forward(logits, labels, label_smoothing, loss=None, correct=None, loss_sum=None,
