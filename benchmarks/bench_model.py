@@ -40,7 +40,9 @@ COLUMNS = [("model", "model"), ("image", "image"), ("dtype", "dtype"), ("batch",
            ("ours_eager_ms", "ours eager"), ("ours_graph_ms", "ours graph"), ("torch_eager_ms", "torch eager"),
            ("torch_graph_ms", "torch graph"), ("images_per_s", "img/s"), ("speedup", "speedup"),
            ("tflops", "TFLOP/s"), ("mfu_pct", "MFU %"), ("torch_mfu_pct", "torch MFU %"),
-           ("ours_mem_gib", "ours GiB"), ("torch_mem_gib", "torch GiB"), ("torch_peak_alloc_gib", "torch alloc GiB")]
+           ("ours_mem_gib", "ours GiB"), ("workspace_gib", "ours workspace GiB"),
+           ("workspace_peak_gib", "ours workspace peak GiB"), ("torch_mem_gib", "torch GiB"),
+           ("torch_peak_alloc_gib", "torch alloc GiB")]
 
 
 def median_ms(fn, warmup: int, steps: int, new_event, elapsed_ms) -> float:
@@ -106,7 +108,10 @@ def time_ours(config, warmup, steps) -> dict:
         steps_kept.append(step)
     cp.cuda.Device().synchronize()
     pools = default_pool.total_bytes() - before + sum(p.total_bytes() for s in steps_kept for p in s._pools.values())
+    # The pool after the captured step (trimmed to what the chosen algorithms use) and the largest it was while
+    # the algorithm searches tried candidates (PyTorch's peak reserved includes its own search's workspace).
     row["workspace_gib"] = rn.workspace_stats()["size"] / 2**30
+    row["workspace_peak_gib"] = rn.workspace_stats()["peak_size"] / 2**30
     row["ours_mem_gib"] = pools / 2**30 + row["workspace_gib"]
     for step in steps_kept:
         step.reset_graphs()

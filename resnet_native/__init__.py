@@ -54,7 +54,9 @@ def workspace_limit():
 
 
 def workspace_stats() -> dict:
-    """The current device's workspace pool: size, peak_request, limit, grows, requests."""
+    """The current device's workspace pool: size, peak_request (searches included), peak_use (what ops and
+    chosen algorithms asked for since the last release), peak_size, limit, grows, requests, graph_holds,
+    retired, stream_waits."""
     require_gpu()
     return dict(_C.workspace_stats())
 
@@ -64,6 +66,14 @@ def reserve_workspace(nbytes: int) -> None:
     nbytes = _byte_count(nbytes, "nbytes")
     require_gpu()
     _C.reserve_workspace(nbytes, current_stream())
+
+
+def trim_workspace() -> int:
+    """Shrink the current device's workspace pool to what ops and chosen algorithms have used, giving back what
+    only algorithm searches needed; returns the bytes freed. Does nothing (returns 0) while captured graphs hold
+    the pool. TrainStep and InferenceEngine call it before they capture."""
+    require_gpu()
+    return int(_C.trim_workspace(current_stream()))
 
 
 def release_handles() -> None:
@@ -92,6 +102,7 @@ __all__ = [
     "release_workspace",
     "require_gpu",
     "reserve_workspace",
+    "trim_workspace",
     "set_workspace_limit",
     "workspace_limit",
     "workspace_stats",

@@ -11,7 +11,9 @@ report it otherwise) and raises; when fn failed, fn's error is the one raised.
 
 While any captured graph lives, the cuDNN workspace pool must keep its buffers (a growth retires the old buffer
 instead of freeing it, and release_workspace refuses): a WorkspaceHold is one such hold. A replay is one of the
-pool's users: launch_ordered(graph, stream) orders it with the others on other streams.
+pool's users: launch_ordered(graph, stream) orders it with the others on other streams. Before the first
+capture (no hold yet) the pool is trimmed to what the eager run's ops used: the largest workspace an algorithm
+search tried is given back, not kept for the graph's lifetime.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def capture_graph(fn, stream, pool) -> CapturedGraph:
     """fn() captured on `stream` (a cupy Stream) with its allocations from `pool`, then uploaded to the device."""
     import cupy
 
+    _C.trim_workspace(stream.ptr)  # no-op while other graphs hold the pool
     before = pool.used_bytes()
     try:
         with stream, cupy.cuda.using_allocator(pool.malloc):

@@ -62,7 +62,10 @@ class Parameter:
                 self._cast_buffer = xp.empty(self.shape, dtype=self.grad.dtype)
             kernels.cast(g, self._cast_buffer)
             g = self._cast_buffer
-        xp.add(self.grad, g, out=self.grad)
+        if isinstance(self.grad, np.ndarray):
+            np.add(self.grad, g, out=self.grad)
+        else:  # the extension's add: no cupy kernel to compile at start-up, one launch per parameter
+            kernels.add(self.grad, g, out=self.grad)
 
     def __repr__(self):
         where = "unplaced" if self.arena is None else str(self.arena.placement)

@@ -127,6 +127,8 @@ def test_gpu_ops_without_gpu_raise_a_clear_error():
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
         rn.workspace_stats()
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
+        rn.trim_workspace()
+    with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
         _C._parse_tensor(FakeCudaArray((2,)), "x", "fp32")  # valid, then the device check
 
 

@@ -1,9 +1,11 @@
 """The native core on a GPU: handle and stream binding, workspace growth, cap, OOM hook, array parsing."""
 
+import numpy as np
 import pytest
 
 import resnet_native as rn
 from resnet_native import _C
+from resnet_native.cuda_graph import WorkspaceHold
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -47,6 +49,51 @@ def test_workspace_grows_only_when_needed_and_respects_the_cap():
         assert rn.workspace_stats()["size"] == 0
     finally:
         rn.set_workspace_limit(old)
+
+
+def test_trim_gives_back_what_only_searches_asked_for():
+    rn.release_workspace()
+    try:
+        _C._workspace_get(3 << 20, 0)
+        _C._workspace_get(64 << 20, 0, search=True)  # an algorithm search's candidate
+        s = rn.workspace_stats()
+        assert s["size"] >= 64 << 20 and s["peak_use"] == 3 << 20 and s["peak_size"] >= 64 << 20
+        hold = WorkspaceHold()
+        assert rn.trim_workspace() == 0  # a captured graph keeps the buffer's address
+        hold.release()
+        assert rn.trim_workspace() == s["size"] - (3 << 20)
+        assert rn.workspace_stats()["size"] == 3 << 20
+        assert rn.trim_workspace() == 0
+        rn.reserve_workspace(8 << 20)  # a reservation is a use
+        assert rn.workspace_stats()["peak_use"] == 8 << 20 and rn.trim_workspace() == 0
+        rn.release_workspace()
+        assert rn.workspace_stats()["peak_use"] == 0
+    finally:
+        rn.release_workspace()
+
+
+def test_a_trimmed_pool_still_runs_every_chosen_convolution_without_growing():
+    from resnet_native import conv
+
+    rng = np.random.default_rng(0)
+    x = cp.asarray(rng.standard_normal((64, 32, 32, 64)), dtype=cp.float16)
+    w = cp.asarray(rng.standard_normal((64, 3, 3, 64)) * 0.05, dtype=cp.float16)
+    spec = conv.ConvSpec(padding=1, layout="NHWC", precision="fp16", algo="find", deterministic=True)
+    rn.release_workspace()
+    try:
+        first = conv.conv2d(x, w, spec)
+        dy = cp.ones_like(first)
+        dw = conv.conv2d_backward_filter(x, dy, spec, w.shape)
+        rn.trim_workspace()
+        s = rn.workspace_stats()
+        assert s["size"] <= max(s["peak_use"] + (1 << 20), 1 << 20)
+        again = conv.conv2d(x, w, spec)
+        dw_again = conv.conv2d_backward_filter(x, dy, spec, w.shape)
+        cp.cuda.Device().synchronize()
+        assert rn.workspace_stats()["grows"] == s["grows"]  # the chosen algorithms fit what was kept
+        assert cp.array_equal(again, first) and cp.array_equal(dw_again, dw)
+    finally:
+        rn.release_workspace()
 
 
 def test_out_of_memory_frees_cupy_cache_once_then_raises():

@@ -86,7 +86,7 @@ def torch_fp64():
 def _both_models(torch, rng, layout):
     """A ResNet-18 (CIFAR stem, fp32) and the same weights in PyTorch (float64), after one forward and
     backward on the same batch: (ours, torch model, our logits, torch logits, our loss, torch loss, initial
-    state)."""
+    state, (images, labels))."""
     n, classes = 4, 10
     model = ResNet18(num_classes=classes, stem="cifar", layout=layout, precision="fp32", seed=0)
     initial = model.state_dict()
@@ -113,13 +113,27 @@ def _both_models(torch, rng, layout):
         float(loss),
         float(tloss),
         initial,
+        (x32, labels),
     )
 
 
+def _torch_fp32_grad_errors(torch, initial, batch, tgrads) -> dict:
+    """How far PyTorch's own fp32 gradients (cuDNN; torch_fp64 turned TF32 off) of the same weights and batch are
+    from float64: the rounding this tiny-batch network amplifies, measured rather than assumed."""
+    x32, labels = batch
+    tmodel = _torch_resnet18_cifar(torch, 10)
+    tmodel.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
+    tmodel = tmodel.float().cuda().train()
+    logits = tmodel(torch.from_numpy(x32).cuda())
+    torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels.astype(np.int64)).cuda()).backward()
+    return _grad_errors({name: p.grad.cpu().numpy().astype(np.float64) for name, p in tmodel.named_parameters()},
+                        tgrads)
+
+
 # fp32 against fp64: a ReLU whose input is within rounding of zero can take the other branch, which moves the
-# gradients of the layers below it by up to ~1% (BN backward amplifies it), so gradients are held to 1e-2
-# overall and 5e-2 per tensor (real wiring errors are O(1)); logits and BN statistics, which no such flip
-# disturbs much, to 2e-4.
+# gradients of the layers below it by up to ~1% (BN backward over 4 images amplifies it), so gradients are held
+# to 1e-2 overall and 5e-2 per tensor, or to twice PyTorch's own fp32 error on the same batch where that is
+# larger (real wiring errors are O(1)); logits and BN statistics, which no such flip disturbs much, to 2e-4.
 GRAD_TOL_ALL, GRAD_TOL_EACH = 1e-2, 5e-2
 
 
@@ -136,7 +150,7 @@ def _grad_errors(ours: dict, theirs: dict) -> dict:
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
     torch = torch_fp64
-    model, tmodel, logits, tlogits, loss, tloss, _ = _both_models(torch, rng, layout)
+    model, tmodel, logits, tlogits, loss, tloss, initial, batch = _both_models(torch, rng, layout)
     assert ref.relative_error(logits, tlogits) <= 2e-4
     assert abs(loss - tloss) <= 2e-4 * abs(tloss), (loss, tloss)
     grads = model.grads_dict()
@@ -144,12 +158,14 @@ def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
     assert sorted(grads) == sorted(tgrads)
     errors = _grad_errors(grads, tgrads)
     worst = max((e, k) for k, e in errors.items() if k != "(all)")
+    theirs = _torch_fp32_grad_errors(torch, initial, batch, tgrads)
+    their_worst = max((e, k) for k, e in theirs.items() if k != "(all)")
     print(
         f"\nResNet-18 {layout} fp32 vs PyTorch fp64: logits {ref.relative_error(logits, tlogits):.2e}, gradients "
-        f"{errors['(all)']:.2e}, worst tensor {worst}"
+        f"{errors['(all)']:.2e}, worst tensor {worst}; PyTorch fp32: {theirs['(all)']:.2e}, worst {their_worst}"
     )
-    assert errors["(all)"] <= GRAD_TOL_ALL
-    assert worst[0] <= GRAD_TOL_EACH, worst
+    assert errors["(all)"] <= max(GRAD_TOL_ALL, 2 * theirs["(all)"]), (errors["(all)"], theirs["(all)"])
+    assert worst[0] <= max(GRAD_TOL_EACH, 2 * their_worst[0]), (worst, their_worst)
     ours = model.state_dict()
     for name, value in tmodel.state_dict().items():
         if name.endswith(("running_mean", "running_var")):
@@ -160,7 +176,7 @@ def test_resnet18_matches_pytorch(torch_fp64, rng, layout):
 
 def test_one_sgd_step_matches_pytorch(torch_fp64, rng):
     torch = torch_fp64
-    model, tmodel, *_, initial = _both_models(torch, rng, "NHWC")
+    model, tmodel, *_, initial, _ = _both_models(torch, rng, "NHWC")
     hyper = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     SGD(model.parameters(), **hyper).step()
     torch.optim.SGD(tmodel.parameters(), **hyper).step()

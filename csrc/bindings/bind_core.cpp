@@ -102,6 +102,8 @@ py::dict stats_dict(const WorkspaceStats& s) {
   py::dict d;
   d["size"] = s.size;
   d["peak_request"] = s.peak_request;
+  d["peak_use"] = s.peak_use;
+  d["peak_size"] = s.peak_size;
   d["limit"] = s.limit == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(s.limit));
   d["grows"] = s.grows;
   d["requests"] = s.requests;
@@ -231,8 +233,8 @@ void bind_core(py::module_& m) {
   });
   m.def(
       "workspace_stats", [] { return stats_dict(WorkspacePool::current().stats()); },
-      "The current device's workspace pool: size, peak_request, limit, grows, requests, graph_holds, retired, "
-      "stream_waits.");
+      "The current device's workspace pool: size, peak_request, peak_use, peak_size, limit, grows, requests, "
+      "graph_holds, retired, stream_waits.");
   m.def(
       "_workspace_order",
       [](uintptr_t stream, bool before) {
@@ -264,14 +266,21 @@ void bind_core(py::module_& m) {
       [](size_t bytes, uintptr_t stream) { WorkspacePool::current().reserve(bytes, stream_arg(stream)); },
       py::arg("bytes"), py::arg("stream") = 0, "Grow the current device's pool to `bytes` now (before capture).");
   m.def(
+      "trim_workspace", [](uintptr_t stream) { return WorkspacePool::current().trim(stream_arg(stream)); },
+      py::arg("stream") = 0,
+      "Shrink the current device's pool to what ops and chosen algorithms used (searches excluded); returns the "
+      "bytes freed (0 while captured graphs hold the pool).");
+  m.def(
       "release_workspace", [] { WorkspacePool::current().release(); },
       "Free the current device's workspace buffer (it regrows on demand); refused while captured graphs hold it.");
   m.def(
       "_workspace_get",
-      [](size_t bytes, uintptr_t stream) {
-        return reinterpret_cast<uintptr_t>(WorkspacePool::current().get(bytes, stream_arg(stream)));
+      [](size_t bytes, uintptr_t stream, bool search) {
+        WorkspacePool& pool = WorkspacePool::current();
+        return reinterpret_cast<uintptr_t>(search ? pool.try_get_for_search(bytes, stream_arg(stream))
+                                                  : pool.get(bytes, stream_arg(stream)));
       },
-      py::arg("bytes"), py::arg("stream") = 0);
+      py::arg("bytes"), py::arg("stream") = 0, py::arg("search") = false);
   m.def(
       "_set_out_of_memory_hook",
       [](py::object hook) {

@@ -14,6 +14,7 @@ struct Contender {
   AlgoCache::Entry choice;
   float ms = -1.0f;
   std::string error;  // why this engine cannot run the problem
+  bool out_of_memory = false;
 };
 
 // One warm-up call (which chooses and caches on a miss), then kAutoRuns timed calls; the median in ms.
@@ -42,6 +43,12 @@ void evaluate(Contender& c, const ConvParams& auto_params, const ConvOperands& o
     c.error = e.what();
   } catch (const ValueError& e) {
     c.error = e.what();
+  } catch (const CudaError& e) {
+    // Out of memory is not sticky (the pool cleared it): the other engine may still fit. Any other CUDA
+    // error may be, and must propagate.
+    if (e.code != cudaErrorMemoryAllocation) throw;
+    c.error = e.what();
+    c.out_of_memory = true;
   }
 }
 
@@ -60,6 +67,10 @@ AlgoChoice choose_auto(const ConvParams& params, const ConvOperands& ops, const 
   evaluate(legacy, params, ops, calls, stream);
   evaluate(graph, params, ops, calls, stream);
   if (!legacy.choice && !graph.choice) {
+    if (legacy.out_of_memory || graph.out_of_memory) {
+      throw CudaError(cudaErrorMemoryAllocation, "engine='auto': out of memory for " + params.to_string() +
+                                                     ": legacy: " + legacy.error + "; graph: " + graph.error);
+    }
     throw CudnnError(CUDNN_STATUS_NOT_SUPPORTED, "engine='auto': neither engine can run " + params.to_string() +
                                                      ": legacy: " + legacy.error + "; graph: " + graph.error);
   }

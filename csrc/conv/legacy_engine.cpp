@@ -225,7 +225,7 @@ std::optional<Picked> find_fastest(const ConvParams& params, const ConvOperands&
   for (size_t bytes : sizes) {
     const size_t total = scratch + bytes;
     if (total > params.workspace_cap) continue;
-    base = pool.try_get(total, stream);
+    base = pool.try_get_for_search(total, stream);
     if (base != nullptr || total == 0) {
       ws_size = bytes;
       have = true;

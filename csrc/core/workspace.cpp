@@ -55,8 +55,10 @@ void WorkspacePool::count_request(size_t bytes) {
   if (bytes > peak_request_) peak_request_ = bytes;
 }
 
-void* WorkspacePool::serve(size_t bytes, cudaStream_t stream, bool throw_on_failure) {
-  return bytes <= size_ ? data_ : grow(bytes, stream, throw_on_failure);
+void* WorkspacePool::serve(size_t bytes, cudaStream_t stream, bool throw_on_failure, bool use) {
+  void* data = bytes <= size_ ? data_ : grow(bytes, stream, throw_on_failure);
+  if (use && (data != nullptr || bytes == 0) && bytes > peak_use_) peak_use_ = bytes;
+  return data;
 }
 
 void* WorkspacePool::get(size_t bytes, cudaStream_t stream) {
@@ -79,6 +81,12 @@ void* WorkspacePool::try_get(size_t bytes, cudaStream_t stream) {
   return serve(bytes, stream, /*throw_on_failure=*/false);
 }
 
+void* WorkspacePool::try_get_for_search(size_t bytes, cudaStream_t stream) {
+  count_request(bytes);
+  if (bytes > limit_) return nullptr;
+  return serve(bytes, stream, /*throw_on_failure=*/false, /*use=*/false);
+}
+
 void* WorkspacePool::try_get_for_choice(size_t bytes, cudaStream_t stream) {
   void* data = try_get(bytes, stream);
   if (data == nullptr && bytes > 0 && bytes <= limit_ && stream_is_capturing(stream)) return get(bytes, stream);
@@ -91,6 +99,21 @@ void WorkspacePool::reserve(size_t bytes, cudaStream_t stream) {
                      std::to_string(limit_) + " bytes");
   }
   if (bytes > size_) grow(bytes, stream, true);
+  if (bytes > peak_use_) peak_use_ = bytes;
+}
+
+size_t WorkspacePool::trim(cudaStream_t stream) {
+  if (graph_holds_ > 0 || stream_is_capturing(stream)) return 0;
+  const size_t keep = (peak_use_ + kGranularity - 1) / kGranularity * kGranularity;
+  if (size_ <= keep) return 0;
+  const size_t freed = size_ - keep;
+  // cudaFree synchronises the device, so work still reading the buffer finishes first.
+  RN_CUDA_CHECK(cudaFree(data_));
+  data_ = nullptr;
+  size_ = 0;
+  free_retired();
+  if (keep > 0) grow(keep, stream, /*throw_on_failure=*/true);
+  return freed;
 }
 
 void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failure) {
@@ -128,6 +151,7 @@ void* WorkspacePool::grow(size_t bytes, cudaStream_t stream, bool throw_on_failu
   }
   data_ = ptr;
   size_ = rounded;
+  if (size_ > peak_size_) peak_size_ = size_;
   ++grows_;
   return data_;
 }
@@ -143,6 +167,8 @@ void WorkspacePool::release() {
     data_ = nullptr;
     size_ = 0;
   }
+  peak_use_ = 0;
+  peak_size_ = 0;
 }
 
 void WorkspacePool::drop_graph_hold() {
@@ -156,8 +182,9 @@ void WorkspacePool::free_retired() {
 }
 
 WorkspaceStats WorkspacePool::stats() const {
-  // In WorkspaceStats' member order: size, peak_request, limit, grows, requests, graph_holds, retired, waits.
-  return WorkspaceStats{size_, peak_request_, limit_, grows_, requests_, graph_holds_, retired_bytes_, stream_waits_};
+  // In WorkspaceStats' member order.
+  return WorkspaceStats{size_,  peak_request_, peak_use_,    peak_size_,     limit_,
+                        grows_, requests_,     graph_holds_, retired_bytes_, stream_waits_};
 }
 
 OrderedStream::OrderedStream(cudaStream_t s) : stream(s), capturing(stream_is_capturing(s)) {

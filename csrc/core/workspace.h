@@ -26,7 +26,9 @@ namespace rn {
 
 struct WorkspaceStats {
   size_t size = 0;           // bytes currently allocated
-  size_t peak_request = 0;   // largest request seen
+  size_t peak_request = 0;   // largest request seen (algorithm searches included)
+  size_t peak_use = 0;       // largest request met to run an op or a chosen algorithm, or reserved (trim's floor)
+  size_t peak_size = 0;      // largest the buffer has been (peak_use and peak_size: since the last release)
   size_t limit = 0;          // cap on requests (SIZE_MAX: none)
   int64_t grows = 0;         // number of (re)allocations
   int64_t requests = 0;      // number of get() calls
@@ -55,6 +57,10 @@ class WorkspacePool {
   void* get(size_t bytes, cudaStream_t stream);
   // Like get(), but returns nullptr instead of throwing when the request cannot be met (algorithm fallback).
   void* try_get(size_t bytes, cudaStream_t stream);
+  // try_get() for an algorithm search's candidates: such a request does not raise peak_use, so trim() can give
+  // back what only the search needed (Find tries candidates that ask for gigabytes and then picks one that
+  // needs far less).
+  void* try_get_for_search(size_t bytes, cudaStream_t stream);
   // try_get() for an algorithm choice: while `stream` is capturing a CUDA graph the buffer cannot grow, so a
   // request within the limit that the buffer cannot meet raises get()'s capture error (reserve_workspace()
   // first) instead of returning nullptr. A capture then never narrows a choice to a smaller algorithm.
@@ -70,8 +76,12 @@ class WorkspacePool {
   // Grow to at least `bytes` now (before CUDA-graph capture).
   void reserve(size_t bytes, cudaStream_t stream);
   // Free the buffer (synchronises the device first, so in-flight ops finish with it). Throws rn::ValueError
-  // while captured graphs hold the pool.
+  // while captured graphs hold the pool. Resets peak_use and peak_size.
   void release();
+  // Shrink the buffer to peak_use (what the ops and chosen algorithms run since the last release asked for),
+  // giving back what only searches needed. Returns the bytes freed: 0 while captured graphs hold the pool
+  // (they keep its address) or `stream` is capturing. Synchronises the device when it frees.
+  size_t trim(cudaStream_t stream);
   // A captured graph that uses the pool's buffer takes a hold for its lifetime (see the header comment).
   void add_graph_hold() { ++graph_holds_; }
   void drop_graph_hold();
@@ -89,14 +99,17 @@ class WorkspacePool {
   ~WorkspacePool();
 
  private:
-  void count_request(size_t bytes);                                       // requests_, peak_request_
-  void* serve(size_t bytes, cudaStream_t stream, bool throw_on_failure);  // the buffer, grown if too small
+  void count_request(size_t bytes);  // requests_, peak_request_
+  // The buffer, grown if too small; a met request that is a use (not a search's) raises peak_use_.
+  void* serve(size_t bytes, cudaStream_t stream, bool throw_on_failure, bool use = true);
   void* grow(size_t bytes, cudaStream_t stream, bool throw_on_failure);
   void free_retired();
 
   void* data_ = nullptr;
   size_t size_ = 0;
   size_t peak_request_ = 0;
+  size_t peak_use_ = 0;
+  size_t peak_size_ = 0;
   size_t limit_ = SIZE_MAX;
   int64_t grows_ = 0;
   int64_t requests_ = 0;

@@ -86,7 +86,7 @@ float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_
   const size_t total = workspace_bytes + (out ? out->nbytes() : 0);
   void* base = nullptr;
   if (total > 0) {
-    base = WorkspacePool::current().try_get(total, stream);
+    base = WorkspacePool::current().try_get_for_search(total, stream);
     if (!base) return -1.0f;
   }
   if (out) out->data = static_cast<char*>(base) + workspace_bytes;
