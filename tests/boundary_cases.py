@@ -212,8 +212,11 @@ def bad_typestr(draw, p):
     candidate = draw(p.typestr)
     if isinstance(candidate, str):
         kind = _kind_of_typestr(candidate)
-        if kind is not None and candidate[0] != ">" and kind in p.target.accepted:
-            candidate = ">" + candidate[1:]  # the same kind, big-endian (every accepted kind is wider than a byte)
+        if kind is not None and kind in p.target.accepted:
+            if int(kind[1:]) > 1:
+                candidate = ">" + candidate[1:]  # the same kind, big-endian
+            else:  # a byte has no byte order ('>u1' is a good uint8): another one-byte kind the argument refuses
+                candidate = candidate[0] + next(k for k in ("i1", "u1", "b1") if k not in p.target.accepted)
     return candidate
 
 

@@ -158,11 +158,13 @@ def run_python(code, cwd, env=None):
 def installed_editable() -> bool:
     """Whether resnet_native is installed in editable mode (pip install -e .): its import hook then serves every
     `import resnet_native`, and no source tree can shadow it."""
-    try:
-        direct_url = importlib.metadata.distribution("resnet_native").read_text("direct_url.json")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return bool(direct_url) and json.loads(direct_url).get("dir_info", {}).get("editable", False)
+    # Every distribution of that name: run from a checkout, the editable build's resnet_native.egg-info (which has no
+    # direct_url.json) is found before the installed one.
+    for dist in importlib.metadata.distributions(name="resnet_native"):
+        direct_url = dist.read_text("direct_url.json")
+        if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable", False):
+            return True
+    return False
 
 
 def test_source_tree_without_extension_explains_the_shadowing(tmp_path):
