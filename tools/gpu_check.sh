@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm profile reliability sanitize quant-A sweep (default: info build test bench)
+#   norm profile reliability sanitize quant-A sweep fusions (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -129,6 +129,28 @@ PY
       for f in summary.json metrics.csv curves.png; do
         [ -f "/tmp/run_$recipe/$f" ] && cp "/tmp/run_$recipe/$f" "$OUT/${recipe}_$f"
       done ;;
+    fusions)
+      # tools/probe_fusions.cpp: the graph-API fusions of the MLPerf ResNet pattern, per layer, against the plain
+      # convolution. It needs cudnn-frontend's headers (the nvidia-cudnn-frontend wheel's include/), carried in
+      # .fe/include; a binary built elsewhere may be carried as .fe/bin/probe_fusions, else it is built here.
+      site=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(list(nvidia.cudnn.__path__)[0]))")
+      nvrtc=$(dirname "$(find "$site" -name 'libnvrtc.so.*' | head -1)")
+      export LD_LIBRARY_PATH="$site/cudnn/lib:$nvrtc:${LD_LIBRARY_PATH:-}"
+      bin=.fe/bin/probe_fusions
+      if ! "$bin" 2>&1 | grep -q usage; then
+        mkdir -p .fe/bin
+        g++ -std=c++17 -O2 -DCUDNN_FRONTEND_SKIP_JSON_LIB -I.fe/include -I"$site/cudnn/include" \
+          -I"${CUDA_HOME:-/usr/local/cuda}/include" -I"$nvrtc/../include" tools/probe_fusions.cpp -o "$bin" \
+          "$site/cudnn/lib/libcudnn.so.9" "$(find "$site" -name 'libnvrtc.so.*' | head -1)" \
+          -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -ldl -lpthread || { status=1; continue; }
+      fi
+      # PROBE: "MODEL:BATCH:DTYPE[:PATTERNS]" entries separated by spaces.
+      for cfg in ${PROBE:-resnet50:512:fp16}; do
+        IFS=: read -r model batch dtype patterns <<<"$cfg"
+        timeout "${PROBE_TIMEOUT:-300}" "$bin" "$model" "$batch" "$dtype" ${patterns:+"$patterns"} \
+          >>"$OUT/fusions.jsonl" 2>>"$OUT/fusions.err" || { echo "probe $cfg: exit $?"; status=1; }
+      done
+      python3 tools/fusion_report.py "$OUT/fusions.jsonl" | tee "$OUT/fusions.txt" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
