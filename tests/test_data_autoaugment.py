@@ -7,6 +7,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from resnet_native.data import autoaugment as aa
+from resnet_native.data import autoaugment_batched as ab
 from resnet_native.data.autoaugment import CIFAR10_POLICY, OPS, apply_op, magnitude_table, sample_autoaugment
 
 NO_MAGNITUDE = {"AutoContrast", "Equalize", "Invert"}
@@ -162,6 +163,58 @@ def test_workers_equal_serial_and_measure_throughput(rng, record_property):
                                                                                sample_autoaugment(5, 0, 100)))
     record_property("autoaugment_2_workers_images_per_s", round(rate))  # in --junitxml reports, not mid-dots
     assert rate > 500
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The batched NumPy path (what the workers run) against PIL, one image at a time
+
+
+def _varied_images(rng, n=48):
+    """Random images, few-valued ones (ties in every histogram), constant ones and ones with a constant channel
+    (the identity tables of AutoContrast and Equalize), and low-contrast ones."""
+    x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    q = n // 4
+    x[q : 2 * q] = x[q : 2 * q] // 64 * 60 + 10
+    x[2 * q : 2 * q + q // 2] = rng.integers(0, 256, (q // 2, 1, 1, 3), dtype=np.uint8)
+    x[2 * q + q // 2 : 3 * q, :, :, 1] = 9
+    x[3 * q :] = x[3 * q :] // 4 + 100
+    return x
+
+
+def test_batched_ops_equal_pil_at_every_magnitude_and_sign(rng):
+    x = _varied_images(rng)
+    table = magnitude_table()
+    for op in OPS:
+        values, signed = table[op]
+        for b in (None,) if values is None else range(len(values)):
+            for negate in (False, True) if signed else (False,):
+                m = aa.op_magnitude(op, b, negate)
+                want = np.stack([np.asarray(apply_op(Image.fromarray(xi), op, m)) for xi in x])
+                np.testing.assert_array_equal(ab.apply_op_batch(x, op, m), want, err_msg=f"{op} magnitude {m}")
+    with pytest.raises(ValueError, match="op"):
+        ab.apply_op_batch(x, "Blur", 1.0)
+
+
+@pytest.mark.parametrize("crop_padding,flip", [(0, False), (4, True)])
+def test_batched_policy_equals_pil(rng, crop_padding, flip):
+    images = np.concatenate([_varied_images(rng, 400), rng.integers(0, 256, (1600, 32, 32, 3), dtype=np.uint8)])
+    choices = sample_autoaugment(11, 4, len(images), crop_padding=crop_padding, flip=flip)
+    want = aa.autoaugment_images_pil(images, choices)
+    out = np.empty_like(images)
+    assert ab.autoaugment_batch(images, choices, out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(aa.autoaugment_images(images[:300], choices[:300]), want[:300])  # any split
+    crops = np.stack([aa.crop_and_flip(im, *(int(v) for v in c[5:8]), bool(c[8]))
+                      for im, c in zip(images, choices, strict=True)])
+    np.testing.assert_array_equal(ab.crop_and_flip_batch(images, choices), crops)
+
+
+def test_batched_path_refuses_mixed_crop_paddings(rng):
+    images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+    choices = sample_autoaugment(0, 0, 4, crop_padding=4)
+    choices[0, 5] = 2
+    with pytest.raises(ValueError, match="crop padding"):
+        ab.autoaugment_batch(images, choices)
 
 
 # ----------------------------------------------------------------------------------------------------------------
