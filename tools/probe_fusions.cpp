@@ -13,7 +13,8 @@
 //   sbr_wgrad        dW = wgrad(dY, relu(X * s + b))                         the previous BN applied in the prologue
 //   dx_apply         dX = a * dY + b * X + c per channel                   the BN-backward pass the fusion leaves
 //
-// Usage: probe_fusions MODEL BATCH DTYPE [PATTERN,...]   (MODEL resnet18|resnet50, CIFAR stem; DTYPE fp16|bf16)
+// Usage: probe_fusions MODEL BATCH DTYPE [PATTERN,...]   (MODEL resnet18|resnet50, CIFAR stem; DTYPE fp16|bf16;
+//        DTYPE list: print the model's distinct convolutions and exit, without a GPU)
 // Prints one JSON object per line: {model, layer, dtype, pattern, shape, count, ok, ms, plans, built, tag, error}.
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -74,36 +75,28 @@ std::vector<Layer> layers_of(const std::string& model, int64_t n) {
     out.push_back({name, n, c, k, hw, hw, r, s, count});
   };
   const int64_t widths[4] = {64, 128, 256, 512};
-  if (model == "resnet18") {
-    const int blocks[4] = {2, 2, 2, 2};
-    int64_t in = 64, hw = 32;
-    for (int st = 0; st < 4; ++st) {
-      const int64_t w = widths[st];
-      for (int b = 0; b < blocks[st]; ++b) {
-        const int64_t s = (b == 0 && st > 0) ? 2 : 1;
-        const std::string tag = "s" + std::to_string(st + 1) + (b == 0 ? "b1" : "bN");
-        add(tag + ".conv1", in, w, hw, 3, s, 1);
-        if (s != 1 || in != w) add(tag + ".down", in, w, hw, 1, s, 1);
-        hw /= s;
-        add(tag + ".conv2", w, w, hw, 3, 1, 1);
-        in = w;
-      }
-    }
-  } else {
-    const int blocks[4] = {3, 4, 6, 3};
-    int64_t in = 64, hw = 32;
-    for (int st = 0; st < 4; ++st) {
-      const int64_t w = widths[st];
-      for (int b = 0; b < blocks[st]; ++b) {
-        const int64_t s = (b == 0 && st > 0) ? 2 : 1;
-        const std::string tag = "s" + std::to_string(st + 1) + (b == 0 ? "b1" : "bN");
+  const bool bottleneck = model != "resnet18";
+  const int blocks[2][4] = {{2, 2, 2, 2}, {3, 4, 6, 3}};
+  int64_t in = 64, hw = 32;
+  for (int st = 0; st < 4; ++st) {
+    const int64_t w = widths[st], out_c = bottleneck ? 4 * w : w;
+    for (int b = 0; b < blocks[bottleneck][st]; ++b) {
+      const int64_t s = (b == 0 && st > 0) ? 2 : 1;
+      const std::string tag = "s" + std::to_string(st + 1) + (b == 0 ? "b1" : "bN");
+      if (bottleneck) {  // torchvision's v1.5: the stride is on the 3x3 convolution
         add(tag + ".conv1", in, w, hw, 1, 1, 1);
         add(tag + ".conv2", w, w, hw, 3, s, 1);
-        if (b == 0) add(tag + ".down", in, 4 * w, hw, 1, s, 1);
-        hw /= s;
-        add(tag + ".conv3", w, 4 * w, hw, 1, 1, 1);
-        in = 4 * w;
+      } else {
+        add(tag + ".conv1", in, w, hw, 3, s, 1);
       }
+      if (s != 1 || in != out_c) add(tag + ".down", in, out_c, hw, 1, s, 1);
+      hw /= s;
+      if (bottleneck) {
+        add(tag + ".conv3", w, out_c, hw, 1, 1, 1);
+      } else {
+        add(tag + ".conv2", w, w, hw, 3, 1, 1);
+      }
+      in = out_c;
     }
   }
   return out;
@@ -359,6 +352,13 @@ int main(int argc, char** argv) {
     const size_t comma = std::min(list.find(',', at), list.size());
     if (comma > at) patterns.push_back(list.substr(at, comma - at));
     at = comma + 1;
+  }
+  if (dtype == "list") {
+    for (const auto& l : layers_of(model, batch)) {
+      std::printf("%s %lldx%lldx%lldx%lld k%lld r%lld s%lld x%d\n", l.name.c_str(), (long long)l.n, (long long)l.c,
+                  (long long)l.h, (long long)l.w, (long long)l.k, (long long)l.r, (long long)l.stride, l.count);
+    }
+    return 0;
   }
   Device d;
   if (cudnnCreate(&d.handle) != CUDNN_STATUS_SUCCESS) {
