@@ -3,7 +3,7 @@
 Why on the CPU: the policy's 14 ops must match PIL's behaviour (nearest-neighbour affine warps, histogram
 equalisation, PIL's smoothing kernel for Sharpness, ...). Here `apply_op` / `apply_autoaugment` run them through PIL
 itself, one image at a time: that is the reference. The workers run autoaugment_batched.py instead, the same ops on
-whole groups of images in NumPy, equal to PIL bit for bit and about six times faster (PIL builds ImageOps' tables
+whole groups of images in NumPy, equal to PIL bit for bit and several times faster (PIL builds ImageOps' tables
 in Python for every 32x32 image). While epoch e trains, the workers build epoch e+1's augmented copy of the
 training set in a shared buffer; the GPU kernel (augment.py) then applies crop/flip/Cutout/normalisation to that
 copy.

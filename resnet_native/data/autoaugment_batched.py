@@ -1,9 +1,9 @@
 """AutoAugment's CIFAR-10 policy applied to a whole chunk of images at once in NumPy, equal to the PIL path
 (autoaugment.apply_autoaugment) bit for bit.
 
-Why: PIL works one 32x32 image at a time, and its ImageOps ops build their lookup tables in Python, so the PIL
-path costs about 150 us per image; recipe B's AutoAugment workers could not keep up with the GPU. Here each op runs
-once per group of images that share it (same op, magnitude and sign), as array arithmetic:
+Why: PIL works one 32x32 image at a time, converting each to and from a PIL image, and its ImageOps ops build
+their lookup tables in Python for every image, so recipe B's AutoAugment workers could fall behind the GPU. Here
+each op runs once per group of images that share it (same op, magnitude and sign), as array arithmetic:
 - the geometric ops (shear, translate, rotate) are data-independent nearest-neighbour maps: each map is made once
   by PIL itself, warping an image whose pixels hold their own index (fill 0 = the black fill), so the map is PIL's;
 - Brightness, Color, Contrast and Sharpness are PIL's Image.blend of the image with a degenerate image, computed in
@@ -73,9 +73,9 @@ def _channel_index(x: np.ndarray) -> np.ndarray:
     return base + x
 
 
-def _per_channel_lut(x: np.ndarray, luts: np.ndarray, index: np.ndarray | None = None) -> np.ndarray:
-    """x (k, H, W, 3) through luts (k, 3, 256), one table per image and channel."""
-    return luts.reshape(-1)[_channel_index(x) if index is None else index]
+def _per_channel_lut(luts: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The images whose _channel_index is `index`, through luts (k, 3, 256): one table per image and channel."""
+    return luts.reshape(-1)[index]
 
 
 def _histograms(index: np.ndarray, k: int) -> np.ndarray:
@@ -92,7 +92,7 @@ def _autocontrast(x: np.ndarray) -> np.ndarray:
     scale = 255.0 / np.maximum(hi - lo, 1.0)
     lut = np.clip((np.arange(256.0) * scale + -lo * scale).astype(np.int64), 0, 255)  # int() truncates
     lut = np.where(hi <= lo, np.arange(256), lut).astype(np.uint8)
-    return _per_channel_lut(x, lut, index)
+    return _per_channel_lut(lut, index)
 
 
 def _equalize(x: np.ndarray) -> np.ndarray:
@@ -107,7 +107,7 @@ def _equalize(x: np.ndarray) -> np.ndarray:
     lut = (step[..., None] // 2 + below) // np.maximum(step, 1)[..., None]
     identity = (step == 0) | (present.sum(axis=-1) <= 1)
     lut = np.where(identity[..., None], np.arange(256), np.minimum(lut, 255)).astype(np.uint8)
-    return _per_channel_lut(x, lut, index)
+    return _per_channel_lut(lut, index)
 
 
 def apply_op_batch(x: np.ndarray, op: str, magnitude: float) -> np.ndarray:
@@ -197,6 +197,3 @@ def warm_maps(height: int = 32, width: int = 32) -> None:
             if op in _GEOMETRIC:
                 for neg in (False, True):
                     _geometric_map(op, op_magnitude(op, magnitude_bin, neg), height, width)
-
-
-__all__ = ["apply_op_batch", "autoaugment_batch", "crop_and_flip_batch", "warm_maps"]
