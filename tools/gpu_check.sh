@@ -131,8 +131,9 @@ PY
       done ;;
     fusions)
       # tools/probe_fusions.cpp: the graph-API fusions of the MLPerf ResNet pattern, per layer, against the plain
-      # convolution. It needs cudnn-frontend's headers (the nvidia-cudnn-frontend wheel's include/), carried in
-      # .fe/include; a binary built elsewhere may be carried as .fe/bin/probe_fusions, else it is built here.
+      # convolution. It needs cudnn-frontend's headers, carried in .fe/include (git-ignore .fe; on a machine with
+      # PyPI: pip download --no-deps nvidia-cudnn-frontend, then unzip the wheel's include/ into .fe/). A binary
+      # built elsewhere may be carried as .fe/bin/probe_fusions, else it is built here.
       site=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(list(nvidia.cudnn.__path__)[0]))")
       nvrtc=$(dirname "$(find "$site" -name 'libnvrtc.so.*' | head -1)")
       export LD_LIBRARY_PATH="$site/cudnn/lib:$nvrtc:${LD_LIBRARY_PATH:-}"
