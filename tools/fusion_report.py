@@ -113,8 +113,10 @@ def project(rows, norm_rows, model, dtype):
         out = hw // s
         if model == "resnet50":
             # conv1 (1x1) -> bn1 -> conv2 (3x3, stride s) -> bn2 -> conv3 (1x1) -> bn3 + shortcut
-            prod = [(c_in, w, hw, 1, 1), (w, w, hw, 3, s)]  # producers of bn1, bn2
-            cons = [(w, w, hw, 3, s), (w, 4 * w, out, 1, 1)]  # their consumers
+            # conv1 produces bn1's statistics; conv2 consumes bn1 and produces bn2's statistics in one fused graph
+            # (sbr_fprop_gen), so only conv1 pays the plain epilogue
+            prod = [(c_in, w, hw, 1, 1)]
+            cons = [(w, w, hw, 3, s), (w, 4 * w, out, 1, 1)]  # the consumers of bn1 and bn2
             fused_bns = [(w, hw), (w, out)]
             last_bn = (4 * w, out)
         else:
