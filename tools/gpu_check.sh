@@ -135,14 +135,15 @@ PY
       # PyPI: pip download --no-deps nvidia-cudnn-frontend, then unzip the wheel's include/ into .fe/). A binary
       # built elsewhere may be carried as .fe/bin/probe_fusions, else it is built here.
       site=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(list(nvidia.cudnn.__path__)[0]))")
-      nvrtc=$(dirname "$(find "$site" -name 'libnvrtc.so.*' | head -1)")
+      nvrtc_lib=$(find "$site" -name 'libnvrtc.so.*' | head -1)
+      nvrtc=$(dirname "$nvrtc_lib")
       export LD_LIBRARY_PATH="$site/cudnn/lib:$nvrtc:${LD_LIBRARY_PATH:-}"
       bin=.fe/bin/probe_fusions
       if ! "$bin" 2>&1 | grep -q usage; then
         mkdir -p .fe/bin
         g++ -std=c++17 -O2 -DCUDNN_FRONTEND_SKIP_JSON_LIB -I.fe/include -I"$site/cudnn/include" \
           -I"${CUDA_HOME:-/usr/local/cuda}/include" -I"$nvrtc/../include" tools/probe_fusions.cpp -o "$bin" \
-          "$site/cudnn/lib/libcudnn.so.9" "$(find "$site" -name 'libnvrtc.so.*' | head -1)" \
+          "$site/cudnn/lib/libcudnn.so.9" "$nvrtc_lib" \
           -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -ldl -lpthread || { status=1; continue; }
       fi
       # PROBE: "MODEL:BATCH:DTYPE[:PATTERNS]" entries separated by spaces.

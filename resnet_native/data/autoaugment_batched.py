@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .autoaugment import CIFAR10_POLICY, OPS, magnitude_table, op_magnitude
+from .autoaugment import CIFAR10_POLICY, OPS, apply_op, magnitude_table, op_magnitude
 
 _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 _SIGNED = {op: signed for op, (_, signed) in magnitude_table().items()}
@@ -32,8 +32,6 @@ def _geometric_map(op: str, magnitude: float, height: int, width: int) -> np.nda
     key = (op, magnitude, height, width)
     if key not in _maps:
         from PIL import Image
-
-        from .autoaugment import apply_op
 
         index = Image.fromarray((np.arange(height * width, dtype=np.int32) + 1).reshape(height, width))
         _maps[key] = np.asarray(apply_op(index, op, magnitude)).reshape(-1).astype(np.intp)
