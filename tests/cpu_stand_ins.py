@@ -14,7 +14,15 @@ def numpy_as_cupy():
                  "float16", "float32", "float64", "uint8", "uint16"):
         setattr(fake, name, getattr(np, name))
     stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
-    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def host_register(*args):
+        raise CUDARuntimeError("no GPU: host memory cannot be page-locked")
+
+    runtime = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, hostRegister=host_register)
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, runtime=runtime)
     fake.asnumpy = np.asarray
     return fake
 

@@ -256,6 +256,14 @@ class AutoAugmentWorkers:
     def _view(self, slot):
         return np.frombuffer(self._buffers[slot], np.uint8, count=self.images.size).reshape(self.images.shape)
 
+    def slots(self) -> list:
+        """The two shared buffers the epochs alternate between, as read-only arrays (to page-lock them for the
+        upload; what a slot holds is only valid between result() and the prefetch that reuses it)."""
+        views = [self._view(slot) for slot in range(2)]
+        for view in views:
+            view.flags.writeable = False
+        return views
+
     def prefetch(self, epoch: int) -> None:
         """Start building epoch's copy (no-op when already started)."""
         if epoch in self._pending:

@@ -59,6 +59,7 @@ from .builders import (
 )
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
 from .config import TrainConfig, resume_differences
+from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
@@ -130,6 +131,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: checkpoint writer, metrics log, workers
             aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
+            upload = stack.enter_context(EpochUpload(aa)) if aa is not None else None
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
                 load_algorithm_cache(self.out / ALGOS_FILE)
             elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
@@ -156,9 +158,10 @@ class Trainer:
                                     cuda_graph=cfg.eval_cuda_graph)
             snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
             for epoch in range(progress.next_epoch, end_epoch):
-                # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure.
-                with spent("autoaugment") if aa is not None else contextlib.nullcontext():
-                    images = _epoch_images(aa, epoch, end_epoch)
+                # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure (the
+                # upload is queued on the stream, and waited for by the epoch's first synchronisation).
+                with spent("autoaugment") if upload is not None else contextlib.nullcontext():
+                    images = upload(epoch, end_epoch) if upload is not None else None
                 lr = float(parts.optimizer.lr)
                 with spent("train"):
                     train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
@@ -421,19 +424,6 @@ def _autoaugment_workers(cfg: TrainConfig, train_images, workers):
         yield aa
     finally:
         aa.close()
-
-
-def _epoch_images(aa, epoch: int, end_epoch: int):
-    """This epoch's AutoAugmented training set on the GPU (one host-to-device copy; the workers then start on the
-    next epoch's), or None without AutoAugment."""
-    if aa is None:
-        return None
-    import cupy
-
-    images = cupy.ascontiguousarray(cupy.asarray(aa.result(epoch)))
-    if epoch + 1 < end_epoch:
-        aa.prefetch(epoch + 1)
-    return images
 
 
 def _progress_bar(total, desc, enabled):
