@@ -27,12 +27,12 @@ def test_recipe_a_is_the_issue_recipe():
 
 def test_recipe_b_is_the_issue_recipe():
     cfg = cfg_from(["--recipe", "B"])
-    assert cfg.epochs == 100 and cfg.batch_size == 256
-    assert cfg.to_dict()["optimizer"] == {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+    assert cfg.epochs == 90 and cfg.batch_size == 512
+    assert cfg.to_dict()["optimizer"] == {"name": "adamw", "lr": 8e-4, "betas": [0.9, 0.999], "eps": 1e-8,
                                           "weight_decay": 0.05}
     assert cfg.schedule.name == "onecycle"
     assert cfg.augment.autoaugment is True and cfg.augment.cutout == 16
-    assert cfg.label_smoothing == 0.1 and cfg.eval_every == 1
+    assert cfg.label_smoothing == 0.1 and cfg.eval_every == 10
     assert sorted(available_recipes())[:2] == ["A", "B"]
 
 

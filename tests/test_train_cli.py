@@ -163,7 +163,7 @@ def test_optimizer_adapter_and_state_round_trip(tmp_path):
     sgd = builders.build_optimizer(cfg_from(["--recipe", "A"]), model)
     assert isinstance(sgd, rn.SGD) and sgd.nesterov and sgd.lr == 0.3 and sgd.weight_decay == 5e-4
     adamw = builders.build_optimizer(cfg_from(["--recipe", "B"]), model)
-    assert isinstance(adamw, rn.AdamW) and adamw.lr == 3e-4 and adamw.weight_decay == 0.05
+    assert isinstance(adamw, rn.AdamW) and adamw.lr == 8e-4 and adamw.weight_decay == 0.05
     state = {"optimizer": adamw.state_dict(), "model": model.state_dict()}
     checkpoint.save_checkpoint(tmp_path / "s.npz", state)
     back = checkpoint.load_checkpoint(tmp_path / "s.npz")
