@@ -10,7 +10,10 @@ float64 references; this module only says what each value and weight holds:
   it is produced, as the engine will store it: so one value read by two convolutions (a block's input, read by
   conv1 and the downsample) has one scale;
 - the bias stays float, as the fp32 bias of the requantisation (int8.py); the values no quantised convolution
-  reads (the last block's output, the pooled features, the logits) stay float.
+  reads (the last block's output, the pooled features, the logits) stay float;
+- quantize_from (prefix.py) other than 'stem': the stem and the stages before that one are a float prefix (float
+  weights, values not quantised), and the suffix is quantised as above, its first value (the boundary) quantised
+  once when the prefix writes it. The same Calibration serves every quantize_from.
 
 The int8 arithmetic is exact here: int8 x int8 products summed in float64 are exact integers (below 2**53), so
 conv(fake-quant x, fake-quant w) = acc * s_x * s_w[k] up to one rounding, as requantize_float defines it.
@@ -36,6 +39,7 @@ from .calibration import METHODS, QUANT_DTYPES, make_observer
 from .calibration_file import Calibration
 from .fp8 import fake_quantize_fp8, fp8_scale, round_e4m3_values
 from .int8 import INT8_MAX, fake_quantize_int8, int8_scale
+from .prefix import first_quantized_step
 
 INPUT_NAME = "input"
 DEVICES = ("host", "host-fp32", "gpu")
@@ -47,14 +51,16 @@ def value_names(plan) -> tuple:
     return tuple(names[v] for v in range(len(plan.values)))
 
 
-def quantized_steps(plan) -> list:
-    """The convolutions that run quantised: all but the classifier (the one without a BatchNorm)."""
-    return [s for s in plan.conv_steps() if s.bn is not None]
+def quantized_steps(plan, quantize_from: str = "stem") -> list:
+    """The convolutions that run quantised: from the first of `quantize_from` on (prefix.py), all but the
+    classifier (the one without a BatchNorm)."""
+    start = first_quantized_step(plan, quantize_from)
+    return [s for s in plan.steps[start:] if s.kind == "conv" and s.bn is not None]
 
 
-def quantized_values(plan) -> list:
+def quantized_values(plan, quantize_from: str = "stem") -> list:
     """The values the quantised convolutions read (x and z), in value order."""
-    return sorted({v for s in quantized_steps(plan) for v in s.inputs})
+    return sorted({v for s in quantized_steps(plan, quantize_from) for v in s.inputs})
 
 
 def fake_quantize(x, scale, dtype: str, axis=None) -> np.ndarray:
@@ -179,9 +185,10 @@ def calibrate_many(state: dict, images, methods, dtypes, *, stem: str = "cifar",
     return out
 
 
-def activation_scales(plan, calibration: Calibration) -> dict:
-    """{value index: scale} of every value the quantised convolutions read, from `calibration`; ValueError when it
-    was made for another network (its value names differ) or lacks a scale."""
+def activation_scales(plan, calibration: Calibration, quantize_from: str = "stem") -> dict:
+    """{value index: scale} of every value the quantised convolutions read (those of `quantize_from`'s suffix),
+    from `calibration`; ValueError when it was made for another network (its value names differ) or lacks a
+    scale."""
     if not isinstance(calibration, Calibration):
         raise TypeError(f"calibration: expected a Calibration, got {type(calibration).__name__}")
     names = value_names(plan)
@@ -189,7 +196,7 @@ def activation_scales(plan, calibration: Calibration) -> dict:
         raise ValueError("calibration: its value names do not match this network's plan (calibrated for another "
                          "network or image size)")
     scales = {}
-    for v in quantized_values(plan):
+    for v in quantized_values(plan, quantize_from):
         if names[v] not in calibration.activation_scales:
             raise ValueError(f"calibration: no activation scale for value {names[v]!r}")
         scales[v] = float(calibration.activation_scales[names[v]])
@@ -206,13 +213,14 @@ def step_weight_scales(calibration: Calibration, step, k: int) -> np.ndarray:
 
 
 def simulate_logits(state: dict, images, calibration: Calibration, *, stem: str = "cifar",
-                    batch_size: int = 16, device: str = "host") -> np.ndarray:
-    """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says."""
+                    batch_size: int = 16, device: str = "host", quantize_from: str = "stem") -> np.ndarray:
+    """(N, classes) logits of the fake-quant forward: weights and activations quantised as `calibration` says,
+    from `quantize_from` on (before it, the float forward: prefix.py)."""
     images = _images(images)
     plan = _plan(state, stem, images)
-    scales = activation_scales(plan, calibration)
+    scales = activation_scales(plan, calibration, quantize_from)
     weights = _float_weights(plan, state)
-    for s in quantized_steps(plan):
+    for s in quantized_steps(plan, quantize_from):
         w, b = weights[s.name]
         s_w = step_weight_scales(calibration, s, w.shape[0])
         weights[s.name] = (fake_quantize(w, s_w, calibration.dtype, axis=0), b)
