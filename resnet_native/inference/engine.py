@@ -44,19 +44,30 @@ from ..names import (
     ENGINES,
     LAYOUTS,
     PRECISIONS,
+    QUANT_ARRAY_DTYPES,
     QUANT_PRECISIONS,
     VALUE_DTYPES,
     choice,
     flag,
     whole_numbers,
 )
+from ..quantization.prefix import AUTO, QUANTIZE_FROM, boundary_value, quantize_from_choices
+from ..quantization.simulate import quantized_steps
 from .buffers import plan_buffers
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage, as_device_array
 from .plan import build_plan
-from .quantized import input_table, quantized_convs, quantized_plan, residual_scratch_elements
+from .quantized import (
+    boundary_quantize,
+    checked_scales,
+    input_table,
+    quantized_convs,
+    quantized_plan,
+    residual_scratch_elements,
+)
 from .runner import bind_forward
 from .source import model_source, release_calibration
+from .timing import forward_ms
 from .tuning import decide_fusion
 
 # The precision of an int8 / FP8 engine's float values (the last block's output, the pooled features): the
@@ -87,7 +98,8 @@ def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
 class InferenceEngine(contextlib.AbstractContextManager):
     def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, dtype="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
-                 tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None):
+                 tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None,
+                 quantize_from="stem"):
         """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
         models_dir like CIFAR10Classifier). dtype: the precision the engine computes in ('fp16', 'bf16', 'fp32'
         strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
@@ -98,7 +110,14 @@ class InferenceEngine(contextlib.AbstractContextManager):
         choice). algorithm_cache: a cache file path.
 
         dtype='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
-        for a release, its calibration_<dtype>.json when None); NHWC, the 'cifar' stem, uint8 image inputs."""
+        for a release, its calibration_<dtype>.json when None); NHWC. quantize_from: where the 8-bit part begins
+        (quantization/prefix.py): 'stem' (everything but the classifier quantised; the 'cifar' stem, uint8 image
+        inputs only), 'layer1' ... 'layer4' (the stem and the earlier stages in fp16 as the fp16 engine runs
+        them, then one quantise step; any input the fp16 engine takes), or 'auto': each candidate built and timed
+        at the largest batch size (forward_ms: graph replays, median), the fastest kept. engine.quantize_from is
+        the choice, engine.quantize_from_times {candidate: ms} what 'auto' measured (empty otherwise). The
+        default stays 'stem' until the H200 says a prefix wins on every network (and 'auto' multiplies the
+        build's capture and timing work by the number of candidates)."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
@@ -120,12 +139,22 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self.source = source.description
         self.plan = build_plan(source.state, source.stem, float_precision, image_size)
         self.calibration = None
+        self.quantize_from = choice("quantize_from", quantize_from, QUANTIZE_FROM + (AUTO,))
+        self.quantize_from_times = {}  # candidate -> median ms at the largest batch size ('auto' only)
+        self._calibration_plan = self.plan  # the fp32 plan whose value names the calibration's scales are keyed by
         if self.quantized:
             self.calibration = (calibration if calibration is not None
                                 else release_calibration(model_or_release, models_dir, self.precision))
-            self.plan = quantized_plan(self.plan, self.precision)
+            self._candidates = ((self.quantize_from,) if self.quantize_from != AUTO else
+                                tuple(q for q in quantize_from_choices(self.plan) if q != "stem" or
+                                      self.plan.stem == "cifar"))
+            for candidate in self._candidates:  # a bad quantize_from or calibration fails here, before the GPU
+                self.plan = quantized_plan(self._calibration_plan, self.precision, candidate)
+            checked_scales(self._calibration_plan, self.calibration, self.precision)
         elif calibration is not None:
             raise ValueError(f"calibration: only int8 / fp8 engines take one (dtype={self.precision!r})")
+        elif self.quantize_from != "stem":
+            raise ValueError(f"quantize_from: only int8 / fp8 engines have an 8-bit part (dtype={self.precision!r})")
         self.buffers = plan_buffers(self.plan)
         self.num_classes = self.plan.num_classes
         self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
@@ -207,8 +236,12 @@ class InferenceEngine(contextlib.AbstractContextManager):
             pass
 
     def __repr__(self):
-        return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, dtype={self.precision!r}, "
-                f"layout={self.layout!r}, graphs={self.num_graphs})")
+        quantized = ""
+        if self.quantized:
+            times = ", ".join(f"{q}: {ms:.3f} ms" for q, ms in self.quantize_from_times.items())
+            quantized = f", quantize_from={self.quantize_from!r}" + (f" (auto: {times})" if times else "")
+        return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, dtype={self.precision!r}"
+                f"{quantized}, layout={self.layout!r}, graphs={self.num_graphs})")
 
     # -- calls -----------------------------------------------------------------------------------------------
     def _output(self, out, n: int):
@@ -228,44 +261,31 @@ class InferenceEngine(contextlib.AbstractContextManager):
     def _build(self, state: dict) -> None:
         import cupy
 
-        from ..data.augment import normalization_lut
-
         self._device = cupy.cuda.runtime.getDevice()
         self._pool = cupy.cuda.MemoryPool()
         largest = self.batch_sizes[-1]
         with cupy.cuda.using_allocator(self._pool.malloc):
-            self._quantized = {} if not self.quantized else quantized_convs(
-                self.plan, state, self.calibration, self.precision, cupy.asarray)
-            self._weights = {s.name: tuple(_to_device(a, DTYPE_ALIASES[s.precision])
-                                           for a in conv_step_params(s, state, self.layout))
-                             for s in self.plan.conv_steps() if s.name not in self._quantized}
-            self._arena = [cupy.zeros(size * largest, dtype=np.uint8) for size in self.buffers.sizes]
-            _, height, width = self.plan.values[self.plan.input].shape
-            if self.quantized:  # the table of the simulation's fp32 normalised inputs, quantised
-                table = input_table(self.calibration, self.precision, normalization_lut("fp32"))
-                self._input = QuantizedInputStage(self.precision, (height, width), cupy.asarray(table))
-            else:
-                lut = cupy.asarray(normalization_lut(self.dtype))
-                self._input = InputStage(self.dtype, self.layout, (height, width), lut)
-            self._specs = {s.name: self._spec(s) for s in self.plan.conv_steps()}
-            # The residual steps' fp16 scratch (quantised engines: quantized.py), shared: each is read at once.
-            scratch = cupy.empty(residual_scratch_elements(self.plan) * largest if self.quantized else 0, np.float16)
-            self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout,
-                                              self._quantized, scratch)
-                              for b in self.batch_sizes}
-            # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
-            # and with it lasting memory, in this pool).
-            first = self._forwards[largest].input
-            noise = np.random.default_rng(0).standard_normal(first.shape, dtype=np.float32)
-            if self.quantized:
-                first[...] = cupy.asarray(self._input.codes_of(noise))
-            else:
-                kernels.cast(cupy.asarray(noise), first)
+            # Every step's quantised operands once ('stem''s are every quantize_from's): candidates share them.
+            self._all_quantized = {} if not self.quantized else quantized_convs(
+                self._calibration_plan, state, self.calibration, self.precision, cupy.asarray)
+            self._float_weights = {}  # (step name, precision) -> device (weight, bias), shared by the candidates
             if self.algorithm_cache is not None and os.path.exists(self.algorithm_cache):
                 conv.load_algorithm_cache(self.algorithm_cache)
-            workspace = max(self._warm_up(b) for b in self.batch_sizes)
             from .. import reserve_workspace  # here: the package imports this module while it initialises
 
+            if self.quantize_from == AUTO:
+                for candidate in self._candidates:
+                    self._bind(state, candidate, (largest,))
+                    reserve_workspace(self._warm_up(largest))
+                    cupy.cuda.get_current_stream().synchronize()
+                    self.quantize_from_times[candidate] = forward_ms(self._forwards[largest], self._pool,
+                                                                     self.cuda_graph)
+                    self._forwards, self._arena = {}, []  # the next candidate's buffers reuse the memory
+                self.quantize_from = min(self.quantize_from_times, key=self.quantize_from_times.get)
+                self.fused_paths = {}
+            self._bind(state, self.quantize_from if self.quantized else "stem", self.batch_sizes)
+            self._all_quantized, self._float_weights = None, None  # the rejected candidates' operands go
+            workspace = max(self._warm_up(b) for b in self.batch_sizes)
             reserve_workspace(workspace)
             if self.cuda_graph:
                 self._capture_all()
@@ -274,6 +294,62 @@ class InferenceEngine(contextlib.AbstractContextManager):
             conv.save_algorithm_cache(self.algorithm_cache)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
+
+    def _bind(self, state: dict, quantize_from: str, batch_sizes: tuple) -> None:
+        """The plan of `quantize_from` (quantised engines) with its operands, buffers, input stage and one Forward
+        per batch size of `batch_sizes`, its input filled with a warm-up stand-in."""
+        import cupy
+
+        from ..data.augment import normalization_lut
+
+        largest = self.batch_sizes[-1]
+        base = self._calibration_plan
+        if self.quantized:
+            self.plan = quantized_plan(base, self.precision, quantize_from)
+            suffix = {s.name for s in quantized_steps(base, quantize_from)}
+            self._quantized = {k: q for k, q in self._all_quantized.items() if k in suffix}
+            quantize = next((s for s in self.plan.steps if s.kind == "quantize"), None)
+            if quantize is not None:  # the float prefix's end (quantized.py: residual_requantize over zeros)
+                elements = int(np.prod(base.values[boundary_value(base, quantize_from)].shape)) * largest
+                zeros = cupy.zeros(elements, QUANT_ARRAY_DTYPES[self.precision])
+                self._quantized[quantize.name] = boundary_quantize(base, self.calibration, self.precision,
+                                                                   quantize_from, zeros)
+        else:
+            self._quantized = {}
+        self.buffers = plan_buffers(self.plan)
+        self._weights = {s.name: self._float_weight(state, s) for s in self.plan.conv_steps()
+                         if s.name not in self._quantized}
+        self._arena = [cupy.zeros(size * largest, dtype=np.uint8) for size in self.buffers.sizes]
+        _, height, width = self.plan.values[self.plan.input].shape
+        if self.quantized and quantize_from == "stem":  # the table of the simulation's fp32 normalised inputs
+            table = input_table(self.calibration, self.precision, normalization_lut("fp32"))
+            self._input = QuantizedInputStage(self.precision, (height, width), cupy.asarray(table))
+        else:  # the float engine's, in the dtype of the plan's input (a quantised engine's fp16 prefix)
+            dtype = self.plan.values[self.plan.input].dtype
+            self._input = InputStage(dtype, self.layout, (height, width), cupy.asarray(normalization_lut(dtype)))
+        self._specs = {s.name: self._spec(s) for s in self.plan.conv_steps()}
+        # The residual steps' fp16 scratch (quantised engines: quantized.py), shared: each is read at once.
+        scratch = cupy.empty(residual_scratch_elements(base, quantize_from) * largest if self.quantized else 0,
+                             np.float16)
+        self._forwards = {b: bind_forward(self.plan, b, self._view, self._weights, self._specs, self.layout,
+                                          self._quantized, scratch)
+                          for b in batch_sizes}
+        # Warm-up input like normalised images (host-generated: cupy.random would create its global generator,
+        # and with it lasting memory, in this pool).
+        first = self._forwards[batch_sizes[-1]].input
+        noise = np.random.default_rng(0).standard_normal(first.shape, dtype=np.float32)
+        if isinstance(self._input, QuantizedInputStage):
+            first[...] = cupy.asarray(self._input.codes_of(noise))
+        else:
+            kernels.cast(cupy.asarray(noise), first)
+
+    def _float_weight(self, state: dict, step) -> tuple:
+        """A float convolution's folded (weight, bias) on the device in its precision, made once per engine."""
+        key = (step.name, step.precision)
+        if key not in self._float_weights:
+            self._float_weights[key] = tuple(_to_device(a, DTYPE_ALIASES[step.precision])
+                                             for a in conv_step_params(step, state, self.layout))
+        return self._float_weights[key]
 
     def _spec(self, step):
         """A convolution step's ConvSpec: a quantised one's on the graph engine (the only one with 8-bit kernels)."""

@@ -103,6 +103,21 @@ class CastStep:
         return (self.x,)
 
 
+@dataclass(frozen=True)
+class QuantizeStep:
+    """out = x quantised to out's 8-bit dtype at the calibrated scale of x: where a quantised engine's float
+    prefix ends (inference/quantized.py); x is fp16, out the same value in int8 / FP8 for the quantised suffix."""
+
+    name: str
+    x: int
+    out: int
+    kind: str = field(default="quantize", init=False)
+
+    @property
+    def inputs(self) -> tuple:
+        return (self.x,)
+
+
 @dataclass
 class Plan:
     values: list

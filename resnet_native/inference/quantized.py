@@ -15,6 +15,13 @@ fp32 rounding in the epilogue:
   - the input is quantised by the uint8 input stage's lookup table: table[c][v] = quantise(normalise(v)), the
     simulation's input bit for bit, with the stem's 3 channels zero-padded to INPUT_CHANNELS (8-bit convolutions
     need a channel multiple; zero channels with zero weights change nothing).
+
+With a float prefix (quantize_from 'layer1' ... 'layer4', quantization/prefix.py) the stem and the stages before
+the boundary run as the fp16 engine runs them (fp16 values and weights, fused epilogues, the fp16 input stage);
+one QuantizeStep then writes the boundary value's 8-bit copy at its calibrated scale, which the suffix reads. That
+step reuses residual_requantize with s_z = 0 over a buffer of 8-bit zeros (out = encode(v * inv_s)): the op exists
+and is exact for it, where a z-less kernel would need a rebuild of the extension; the zeros cost one byte per
+boundary element (read once per forward, held once for the largest batch).
 """
 
 from __future__ import annotations
@@ -23,14 +30,17 @@ import dataclasses
 
 import numpy as np
 
-from ..names import QUANT_ARRAY_DTYPES
+from ..names import DTYPE_ALIASES, QUANT_ARRAY_DTYPES
 from ..quantization.calibration_file import Calibration
 from ..quantization.fp8 import quantize_fp8
 from ..quantization.int8 import quantize_int8, requant_params
+from ..quantization.prefix import boundary_value, first_quantized_step
 from ..quantization.simulate import INPUT_NAME, activation_scales, quantized_steps, quantized_values, step_weight_scales
 from .fold import conv_step_params
+from .plan import QuantizeStep
 
 INPUT_CHANNELS = 16  # the stem's input channels once padded: a multiple the 8-bit tensor-core kernels take
+PREFIX_PRECISION = "fp16"  # the float prefix's: the fp16 engine's speed (the tail after the suffix stays fp32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,43 +65,79 @@ class QuantizedConv:
     residual: Residual | None = None
 
 
-def residual_scratch_elements(plan) -> int:
-    """Elements per sample of the fp16 scratch the residual steps write (the largest of their outputs)."""
-    return max((int(np.prod(plan.values[s.out].shape)) for s in quantized_steps(plan) if s.z is not None),
-               default=0)
+@dataclasses.dataclass(frozen=True)
+class BoundaryQuantize:
+    """The QuantizeStep's operands: out = encode(x * inv_scale), run as residual_requantize(x, zeros, s_z=0)."""
+
+    inv_scale: float
+    zeros: object  # flat 8-bit zeros (int8, or FP8 code 0 = +0.0), at least the boundary's elements for a batch
 
 
-def checked_scales(plan, calibration: Calibration, dtype: str) -> dict:
+def residual_scratch_elements(plan, quantize_from: str = "stem") -> int:
+    """Elements per sample of the fp16 scratch the residual steps of the quantised suffix write (the largest of
+    their outputs)."""
+    return max((int(np.prod(plan.values[s.out].shape)) for s in quantized_steps(plan, quantize_from)
+                if s.z is not None), default=0)
+
+
+def checked_scales(plan, calibration: Calibration, dtype: str, quantize_from: str = "stem") -> dict:
     """{value index: activation scale} of every value a quantised convolution reads; ValueError when the
     calibration is for another network or another dtype."""
-    scales = activation_scales(plan, calibration)  # checks the type and the network
+    scales = activation_scales(plan, calibration, quantize_from)  # checks the type and the network
     if calibration.dtype != dtype:
         raise ValueError(f"calibration: made for {calibration.dtype!r}, the engine computes in {dtype!r}")
     return scales
 
 
-def quantized_plan(plan, dtype: str):
-    """The plan with the 8-bit values in `dtype` (the input padded to INPUT_CHANNELS) and the rest as they were."""
-    if plan.stem != "cifar":
-        raise ValueError(f"dtype: int8 / fp8 engines run the 'cifar' stem (the 'imagenet' stem's max pool reads an "
-                         f"8-bit value), got stem {plan.stem!r}")
-    quantized = set(quantized_values(plan))
-    values = []
-    for v, value in enumerate(plan.values):
-        shape = (INPUT_CHANNELS, *value.shape[1:]) if v == plan.input else value.shape
-        values.append(dataclasses.replace(value, shape=shape, dtype=dtype) if v in quantized else value)
-    return dataclasses.replace(plan, values=values)
+def quantized_plan(plan, dtype: str, quantize_from: str = "stem"):
+    """The engine's plan of the calibration's (fp32) `plan`: the values the quantised suffix reads in `dtype`, the
+    rest as they were; for 'stem' the input padded to INPUT_CHANNELS, else a float prefix in PREFIX_PRECISION
+    (its values and convolutions) and a QuantizeStep writing the boundary's 8-bit copy (the value after the
+    boundary's, so the suffix's indices move up by one) that the suffix reads instead."""
+    start = first_quantized_step(plan, quantize_from)
+    if plan.stem != "cifar" and start == 0:
+        raise ValueError(f"dtype: int8 / fp8 engines quantise from the 'cifar' stem (the 'imagenet' stem's max pool "
+                         f"reads an 8-bit value), got stem {plan.stem!r}: pass quantize_from='layer1' or later")
+    quantized = set(quantized_values(plan, quantize_from))
+    if start == 0:
+        values = []
+        for v, value in enumerate(plan.values):
+            shape = (INPUT_CHANNELS, *value.shape[1:]) if v == plan.input else value.shape
+            values.append(dataclasses.replace(value, shape=shape, dtype=dtype) if v in quantized else value)
+        return dataclasses.replace(plan, values=values)
+    boundary = boundary_value(plan, quantize_from)
+    prefix = DTYPE_ALIASES[PREFIX_PRECISION]
+    values = [dataclasses.replace(value, dtype=prefix if v <= boundary else dtype if v in quantized
+                                  else value.dtype) for v, value in enumerate(plan.values)]
+    copy = boundary + 1
+    values.insert(copy, dataclasses.replace(plan.values[boundary], dtype=dtype))
+
+    def moved(v):  # the suffix reads the copy in place of the boundary, and its own values one index up
+        return None if v is None else v if v < boundary else v + 1
+
+    steps = [dataclasses.replace(s, precision=PREFIX_PRECISION) if s.kind == "conv" else s
+             for s in plan.steps[:start]]
+    steps.append(QuantizeStep(f"{quantize_from}.quantize", boundary, copy))
+    for s in plan.steps[start:]:
+        moves = {"x": moved(s.x), "out": moved(s.out)}
+        if s.kind == "conv":
+            moves["z"] = moved(s.z)
+        steps.append(dataclasses.replace(s, **moves))
+    return dataclasses.replace(plan, values=values, steps=steps)
 
 
 def _quantize(w: np.ndarray, scales: np.ndarray, dtype: str) -> np.ndarray:
     return quantize_int8(w, scales, axis=0) if dtype == "int8" else quantize_fp8(w, scales, axis=0)
 
 
-def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_device) -> dict:
-    """{step name: QuantizedConv} of every quantised convolution (`to_device` uploads a host array)."""
-    scales = checked_scales(plan, calibration, dtype)
+def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_device,
+                    quantize_from: str = "stem") -> dict:
+    """{step name: QuantizedConv} of every convolution of `quantize_from`'s quantised suffix, from the
+    calibration's (fp32) `plan` (`to_device` uploads a host array). A step's operands do not depend on where the
+    suffix begins, so 'stem''s serve every quantize_from."""
+    scales = checked_scales(plan, calibration, dtype, quantize_from)
     convs = {}
-    for s in quantized_steps(plan):
+    for s in quantized_steps(plan, quantize_from):
         w, bias = conv_step_params(s, state, "NHWC")  # float64 folded (K, R, S, C), (K,)
         s_w = step_weight_scales(calibration, s, w.shape[0])
         q = _quantize(w, s_w, dtype)
@@ -109,6 +155,13 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
     return convs
 
 
+def boundary_quantize(plan, calibration: Calibration, dtype: str, quantize_from: str, zeros) -> BoundaryQuantize:
+    """The QuantizeStep's operands for `quantize_from`'s boundary (the calibration's `plan`), with `zeros` (flat,
+    8-bit, at least the boundary's elements per batch)."""
+    boundary = boundary_value(plan, quantize_from)
+    return BoundaryQuantize(1.0 / checked_scales(plan, calibration, dtype, quantize_from)[boundary], zeros)
+
+
 def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.ndarray:
     """(3, 256) codes: the normalisation table `lut` (float) quantised at the input's scale."""
     scale = float(calibration.activation_scales[INPUT_NAME])
@@ -116,5 +169,6 @@ def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.nda
     return table.astype(QUANT_ARRAY_DTYPES[dtype])
 
 
-__all__ = ["INPUT_CHANNELS", "QuantizedConv", "Residual", "checked_scales", "input_table", "quantized_convs",
-           "quantized_plan", "residual_scratch_elements"]
+__all__ = ["INPUT_CHANNELS", "PREFIX_PRECISION", "BoundaryQuantize", "QuantizedConv", "Residual",
+           "boundary_quantize", "checked_scales", "input_table", "quantized_convs", "quantized_plan",
+           "residual_scratch_elements"]

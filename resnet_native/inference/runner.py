@@ -58,7 +58,7 @@ def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str
     """The Forward of `plan` for `batch`: view(value, batch) gives a value's array in the layout, weights[name] a
     conv step's (weight, bias), specs[name] its ConvSpec; quantized[name] a quantised step's QuantizedConv
     (quantized.py: such steps run quantized_conv.conv2d and are not in conv_calls), and a residual one writes
-    into the flat fp16 `scratch` first."""
+    into the flat fp16 `scratch` first; quantized[name] of a 'quantize' step is its BoundaryQuantize."""
     calls, conv_calls, quantized = [], {}, quantized or {}
     for s in plan.steps:
         x, out = view(s.x, batch), view(s.out, batch)
@@ -77,6 +77,8 @@ def bind_forward(plan, batch: int, view, weights: dict, specs: dict, layout: str
         elif s.kind == "avgpool":  # (N, C) out, as the op writes it
             calls.append(functools.partial(pool.global_avg_pool, x, layout=layout, out=out.reshape(batch, -1),
                                            dtype=dtype))
+        elif s.kind == "quantize":
+            calls.append(_quantize_call(quantized[s.name], x, out, plan.values[s.out].dtype))
         elif s.kind == "cast":
             calls.append(functools.partial(kernels.cast, x.reshape(batch, -1), out.reshape(batch, -1)))
         else:
@@ -98,3 +100,11 @@ def _quantized_call(q, spec, x, out, z, relu: bool, scratch):
         quantized_conv.residual_requantize(v, z, spec.precision, s_z=r.s_z, inv_s_y=r.inv_s_y, relu=r.relu, out=out)
 
     return conv_then_add
+
+
+def _quantize_call(q, x, out, precision: str):
+    """The float prefix's end: out = encode(x / s) in the 8-bit `precision`, as residual_requantize computes it
+    with a zero residual (s_z = 0 over q.zeros: 0 * 0 adds nothing, and no NaN code can reach the sum)."""
+    zeros = q.zeros[: out.size].reshape(out.shape)
+    return functools.partial(quantized_conv.residual_requantize, x, zeros, precision, s_z=0.0, inv_s_y=q.inv_scale,
+                             relu=False, out=out)
