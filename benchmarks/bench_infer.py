@@ -3,12 +3,16 @@
     python benchmarks/bench_infer.py [--models resnet18,resnet50] [--batches 1,8,32,256,1024] [--dtypes fp16,bf16]
                                      [--compile r50:1024:fp16,r18:1:bf16 | all] [--quick] [--budget-s 300]
                                      [--algo-cache PATH] [--json PATH] [--markdown PATH]
+                                     [--quant-dtypes int8,fp8] [--quantize-from stem,layer1,layer2,auto]
 
 Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs (32x32, the CIFAR stem):
   engine          InferenceEngine(model, batch_sizes=--batches): one CUDA graph per batch size, normalised input
   engine_uint8    the same engine fed uint8 pixels (the normalisation is its input stage)
   int8 / fp8      (--quant-dtypes) the quantised engine of the same weights, calibrated (max |x|) on 4 images,
-                  fed uint8 pixels (its only input); x_fp16 is the fp16 engine_uint8's time over its own
+                  fed uint8 pixels (its only input); x_fp16 is the fp16 engine_uint8's time over its own.
+                  --quantize-from: one engine per value (default 'stem': every conv quantised); a value other
+                  than 'stem' names its rows engine_uint8_from_<value> (the stem and the stages before it in fp16,
+                  quantize_from='auto': the fastest candidate, the candidates' times under "engines")
   eager           the model's eval-mode graph, model.forward(x)
   torch_eager     torchvision's resnet with the CIFAR stem (conv1 3x3/1 pad 1, maxpool = Identity), eval,
                   channels_last, converted to the dtype, cudnn.benchmark, under inference_mode
@@ -44,6 +48,9 @@ MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
 SHORT = {"r18": "resnet18", "r50": "resnet50"}
 DTYPES = ("fp16", "bf16")
 QUANT_DTYPES = ("int8", "fp8")
+# resnet_native.quantization.prefix's QUANTIZE_FROM and AUTO (spelled out: the parser runs without the package)
+QUANTIZE_FROM = ("stem", "layer1", "layer2", "layer3", "layer4")
+AUTO = "auto"
 BATCHES = (1, 8, 32, 256, 1024)
 ROTATE = 4  # distinct input batches cycled through while timing
 COLUMNS = [("model", "model"), ("dtype", "dtype"), ("batch", "batch"), ("impl", "impl"), ("median_ms", "median ms"),
@@ -104,8 +111,10 @@ def add_ratios(rows: list) -> None:
         by_config.setdefault((r["model"], r["dtype"], r["batch"]), {})[r["impl"]] = r
     for (model, dtype, batch), impls in by_config.items():
         fp16 = by_config.get((model, "fp16", batch), {}).get("engine_uint8")
-        if dtype in QUANT_DTYPES and fp16 and "engine_uint8" in impls:
-            impls["engine_uint8"]["x_fp16"] = fp16["median_ms"] / impls["engine_uint8"]["median_ms"]
+        if dtype in QUANT_DTYPES and fp16:
+            for name, r in impls.items():
+                if name.startswith("engine_uint8"):
+                    r["x_fp16"] = fp16["median_ms"] / r["median_ms"]
         for name in ("engine", "engine_uint8"):
             if name not in impls:
                 continue
@@ -141,9 +150,10 @@ def build_ours(name, dtype, batches, algo_cache):
     return model, engine, time.perf_counter() - start
 
 
-def build_quantized(name, dtype, batches, algo_cache, rng):
+def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem"):
     """(engine, build seconds, calibration seconds): the int8 / fp8 engine of build_ours' weights (seed 0),
-    calibrated by max |x| on 4 random images (the speed does not depend on the scales)."""
+    calibrated by max |x| on 4 random images (the speed does not depend on the scales), 8-bit from
+    `quantize_from` on."""
     import resnet_native as rn
     from resnet_native.data.augment import normalize_on_host
     from resnet_native.inference import InferenceEngine
@@ -156,19 +166,24 @@ def build_quantized(name, dtype, batches, algo_cache, rng):
     calibration = calibrate(state, normalize_on_host(pixels, layout="NCHW", dtype="fp32"), "max", dtype=dtype)
     calibrated = time.perf_counter()
     engine = InferenceEngine(model, batch_sizes=batches, dtype=dtype, calibration=calibration,
-                             algorithm_cache=algo_cache)
+                             algorithm_cache=algo_cache, quantize_from=quantize_from)
     return engine, time.perf_counter() - calibrated, calibrated - start
 
 
-def time_quantized(engine, batch, rng, iters, warmup) -> list:
+def quantized_impl(quantize_from: str) -> str:
+    """The row name of a quantised engine: engine_uint8 as before for 'stem', else suffixed by where it starts."""
+    return "engine_uint8" if quantize_from == "stem" else f"engine_uint8_from_{quantize_from}"
+
+
+def time_quantized(engine, batch, rng, iters, warmup, impl="engine_uint8") -> list:
     import cupy as cp
 
     import resnet_native as rn
 
     pixels = [cp.asarray(rng.integers(0, 256, (batch, 32, 32, 3), dtype=np.uint8)) for _ in range(ROTATE)]
     held = (engine.memory_bytes + rn.workspace_stats()["size"]) / 2**20
-    return [dict(impl="engine_uint8", peak_mem_mb=held, **latency(lambda i: engine(pixels[i % ROTATE]), iters=iters,
-                                                                   warmup=warmup, **cupy_clock()))]
+    return [dict(impl=impl, peak_mem_mb=held, **latency(lambda i: engine(pixels[i % ROTATE]), iters=iters,
+                                                        warmup=warmup, **cupy_clock()))]
 
 
 def time_ours(model, engine, batch, dtype, rng, iters, warmup) -> list:
@@ -316,6 +331,9 @@ def build_parser():
     p.add_argument("--dtypes", help="comma-separated: fp16, bf16 (default both; --quick fp16)")
     p.add_argument("--quant-dtypes", default=",".join(QUANT_DTYPES),
                    help="comma-separated quantised engines to time: int8, fp8 ('' for none)")
+    p.add_argument("--quantize-from", default="stem",
+                   help="comma-separated: where the quantised engines' 8-bit part begins, one engine (and row) per "
+                        "value: stem, layer1 .. layer4, auto (default stem)")
     p.add_argument("--compile", default="", help="torch.compile rows: 'all' or model:batch:dtype items, e.g. "
                                                  "r50:1024:fp16,r18:1:bf16 (default none: minutes each)")
     p.add_argument("--iters", type=int, help="timed calls per row (default 200; --quick 30)")
@@ -346,6 +364,10 @@ def resolve_args(argv=None):
     args.quant_dtypes = _csv(args.quant_dtypes) if args.quant_dtypes else ()
     if any(d not in QUANT_DTYPES for d in args.quant_dtypes):
         raise SystemExit(f"--quant-dtypes: expected some of {QUANT_DTYPES}, got {args.quant_dtypes}")
+    args.quantize_from = _csv(args.quantize_from) or ("stem",)
+    known = QUANTIZE_FROM + (AUTO,)
+    if any(q not in known for q in args.quantize_from):
+        raise SystemExit(f"--quantize-from: expected some of {known}, got {args.quantize_from}")
     args.iters = args.iters or (30 if args.quick else 200)
     args.warmup = args.warmup or (5 if args.quick else 20)
     try:
@@ -405,18 +427,20 @@ def main(argv=None) -> int:
             engine.close()
             if torch is not None:
                 torch.cuda.empty_cache()
-        for dtype in args.quant_dtypes:
+        for dtype, quantize_from in ((d, q) for d in args.quant_dtypes for q in args.quantize_from):
+            tag = f"{name}:{dtype}" + ("" if quantize_from == "stem" else f":{quantize_from}")
             if budget.exhausted():
-                skipped += [f"{name}:{b}:{dtype}" for b in args.batches]
+                skipped += [f"{tag}:{b}" for b in args.batches]
                 continue
-            engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng)
-            engines[f"{name}:{dtype}"] = {"build_s": build_s, "calibrate_s": calibrate_s,
-                                          "memory_mb": engine.memory_bytes / 2**20}
+            engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng,
+                                                           quantize_from)
+            engines[tag] = {"build_s": build_s, "calibrate_s": calibrate_s, "memory_mb": engine.memory_bytes / 2**20,
+                            "quantize_from": engine.quantize_from, "quantize_from_times": engine.quantize_from_times}
             for batch in args.batches:
                 if budget.exhausted():
-                    skipped.append(f"{name}:{batch}:{dtype}")
+                    skipped.append(f"{tag}:{batch}")
                     continue
-                found = time_quantized(engine, batch, rng, args.iters, args.warmup)
+                found = time_quantized(engine, batch, rng, args.iters, args.warmup, quantized_impl(quantize_from))
                 rows += [with_rates(dict(model=name, dtype=dtype, batch=batch, **r), engine.plan.conv_flops(batch),
                                     args.peak_tflops) for r in found]
                 print(format_table(rows[-1:], COLUMNS[3:10]), flush=True)

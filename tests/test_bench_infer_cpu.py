@@ -66,3 +66,21 @@ def test_arguments_rates_ratios_and_markdown():
     table = bench_infer.markdown_table(rows)
     assert table.splitlines()[0].startswith("| model | dtype | batch | impl | median ms")
     assert "| resnet18 | fp16 | 1 | engine | 0.200 |" in table
+
+
+def test_quantize_from_gives_one_quantised_engine_per_value():
+    from resnet_native.quantization import prefix
+
+    assert (bench_infer.QUANTIZE_FROM, bench_infer.AUTO) == (prefix.QUANTIZE_FROM, prefix.AUTO)
+    assert bench_infer.resolve_args([]).quantize_from == ("stem",)
+    args = bench_infer.resolve_args(["--quantize-from", "stem,layer2,auto"])
+    assert args.quantize_from == ("stem", "layer2", "auto")
+    assert [bench_infer.quantized_impl(q) for q in args.quantize_from] == [
+        "engine_uint8", "engine_uint8_from_layer2", "engine_uint8_from_auto"]
+    with pytest.raises(SystemExit, match="--quantize-from"):
+        bench_infer.resolve_args(["--quantize-from", "layer9"])
+    rows = [dict(model="resnet18", dtype="fp16", batch=8, impl="engine_uint8", median_ms=2.0),
+            dict(model="resnet18", dtype="int8", batch=8, impl="engine_uint8", median_ms=4.0),
+            dict(model="resnet18", dtype="int8", batch=8, impl="engine_uint8_from_layer1", median_ms=1.0)]
+    bench_infer.add_ratios(rows)
+    assert [r.get("x_fp16") for r in rows] == [None, 0.5, 2.0]

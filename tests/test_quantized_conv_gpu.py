@@ -185,3 +185,53 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     vs_fp16 = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     print(f"{dtype}: engine vs fp16 engine {vs_fp16:.4f}")
     assert vs_fp16 <= 0.25
+
+
+def _prefix_problem(rng):
+    from resnet_native.data.augment import normalize_on_host
+    from resnet_native.quantization import calibrate
+
+    model = rn.ResNet(18, 10, layout="NHWC", precision="fp16", seed=0)
+    model.load_state_dict(randomized_state(model, rng))
+    state = {k: np.asarray(v) for k, v in model.state_dict().items()}
+    pixels = rng.integers(0, 256, (4, 32, 32, 3)).astype(np.uint8)
+    images = normalize_on_host(pixels, layout="NCHW", dtype="fp32").astype(np.float64)
+    return model, state, pixels, images, calibrate(state, images, "max", dtype="int8")
+
+
+@pytest.mark.parametrize("quantize_from", ["layer1", "layer2", "layer3", "layer4"])
+def test_a_float_prefix_engine_matches_the_simulation_of_that_prefix(rng, quantize_from):
+    """The fp16 prefix (2^-11 relative per value against the simulation's float64) moves a few boundary codes by
+    one, as the residual steps' fp16 scratch does: held to the bound of quantize_from='stem' above."""
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.quantization import simulate_logits
+
+    model, state, pixels, images, calibration = _prefix_problem(rng)
+    want = simulate_logits(state, images, calibration, quantize_from=quantize_from)
+    with InferenceEngine(model, batch_sizes=(4,), dtype="int8", calibration=calibration,
+                         quantize_from=quantize_from) as engine:
+        assert engine.quantize_from == quantize_from and engine.quantize_from_times == {}
+        assert [s.kind for s in engine.plan.steps].count("quantize") == 1
+        got = engine(cp.asarray(pixels)).get().astype(np.float64)
+        again = engine(cp.asarray(pixels)).get()
+    assert np.array_equal(got, again), "replays of one input differ"
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"int8 from {quantize_from}: engine vs simulation {err:.4f}")
+    assert err <= 5e-2, err
+
+
+def test_auto_keeps_the_fastest_candidate_and_records_every_time(rng):
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.quantization import simulate_logits
+    from resnet_native.quantization.prefix import QUANTIZE_FROM
+
+    model, state, pixels, images, calibration = _prefix_problem(rng)
+    with InferenceEngine(model, batch_sizes=(1, 4), dtype="int8", calibration=calibration,
+                         quantize_from="auto") as engine:
+        times = engine.quantize_from_times
+        print(engine)
+        assert set(times) == set(QUANTIZE_FROM) and all(ms > 0 for ms in times.values())
+        assert engine.quantize_from == min(times, key=times.get) and engine.quantize_from in repr(engine)
+        got = engine(cp.asarray(pixels)).get().astype(np.float64)
+    want = simulate_logits(state, images, calibration, quantize_from=engine.quantize_from)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 5e-2
