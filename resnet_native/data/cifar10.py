@@ -218,28 +218,22 @@ def _decode_chunk(items):
     return out
 
 
-def _resolve_workers(workers: int | None) -> int:
-    return min(os.cpu_count() or 1, 16) if workers is None else workers
-
-
-def _fork_pool(workers: int) -> ProcessPoolExecutor:
-    """A process pool that forks (like PyTorch's DataLoader): workers only run numpy and PIL, never CUDA, so a CUDA
-    context in the parent is harmless, and unlike 'spawn'/'forkserver' nothing re-imports the caller's main
-    module."""
-    import multiprocessing
-
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
-
-
 def decode_images(items, workers: int | None = None) -> np.ndarray:
-    """Decode [(bytes or path, name), ...] in order, with a process pool (_fork_pool) when there are many."""
+    """Decode [(bytes or path, name), ...] in order, with a process pool when there are many.
+
+    The pool forks (like PyTorch's DataLoader): workers only run numpy and PIL, never CUDA, so a CUDA context in
+    the parent is harmless, and unlike 'spawn'/'forkserver' nothing re-imports the caller's main module.
+    """
     items = list(items)
-    workers = _resolve_workers(workers)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 16)
     if workers <= 1 or len(items) < _PARALLEL_MIN_IMAGES:
         return _decode_chunk(items)
     chunk = max(256, -(-len(items) // (workers * 4)))
     chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
-    with _fork_pool(workers) as pool:
+    import multiprocessing
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
         return np.concatenate(list(pool.map(_decode_chunk, chunks)))
 
 
@@ -286,6 +280,45 @@ def _read_folder(root: pathlib.Path, workers):
     return _decode_listing(listing, workers)
 
 
+_BATCH_NAME = re.compile(r"^(data_batch_[1-5]|test_batch)(\.bin)?$")
+
+
+def _read_tar(path: pathlib.Path, workers):
+    """Streams the archive once (no extraction to disk): batches are parsed as they pass, images are kept encoded
+    and decoded afterwards in parallel."""
+    exts = _image_extensions()
+    batches = {}  # name -> parsed (images, labels)
+    listing = {split: [] for split in _SPLITS}
+    with tarfile.open(path, mode="r|*") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            parts = pathlib.PurePosixPath(member.name).parts
+            base = parts[-1]
+            if base.startswith("."):
+                continue
+            m = _BATCH_NAME.match(base)
+            if m:
+                raw = tar.extractfile(member).read()
+                parse = parse_binary_batch if m.group(2) else parse_python_batch
+                batches[base] = parse(raw, f"{path}:{member.name}")
+            elif len(parts) >= 3 and parts[-3] in _SPLITS and pathlib.PurePosixPath(base).suffix.lower() in exts:
+                label = _class_index(parts[-2], f"{path}:{'/'.join(parts[:-1])}")
+                listing[parts[-3]].append((label, base, tar.extractfile(member).read()))
+    if batches:
+        suffix = ".bin" if any(k.endswith(".bin") for k in batches) else ""
+        split_arrays = []
+        for names in (_TRAIN_BATCHES, (_TEST_BATCH,)):
+            missing = [n + suffix for n in names if n + suffix not in batches]
+            if missing:
+                raise ValueError(f"{path}: archive lacks CIFAR-10 batches {missing}")
+            split_arrays.append(_concat([batches[n + suffix] for n in names]))
+        return split_arrays
+    if not listing["train"] and not listing["test"]:
+        raise ValueError(f"{path}: archive holds neither CIFAR-10 batches nor train/<class>/* image folders")
+    return _decode_listing(listing, workers)
+
+
 def decode_source(path, workers: int | None = None) -> CIFAR10Data:
     """Decode a CIFAR-10 source without any cache."""
     kind, root = detect_format(path)
@@ -296,9 +329,7 @@ def decode_source(path, workers: int | None = None) -> CIFAR10Data:
     elif kind == "folder":
         (tr, trl), (te, tel) = _read_folder(root, workers)
     else:
-        from .tar_source import read_tar  # imported when used: it imports this module
-
-        (tr, trl), (te, tel) = read_tar(root, workers)
+        (tr, trl), (te, tel) = _read_tar(root, workers)
     return CIFAR10Data(tr, trl, te, tel, source=str(path))
 
 
