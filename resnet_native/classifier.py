@@ -191,11 +191,15 @@ class CIFAR10Classifier:
     chunks of the largest). Without one, the network runs on the CPU, through onnxruntime when it is installed, else
     the NumPy reference ops (a warning says which, once; clf.backend names it). model: use this
     network instead (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) ->
-    logits and is fed normalised batches."""
+    logits and is fed normalised batches. dtype='int8' / 'fp8': the release's calibration, from quantize_from on
+    (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU)."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
-                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, dtype=None):
+                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, dtype=None, quantize_from="stem"):
         import resnet_native as rn
+
+        from .names import choice
+        from .quantization.prefix import AUTO, QUANTIZE_FROM
 
         self.version_dir = resolve_version_dir(version, models_dir)
         # version_X is a symlink that a new release re-points: read config and weights from one release folder.
@@ -211,6 +215,10 @@ class CIFAR10Classifier:
         if self.batch_size <= 0:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
         self.model, self.engine, self.session, self.calibration = model, None, None, None
+        self.quantize_from = choice("quantize_from", quantize_from, QUANTIZE_FROM + (AUTO,))
+        if dtype is None and self.quantize_from != "stem":
+            raise ValueError(f"quantize_from: only an int8 / fp8 classifier has an 8-bit part (dtype=None), got "
+                             f"{quantize_from!r}")
         if dtype is not None:
             self._use_calibration(folder, dtype, engine_batch_sizes)
         elif model is not None:
@@ -244,15 +252,20 @@ class CIFAR10Classifier:
         from .inference.source import release_calibration
         from .names import choice
         from .quantization.calibration import QUANT_DTYPES
+        from .quantization.prefix import AUTO, QUANTIZE_FROM
 
         dtype = choice("dtype", dtype, QUANT_DTYPES)
         calibration = release_calibration(folder, None, dtype)
         if rn.cuda_available():
             from .inference import InferenceEngine
 
-            self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=dtype, calibration=calibration)
+            self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=dtype, calibration=calibration,
+                                          quantize_from=self.quantize_from)
             self.backend = f"engine-{dtype}"
             return
+        if self.quantize_from == AUTO:
+            raise ValueError(f"quantize_from: 'auto' chooses by timing the GPU engine; without a GPU "
+                             f"({rn._C.device_unavailable_reason()}) name one of {QUANTIZE_FROM}")
         self.calibration = calibration
         self.state = load_weights(folder)
         self.backend = f"{dtype}-simulated"
@@ -283,7 +296,8 @@ class CIFAR10Classifier:
             from .quantization import simulate_logits
 
             stem = self.config["model"].get("stem", "cifar")
-            return simulate_logits(self.state, x, self.calibration, stem=stem).astype(np.float32)
+            return simulate_logits(self.state, x, self.calibration, stem=stem,
+                                   quantize_from=self.quantize_from).astype(np.float32)
         if self.session is not None:
             from .onnx_export import INPUT, OUTPUT
 

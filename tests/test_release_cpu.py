@@ -404,6 +404,22 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
             clf = CIFAR10Classifier(path, dtype="int8")
         assert clf.backend == "int8-simulated"
         np.testing.assert_allclose(clf.logits(images), want.astype(np.float32), rtol=0, atol=0)
+    # A float prefix: the stem, layer1 and layer2 in float, then 8-bit, as the engine and the simulation agree.
+    want = simulate_logits(load_weights(path), x, cal, quantize_from="layer3")
+    if rn.cuda_available():
+        clf = CIFAR10Classifier(path, dtype="int8", quantize_from="layer3")
+        assert clf.engine.quantize_from == "layer3"
+        assert np.linalg.norm(clf.logits(images) - want) <= 5e-2 * np.linalg.norm(want)
+    else:
+        with pytest.warns(RuntimeWarning, match="simulated"):
+            clf = CIFAR10Classifier(path, dtype="int8", quantize_from="layer3")
+        np.testing.assert_allclose(clf.logits(images), want.astype(np.float32), rtol=0, atol=0)
+        with pytest.raises(ValueError, match="'auto' chooses by timing the GPU engine"):
+            CIFAR10Classifier(path, dtype="int8", quantize_from="auto")
+    with pytest.raises(ValueError, match="quantize_from: only an int8 / fp8 classifier"):
+        CIFAR10Classifier(path, quantize_from="layer3")
+    with pytest.raises(ValueError, match="quantize_from: expected one of"):
+        CIFAR10Classifier(path, dtype="int8", quantize_from="layer9")
     with pytest.raises(FileNotFoundError, match="this release has no fp8 calibration; make one with"):
         CIFAR10Classifier(path, dtype="fp8")
     with pytest.raises(ValueError, match="dtype: expected one of 'int8', 'fp8', got 'int4'"):
@@ -448,8 +464,8 @@ def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_floa
                            data=data, calibration_images=3, holdout_images=3, calibrate_on="host")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU backends say they are slow
-        report = quant_accuracy.evaluate(path, data, ("int8",), limit=2)
-    assert report["images"] == 2 and set(report["results"]) == {"float", "int8"}
+        report = quant_accuracy.evaluate(path, data, ("int8",), limit=2, quantize_from=("stem", "layer3"))
+    assert report["images"] == 2 and set(report["results"]) == {"float", "int8", "int8@layer3"}
     int8 = report["results"]["int8"]
     assert 0.0 <= int8["agreement"] <= 1.0
     assert int8["gap_points"] == pytest.approx(100 * (report["results"]["float"]["accuracy"] - int8["accuracy"]))

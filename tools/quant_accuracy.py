@@ -1,13 +1,16 @@
 """Test accuracy of a release through its float engine and its int8 / FP8 engines: the calibration's cost in points.
 
     python tools/quant_accuracy.py --release cifar10_models/version_A --data .data/cifar10-jpeg.tar.xz
-                                   [--dtypes int8,fp8] [--limit N] [--engine-batch-sizes 256] [--json PATH]
+                                   [--dtypes int8,fp8] [--quantize-from stem,layer3] [--limit N]
+                                   [--engine-batch-sizes 256] [--json PATH]
 
 Every backend is CIFAR10Classifier(release, dtype=...) on the CIFAR-10 test set (the first --limit images):
 the release's own precision first (dtype=None), then each calibrated dtype the release carries
-(calibration_<dtype>.json, from `release --int8 / --fp8`). Reported per dtype: accuracy, the gap to the float
-engine in points, agreement of the predicted classes with it, and the backend that ran (a GPU engine, or the host
-simulation without one). The release's metrics.json has the calibration method each dtype kept.
+(calibration_<dtype>.json, from `release --int8 / --fp8`), once per --quantize-from (where the 8-bit part begins,
+as InferenceEngine takes it; rows other than 'stem' are named <dtype>@<quantize_from>). Reported per row:
+accuracy, the gap to the float engine in points, agreement of the predicted classes with it, and the backend that
+ran (a GPU engine, or the host simulation without one). The release's metrics.json has the calibration method
+each dtype kept.
 """
 
 from __future__ import annotations
@@ -20,16 +23,18 @@ import time
 import numpy as np
 
 
-def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,)) -> dict:
+def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,), quantize_from=("stem",)) -> dict:
     from resnet_native.classifier import CIFAR10Classifier
 
     images, labels = data.test_images, np.asarray(data.test_labels)
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     rows, reference = {}, None
-    for dtype in (None, *dtypes):
+    runs = [(None, "stem")] + [(dtype, q) for dtype in dtypes for q in quantize_from]
+    for dtype, where in runs:
+        name = "float" if dtype is None else dtype if where == "stem" else f"{dtype}@{where}"
         start = time.perf_counter()
-        clf = CIFAR10Classifier(release, dtype=dtype, engine_batch_sizes=engine_batch_sizes)
+        clf = CIFAR10Classifier(release, dtype=dtype, engine_batch_sizes=engine_batch_sizes, quantize_from=where)
         built = time.perf_counter()
         predicted = clf.predict(images)
         row = {"backend": clf.backend, "accuracy": float(np.mean(predicted == labels)),
@@ -39,8 +44,8 @@ def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,)) -> di
         else:
             row["gap_points"] = 100.0 * (reference[1] - row["accuracy"])
             row["agreement"] = float(np.mean(predicted == reference[0]))
-        rows[dtype or "float"] = row
-        print(f"{dtype or 'float':6s} {row['backend']:18s} accuracy {row['accuracy']:.4f}"
+        rows[name] = row
+        print(f"{name:13s} {row['backend']:18s} accuracy {row['accuracy']:.4f}"
               + (f"  gap {row['gap_points']:+.2f} points  agreement {row['agreement']:.4f}" if dtype else "")
               + f"  (built in {row['build_seconds']:.1f} s, predicted in {row['predict_seconds']:.1f} s)",
               flush=True)
@@ -52,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--release", required=True, help="a release folder (or version name)")
     p.add_argument("--data", required=True, help="a CIFAR-10 source (its test set is evaluated)")
     p.add_argument("--dtypes", default="int8,fp8", help="comma-separated calibrated dtypes to evaluate")
+    p.add_argument("--quantize-from", default="stem",
+                   help="comma-separated parts where the 8-bit engines begin (stem, layer1 .. layer4, auto)")
     p.add_argument("--limit", type=int, help="evaluate only the first N test images")
     p.add_argument("--engine-batch-sizes", default="256",
                    help="comma-separated batch sizes the GPU engines are built for (each is a per-layer search)")
@@ -61,7 +68,8 @@ def main(argv=None) -> int:
 
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     sizes = tuple(int(b) for b in args.engine_batch_sizes.split(",") if b)
-    report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit, sizes)
+    where = tuple(q for q in args.quantize_from.split(",") if q)
+    report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit, sizes, where)
     if args.json:
         from resnet_native.checkpoint import atomic_write_text
 
