@@ -9,7 +9,7 @@ Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs
   engine          InferenceEngine(model, batch_sizes=--batches): one CUDA graph per batch size, normalised input
   engine_uint8    the same engine fed uint8 pixels (the normalisation is its input stage)
   int8 / fp8      (--quant-dtypes) the quantised engine of the same weights, calibrated (max |x|) on 4 images,
-                  fed uint8 pixels (its only input); x_fp16 is the fp16 engine_uint8's time over its own.
+                  fed uint8 pixels; x_fp16 is the fp16 engine_uint8's time over its own.
                   --quantize-from: one engine per value (default 'stem': every conv quantised); a value other
                   than 'stem' names its rows engine_uint8_from_<value> (the stem and the stages before it in fp16,
                   quantize_from='auto': the fastest candidate, the candidates' times under "engines")

@@ -261,6 +261,7 @@ class CIFAR10Classifier:
 
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=dtype, calibration=calibration,
                                           quantize_from=self.quantize_from)
+            self.quantize_from = self.engine.quantize_from  # 'auto''s choice
             self.backend = f"engine-{dtype}"
             return
         if self.quantize_from == AUTO:

@@ -13,7 +13,8 @@ def numpy_as_cupy():
     for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
                  "float16", "float32", "float64", "uint8", "uint16"):
         setattr(fake, name, getattr(np, name))
-    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0)
+    done = types.SimpleNamespace(synchronize=lambda: None)  # an event: NumPy's work is done when queued
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0, record=lambda: done)
 
     class CUDARuntimeError(RuntimeError):
         pass

@@ -1,6 +1,6 @@
 """The AutoAugmented epochs' upload from the workers' page-locked buffers: each epoch on the GPU equals the serial
 reference, the buffers are registered while in use and unregistered after, and the workers never overwrite a slot
-whose copy has not finished."""
+whose copy has not finished (a copy held back behind a long kernel)."""
 
 import numpy as np
 import pytest
@@ -37,18 +37,47 @@ def test_every_epoch_arrives_whole_from_page_locked_buffers(rng):
                 dev_copy[...] = dev  # ordered after the upload on the same stream
                 got.append(dev_copy)
             cp.cuda.get_current_stream().synchronize()
-        assert [_memory_type(p) for p in slots] != [MEMORY_TYPE_HOST] * 2
+        assert all(_memory_type(p) != MEMORY_TYPE_HOST for p in slots)
     for epoch, dev in enumerate(got):
         want = aa.autoaugment_images(images, sample_autoaugment(3, epoch, len(images), crop_padding=4, flip=True))
         np.testing.assert_array_equal(cp.asnumpy(dev), want, err_msg=f"epoch {epoch}")
 
 
-def test_refused_page_locking_falls_back_to_the_synchronous_copy(rng, monkeypatch):
-    def refuse(*args):
-        raise cp.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
 
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_the_workers_never_overwrite_a_slot_whose_copy_is_still_queued(rng, monkeypatch, pinned):
+    """Epoch 0's copy waits behind a long kernel; upload(1) prefetches epoch 2 into slot 0. Without the wait for
+    epoch 0's copy, the workers would write epoch 2 into slot 0 before the copy reads it."""
+    if not pinned:
+        monkeypatch.setattr(cp.cuda.runtime, "hostRegister", _refuse)
+    images = rng.integers(0, 256, (1200, 32, 32, 3), dtype=np.uint8)
+    spin = cp.RawKernel(SPIN, "spin")
+    with aa.AutoAugmentWorkers(images, seed=4, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
+        assert upload.pinned == pinned
+        workers.prefetch(0)
+        spin((1,), (1,), (np.int64(10**9),))  # 0.5-1 s at 1-2 GHz: the workers fill a slot in well under that
+        first = upload(0, 4)
+        upload(1, 4)  # prefetch(2) into slot 0: must wait for epoch 0's copy first
+        cp.cuda.get_current_stream().synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(first), aa.autoaugment_images(images, sample_autoaugment(4, 0, 1200)))
+        workers.result(2)  # the pool finishes before the context closes
+
+
+def _refuse(*args):
+    raise cp.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+
+def test_refused_page_locking_falls_back_to_cupys_staged_copy(rng, monkeypatch):
     images = rng.integers(0, 256, (300, 32, 32, 3), dtype=np.uint8)
-    monkeypatch.setattr(cp.cuda.runtime, "hostRegister", refuse)
+    monkeypatch.setattr(cp.cuda.runtime, "hostRegister", _refuse)
     with aa.AutoAugmentWorkers(images, seed=1, workers=0) as workers, EpochUpload(workers) as upload:
         assert not upload.pinned
         for epoch in range(3):

@@ -466,6 +466,9 @@ def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_floa
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU backends say they are slow
         report = quant_accuracy.evaluate(path, data, ("int8",), limit=2, quantize_from=("stem", "layer3"))
     assert report["images"] == 2 and set(report["results"]) == {"float", "int8", "int8@layer3"}
+    assert report["results"]["int8@layer3"]["quantize_from"] == "layer3"
+    with pytest.raises(ValueError, match="--quantize-from: expected one of"):
+        quant_accuracy.main(["--release", str(path), "--data", "unused", "--quantize-from", "stem,layer9"])
     int8 = report["results"]["int8"]
     assert 0.0 <= int8["agreement"] <= 1.0
     assert int8["gap_points"] == pytest.approx(100 * (report["results"]["float"]["accuracy"] - int8["accuracy"]))

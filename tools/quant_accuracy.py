@@ -37,7 +37,8 @@ def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,), quant
         clf = CIFAR10Classifier(release, dtype=dtype, engine_batch_sizes=engine_batch_sizes, quantize_from=where)
         built = time.perf_counter()
         predicted = clf.predict(images)
-        row = {"backend": clf.backend, "accuracy": float(np.mean(predicted == labels)),
+        row = {"backend": clf.backend, "quantize_from": clf.quantize_from,
+               "accuracy": float(np.mean(predicted == labels)),
                "build_seconds": built - start, "predict_seconds": time.perf_counter() - built}
         if reference is None:
             reference = (predicted, row["accuracy"])
@@ -68,7 +69,10 @@ def main(argv=None) -> int:
 
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     sizes = tuple(int(b) for b in args.engine_batch_sizes.split(",") if b)
-    where = tuple(q for q in args.quantize_from.split(",") if q)
+    from resnet_native.names import choice
+    from resnet_native.quantization.prefix import AUTO, QUANTIZE_FROM
+
+    where = tuple(choice("--quantize-from", q, QUANTIZE_FROM + (AUTO,)) for q in args.quantize_from.split(",") if q)
     report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit, sizes, where)
     if args.json:
         from resnet_native.checkpoint import atomic_write_text

@@ -114,10 +114,12 @@ class InferenceEngine(contextlib.AbstractContextManager):
         (quantization/prefix.py): 'stem' (everything but the classifier quantised; the 'cifar' stem, uint8 image
         inputs only), 'layer1' ... 'layer4' (the stem and the earlier stages in fp16 as the fp16 engine runs
         them, then one quantise step; any input the fp16 engine takes), or 'auto': each candidate built and timed
-        at the largest batch size (forward_ms: graph replays, median), the fastest kept. engine.quantize_from is
-        the choice, engine.quantize_from_times {candidate: ms} what 'auto' measured (empty otherwise). 'stem' is
-        the default: the calibrations' measured accuracy is for it, and the choice does not depend on a timing
-        (on the H200 'auto' picks a late boundary, so the engine then runs mostly in fp16)."""
+        at the largest batch size, the fastest kept (forward_ms: graph replays, or eager runs with
+        cuda_graph=False; the input stage is not timed, and the chosen candidate's is the engine's, so 'auto'
+        takes float batches unless 'stem' wins). engine.quantize_from is the choice, engine.quantize_from_times
+        {candidate: ms} what 'auto' measured (empty otherwise). 'stem' is the default: the calibrations' measured
+        accuracy is for it, and the choice does not depend on a timing (on the H200 'auto' picks a late
+        boundary, so the engine then runs mostly in fp16)."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
@@ -148,9 +150,9 @@ class InferenceEngine(contextlib.AbstractContextManager):
             self._candidates = ((self.quantize_from,) if self.quantize_from != AUTO else
                                 tuple(q for q in quantize_from_choices(self.plan) if q != "stem" or
                                       self.plan.stem == "cifar"))
-            for candidate in self._candidates:  # a bad quantize_from or calibration fails here, before the GPU
-                self.plan = quantized_plan(self._calibration_plan, self.precision, candidate)
+            # A bad quantize_from or calibration fails here, before the GPU; _bind makes the chosen plan again.
             checked_scales(self._calibration_plan, self.calibration, self.precision)
+            self.plan = [quantized_plan(self._calibration_plan, self.precision, c) for c in self._candidates][0]
         elif calibration is not None:
             raise ValueError(f"calibration: only int8 / fp8 engines take one (dtype={self.precision!r})")
         elif self.quantize_from != "stem":
@@ -220,6 +222,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self._closed = True
         self._graphs = {}
         self._forwards, self._weights, self._arena, self._input = {}, {}, [], None
+        self._quantized, self._all_quantized, self._float_weights = {}, None, None
         if self._hold is not None:
             self._hold.release()
             self._hold = None
@@ -284,7 +287,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 self.quantize_from = min(self.quantize_from_times, key=self.quantize_from_times.get)
                 self.fused_paths = {}
             self._bind(state, self.quantize_from if self.quantized else "stem", self.batch_sizes)
-            self._all_quantized, self._float_weights = None, None  # the rejected candidates' operands go
+            self._all_quantized, self._float_weights = None, None  # the rejected candidates' operands go,
+            self._pool.free_all_blocks()  # and with them the prefix's 8-bit operands and 'auto''s buffers
             workspace = max(self._warm_up(b) for b in self.batch_sizes)
             reserve_workspace(workspace)
             if self.cuda_graph:

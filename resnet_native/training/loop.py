@@ -129,7 +129,7 @@ class Trainer:
             data = self._load_data()
         if primary:
             self.out.mkdir(parents=True, exist_ok=True)
-        with contextlib.ExitStack() as stack:  # closed in reverse: checkpoint writer, metrics log, workers
+        with contextlib.ExitStack() as stack:  # closed in reverse: writer, metrics log, upload, workers
             aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
             upload = stack.enter_context(EpochUpload(aa)) if aa is not None else None
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
