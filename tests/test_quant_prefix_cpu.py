@@ -72,7 +72,8 @@ def test_a_prefixed_plan_runs_fp16_then_quantises_once(problem, quantize_from):
     convs = quantized_convs(plan, state, calibration, "int8", np.asarray, quantize_from)
     assert set(convs) == {s.name for s in quantized_steps(plan, quantize_from)}
     assert "conv1" not in convs
-    q = boundary_quantize(plan, calibration, "int8", quantize_from, np.zeros(8, np.int8))
+    q = boundary_quantize(plan, calibration, "int8", quantize_from, 2, np.zeros)
+    assert q.zeros.dtype == np.int8 and q.zeros.size == 2 * np.prod(plan.values[boundary].shape) and not q.zeros.any()
     assert q.inv_scale == pytest.approx(1 / calibration.activation_scales[value_names(plan)[boundary]])
     assert residual_scratch_elements(plan, quantize_from) <= residual_scratch_elements(plan, "stem")
     buffers = plan_buffers(qplan)  # the new value's life is checked like any other's

@@ -44,14 +44,13 @@ from ..names import (
     ENGINES,
     LAYOUTS,
     PRECISIONS,
-    QUANT_ARRAY_DTYPES,
     QUANT_PRECISIONS,
     VALUE_DTYPES,
     choice,
     flag,
     whole_numbers,
 )
-from ..quantization.prefix import AUTO, QUANTIZE_FROM, boundary_value, quantize_from_choices
+from ..quantization.prefix import AUTO, QUANTIZE_FROM, quantize_from_choices
 from ..quantization.simulate import quantized_steps
 from .buffers import plan_buffers
 from .fold import conv_step_params
@@ -150,14 +149,14 @@ class InferenceEngine(contextlib.AbstractContextManager):
             self._candidates = ((self.quantize_from,) if self.quantize_from != AUTO else
                                 tuple(q for q in quantize_from_choices(self.plan) if q != "stem" or
                                       self.plan.stem == "cifar"))
-            # A bad quantize_from or calibration fails here, before the GPU; _bind makes the chosen plan again.
+            # A bad quantize_from or calibration fails here, before the GPU; _bind makes the chosen plan.
             checked_scales(self._calibration_plan, self.calibration, self.precision)
-            self.plan = [quantized_plan(self._calibration_plan, self.precision, c) for c in self._candidates][0]
+            for candidate in self._candidates:
+                quantized_plan(self._calibration_plan, self.precision, candidate)
         elif calibration is not None:
             raise ValueError(f"calibration: only int8 / fp8 engines take one (dtype={self.precision!r})")
         elif self.quantize_from != "stem":
             raise ValueError(f"quantize_from: only int8 / fp8 engines have an 8-bit part (dtype={self.precision!r})")
-        self.buffers = plan_buffers(self.plan)
         self.num_classes = self.plan.num_classes
         self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
         self.capture_error = None  # why capture was abandoned, if it was
@@ -314,10 +313,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
             self._quantized = {k: q for k, q in self._all_quantized.items() if k in suffix}
             quantize = next((s for s in self.plan.steps if s.kind == "quantize"), None)
             if quantize is not None:  # the float prefix's end (quantized.py: residual_requantize over zeros)
-                elements = int(np.prod(base.values[boundary_value(base, quantize_from)].shape)) * largest
-                zeros = cupy.zeros(elements, QUANT_ARRAY_DTYPES[self.precision])
                 self._quantized[quantize.name] = boundary_quantize(base, self.calibration, self.precision,
-                                                                   quantize_from, zeros)
+                                                                   quantize_from, largest, cupy.zeros)
         else:
             self._quantized = {}
         self.buffers = plan_buffers(self.plan)

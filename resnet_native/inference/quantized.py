@@ -155,11 +155,14 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
     return convs
 
 
-def boundary_quantize(plan, calibration: Calibration, dtype: str, quantize_from: str, zeros) -> BoundaryQuantize:
-    """The QuantizeStep's operands for `quantize_from`'s boundary (the calibration's `plan`), with `zeros` (flat,
-    8-bit, at least the boundary's elements per batch)."""
+def boundary_quantize(plan, calibration: Calibration, dtype: str, quantize_from: str, batch: int,
+                      zeros) -> BoundaryQuantize:
+    """The QuantizeStep's operands for `quantize_from`'s boundary (the calibration's `plan`), its zeros made by
+    `zeros(elements, dtype)` (cupy.zeros on the device) for the boundary's elements in `batch` samples."""
     boundary = boundary_value(plan, quantize_from)
-    return BoundaryQuantize(1.0 / checked_scales(plan, calibration, dtype, quantize_from)[boundary], zeros)
+    elements = int(np.prod(plan.values[boundary].shape)) * batch
+    return BoundaryQuantize(1.0 / checked_scales(plan, calibration, dtype, quantize_from)[boundary],
+                            zeros(elements, QUANT_ARRAY_DTYPES[dtype]))
 
 
 def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.ndarray:
