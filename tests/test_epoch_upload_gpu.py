@@ -7,6 +7,7 @@ import pytest
 
 from resnet_native.data import autoaugment as aa
 from resnet_native.data.autoaugment import sample_autoaugment
+from resnet_native.inference.tuning import _spin_kernel
 from resnet_native.training.epoch_upload import EpochUpload
 
 pytestmark = pytest.mark.gpu
@@ -43,15 +44,6 @@ def test_every_epoch_arrives_whole_from_page_locked_buffers(rng):
         np.testing.assert_array_equal(cp.asnumpy(dev), want, err_msg=f"epoch {epoch}")
 
 
-SPIN = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) {
-    }
-}
-"""
-
-
 @pytest.mark.parametrize("pinned", [True, False])
 def test_the_workers_never_overwrite_a_slot_whose_copy_is_still_queued(rng, monkeypatch, pinned):
     """Epoch 0's copy waits behind a long kernel; upload(1) prefetches epoch 2 into slot 0. Without the wait for
@@ -59,11 +51,11 @@ def test_the_workers_never_overwrite_a_slot_whose_copy_is_still_queued(rng, monk
     if not pinned:
         monkeypatch.setattr(cp.cuda.runtime, "hostRegister", _refuse)
     images = rng.integers(0, 256, (1200, 32, 32, 3), dtype=np.uint8)
-    spin = cp.RawKernel(SPIN, "spin")
+    spin = _spin_kernel()  # the inference timing's: holds the stream for a given number of nanoseconds
     with aa.AutoAugmentWorkers(images, seed=4, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
         assert upload.pinned == pinned
         workers.prefetch(0)
-        spin((1,), (1,), (np.int64(10**9),))  # 0.5-1 s at 1-2 GHz: the workers fill a slot in well under that
+        spin((1,), (1,), (np.int64(500_000_000),))  # 0.5 s: the workers fill a slot in well under that
         first = upload(0, 4)
         upload(1, 4)  # prefetch(2) into slot 0: must wait for epoch 0's copy first
         cp.cuda.get_current_stream().synchronize()
