@@ -90,13 +90,12 @@ class PoolStep:
 
 
 @dataclass(frozen=True)
-class CastStep:
-    """out = x converted to out's dtype (the pooled features to the classifier's fp32)."""
+class _OneValueStep:
+    """A step that reads one value x and writes out."""
 
     name: str
     x: int
     out: int
-    kind: str = field(default="cast", init=False)
 
     @property
     def inputs(self) -> tuple:
@@ -104,18 +103,18 @@ class CastStep:
 
 
 @dataclass(frozen=True)
-class QuantizeStep:
+class CastStep(_OneValueStep):
+    """out = x converted to out's dtype (the pooled features to the classifier's fp32)."""
+
+    kind: str = field(default="cast", init=False)
+
+
+@dataclass(frozen=True)
+class QuantizeStep(_OneValueStep):
     """out = x quantised to out's 8-bit dtype at the calibrated scale of x: where a quantised engine's float
     prefix ends (inference/quantized.py); x is fp16, out the same value in int8 / FP8 for the quantised suffix."""
 
-    name: str
-    x: int
-    out: int
     kind: str = field(default="quantize", init=False)
-
-    @property
-    def inputs(self) -> tuple:
-        return (self.x,)
 
 
 @dataclass
