@@ -117,8 +117,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         cuda_graph=False; the input stage is not timed, and the chosen candidate's is the engine's, so 'auto'
         takes float batches unless 'stem' wins). engine.quantize_from is the choice, engine.quantize_from_times
         {candidate: ms} what 'auto' measured (empty otherwise). 'stem' is the default: the calibrations' measured
-        accuracy is for it, and the choice does not depend on a timing (on the H200 'auto' picks a late
-        boundary, so the engine then runs mostly in fp16)."""
+        accuracy is for it, and the choice does not depend on a timing."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
