@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from resnet_native.data import cifar10
+from resnet_native.data import cifar10, image_decode
 from resnet_native.data.cifar10 import CLASSES, decode_source, detect_format, load_cifar10
 
 TRAIN_PER_CLASS, TEST_PER_CLASS = 3, 2
@@ -160,7 +160,7 @@ def test_jpeg_folder_and_tar_agree_with_pil(tmp_path, fake):
 def test_parallel_decode_matches_serial(tmp_path, fake, monkeypatch):
     folder = write_image_folder(tmp_path / "png", fake)
     serial = decode_source(folder, workers=1)
-    monkeypatch.setattr(cifar10, "_PARALLEL_MIN_IMAGES", 4)
+    monkeypatch.setattr(image_decode, "PARALLEL_MIN_IMAGES", 4)
     parallel = decode_source(folder, workers=2)
     np.testing.assert_array_equal(parallel.train_images, serial.train_images)
     np.testing.assert_array_equal(parallel.test_images, serial.test_images)

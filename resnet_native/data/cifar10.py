@@ -16,15 +16,15 @@ import pathlib
 import pickle
 import re
 import tarfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..checkpoint import NpzReader, atomic_write_bytes
+from . import tar_stream
+from .image_decode import IMAGE_SHAPE, DecodeQueue, image_extensions
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-IMAGE_SHAPE = (32, 32, 3)
 _RECORD_BYTES = 1 + 32 * 32 * 3  # binary version: one label byte, then the image in CHW order
 
 # Bump when the decoded arrays would change for the same source (invalidates every cache file).
@@ -32,8 +32,6 @@ _CACHE_FORMAT = 1
 _TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 _TEST_BATCH = "test_batch"
 _SPLITS = ("train", "test")
-# Below this many images a process pool costs more than it saves.
-_PARALLEL_MIN_IMAGES = 2000
 
 
 @dataclass(frozen=True)
@@ -192,51 +190,6 @@ def _read_batches(root: pathlib.Path, parse, suffix: str):
 # Image decoding
 
 
-def _image_extensions() -> frozenset:
-    from PIL import Image
-
-    Image.init()
-    return frozenset(ext.lower() for ext in Image.registered_extensions())
-
-
-def decode_image(source, name: str = "image") -> np.ndarray:
-    """An encoded image (bytes, or a path) -> uint8 (32, 32, 3) RGB; ValueError naming it when it is not 32x32."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else source) as im:
-        arr = np.asarray(im.convert("RGB"))
-    if arr.shape != IMAGE_SHAPE:
-        raise ValueError(f"{name}: expected a 32x32 image, got {arr.shape[1]}x{arr.shape[0]}")
-    return arr
-
-
-def _decode_chunk(items):
-    """Worker entry: [(source, name), ...] -> uint8 (n, 32, 32, 3)."""
-    out = np.empty((len(items), *IMAGE_SHAPE), np.uint8)
-    for i, (source, name) in enumerate(items):
-        out[i] = decode_image(source, name)
-    return out
-
-
-def decode_images(items, workers: int | None = None) -> np.ndarray:
-    """Decode [(bytes or path, name), ...] in order, with a process pool when there are many.
-
-    The pool forks (like PyTorch's DataLoader): workers only run numpy and PIL, never CUDA, so a CUDA context in
-    the parent is harmless, and unlike 'spawn'/'forkserver' nothing re-imports the caller's main module.
-    """
-    items = list(items)
-    if workers is None:
-        workers = min(os.cpu_count() or 1, 16)
-    if workers <= 1 or len(items) < _PARALLEL_MIN_IMAGES:
-        return _decode_chunk(items)
-    chunk = max(256, -(-len(items) // (workers * 4)))
-    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
-    import multiprocessing
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return np.concatenate(list(pool.map(_decode_chunk, chunks)))
-
-
 def _class_index(name: str, where: str) -> int:
     try:
         return CLASSES.index(name.lower())
@@ -244,67 +197,94 @@ def _class_index(name: str, where: str) -> int:
         raise ValueError(f"{where}: folder {name!r} is not a CIFAR-10 class (expected one of {CLASSES})") from None
 
 
-def _decode_listing(listing, workers):
-    """listing: {split: [(class_index, file_name, source), ...]} -> [(images, labels) for train, test].
+def _sorted_splits(listing, images: np.ndarray):
+    """listing: {split: [(class_index, file_name, index in images), ...]} -> [(images, labels) for train, test].
 
     Sorted by (class, file name): the same order whether the files come from a folder or a tar archive.
     """
-    items, counts = [], []
+    out = []
     for split in _SPLITS:
         entries = sorted(listing.get(split, []), key=lambda e: (e[0], e[1]))
-        items.append(entries)
-        counts.append(len(entries))
-    flat = [(e[2], f"{split}/{CLASSES[e[0]]}/{e[1]}") for split, entries in zip(_SPLITS, items, strict=True)
-            for e in entries]
-    images = decode_images(flat, workers)
-    out, start = [], 0
-    for entries, n in zip(items, counts, strict=True):
-        labels = np.array([e[0] for e in entries], dtype=np.int32)
-        out.append((images[start:start + n], labels))
-        start += n
+        order = np.array([e[2] for e in entries], dtype=np.int64)
+        out.append((images[order], np.array([e[0] for e in entries], dtype=np.int32)))
     return out
 
 
 def _read_folder(root: pathlib.Path, workers):
-    exts = _image_extensions()
+    exts = image_extensions()
     listing = {}
-    for split in _SPLITS:
-        split_dir = root / split
-        entries = []
-        for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            label = _class_index(class_dir.name, str(split_dir))
-            for f in class_dir.iterdir():
-                if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in exts:
-                    entries.append((label, f.name, str(f)))
-        listing[split] = entries
-    return _decode_listing(listing, workers)
+    with DecodeQueue(workers) as queue:
+        for split in _SPLITS:
+            split_dir = root / split
+            entries = []
+            for class_dir in sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                label = _class_index(class_dir.name, str(split_dir))
+                for f in class_dir.iterdir():
+                    if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in exts:
+                        entries.append((label, f.name, queue.add(str(f), f"{split}/{CLASSES[label]}/{f.name}")))
+            listing[split] = entries
+        return _sorted_splits(listing, queue.result())
 
 
 _BATCH_NAME = re.compile(r"^(data_batch_[1-5]|test_batch)(\.bin)?$")
 
 
-def _read_tar(path: pathlib.Path, workers):
-    """Streams the archive once (no extraction to disk): batches are parsed as they pass, images are kept encoded
-    and decoded afterwards in parallel."""
-    exts = _image_extensions()
-    batches = {}  # name -> parsed (images, labels)
-    listing = {split: [] for split in _SPLITS}
+def _suffix(base: str) -> str:
+    """PurePosixPath(base).suffix, lower-cased."""
+    dot = base.rfind(".")
+    return base[dot:].lower() if 0 < dot < len(base) - 1 else ""
+
+
+def _tar_regular_files(path: pathlib.Path):
+    """(name, bytes) of every regular file, by tarfile: the reader of the archives tar_stream does not model."""
     with tarfile.open(path, mode="r|*") as tar:
         for member in tar:
-            if not member.isfile():
-                continue
-            parts = pathlib.PurePosixPath(member.name).parts
-            base = parts[-1]
+            if member.isfile():
+                yield member.name, tar.extractfile(member).read()
+
+
+def _read_tar(path: pathlib.Path, workers):
+    """Streams the archive once (no extraction to disk): batches are parsed as they pass, images go to the decoding
+    workers as they pass."""
+    try:
+        return _read_tar_files(path, tar_stream.regular_files(path), workers)
+    except tar_stream.Unsupported:
+        return _read_tar_files(path, _tar_regular_files(path), workers)
+
+
+def _suffix(base: str) -> str:
+    """PurePosixPath(base).suffix, lower-cased."""
+    dot = base.rfind(".")
+    return base[dot:].lower() if 0 < dot < len(base) - 1 else ""
+
+
+def _tar_regular_files(path: pathlib.Path):
+    """(name, bytes) of every regular file, by tarfile: the reader of the archives tar_stream does not model."""
+    with tarfile.open(path, mode="r|*") as tar:
+        for member in tar:
+            if member.isfile():
+                yield member.name, tar.extractfile(member).read()
+
+
+def _read_tar_files(path: pathlib.Path, files, workers):
+    """[(images, labels) for train, test] of an archive's (name, bytes) files."""
+    exts = image_extensions()
+    batches = {}  # name -> parsed (images, labels)
+    listing = {split: [] for split in _SPLITS}
+    with DecodeQueue(workers) as queue:
+        for name, raw in files:
+            parts = [p for p in name.split("/") if p and p != "."]  # what PurePosixPath.parts gives, faster
+            base = parts[-1] if parts else "."
             if base.startswith("."):
                 continue
             m = _BATCH_NAME.match(base)
             if m:
-                raw = tar.extractfile(member).read()
                 parse = parse_binary_batch if m.group(2) else parse_python_batch
-                batches[base] = parse(raw, f"{path}:{member.name}")
-            elif len(parts) >= 3 and parts[-3] in _SPLITS and pathlib.PurePosixPath(base).suffix.lower() in exts:
+                batches[base] = parse(raw, f"{path}:{name}")
+            elif len(parts) >= 3 and parts[-3] in _SPLITS and _suffix(base) in exts:
                 label = _class_index(parts[-2], f"{path}:{'/'.join(parts[:-1])}")
-                listing[parts[-3]].append((label, base, tar.extractfile(member).read()))
+                listing[parts[-3]].append((label, base, queue.add(raw, name)))
+        images = queue.result()
     if batches:
         suffix = ".bin" if any(k.endswith(".bin") for k in batches) else ""
         split_arrays = []
@@ -316,7 +296,7 @@ def _read_tar(path: pathlib.Path, workers):
         return split_arrays
     if not listing["train"] and not listing["test"]:
         raise ValueError(f"{path}: archive holds neither CIFAR-10 batches nor train/<class>/* image folders")
-    return _decode_listing(listing, workers)
+    return _sorted_splits(listing, images)
 
 
 def decode_source(path, workers: int | None = None) -> CIFAR10Data:

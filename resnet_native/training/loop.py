@@ -191,6 +191,9 @@ class Trainer:
                         else:
                             writer.submit(self.out / "best.npz", snapshot)
                         algos.save()
+            t_finish = time.perf_counter()
+        # Closing waits for the last checkpoint's write and stops the AutoAugment workers and the metrics log.
+        spent.add("finish", time.perf_counter() - t_finish)
         if self.store is not None:  # every rank returns once rank 0's checkpoints are on disk
             self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model

@@ -19,7 +19,10 @@ class Stopwatch:
         try:
             yield
         finally:
-            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+            self.add(what, time.perf_counter() - t0)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.seconds[what] = self.seconds.get(what, 0.0) + seconds
 
     def totals(self, *, wall: float) -> dict:
         """{activity: s}, and the rest of the wall time as 'other' (start-up, metrics, waiting for the checkpoint
