@@ -12,7 +12,8 @@ Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs
                   fed uint8 pixels; x_fp16 is the fp16 engine_uint8's time over its own.
                   --quantize-from: one engine per value (default 'stem': every conv quantised); a value other
                   than 'stem' names its rows engine_uint8_from_<value> (the stem and the stages before it in fp16,
-                  quantize_from='auto': the fastest candidate, the candidates' times under "engines")
+                  quantize_from='auto': the fastest candidate, the candidates' times under "engines", with
+                  quantize_from_source 'cache' when --algo-cache already held the choice)
   eager           the model's eval-mode graph, model.forward(x)
   torch_eager     torchvision's resnet with the CIFAR stem (conv1 3x3/1 pad 1, maxpool = Identity), eval,
                   channels_last, converted to the dtype, cudnn.benchmark, under inference_mode
@@ -435,7 +436,8 @@ def main(argv=None) -> int:
             engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng,
                                                            quantize_from)
             engines[tag] = {"build_s": build_s, "calibrate_s": calibrate_s, "memory_mb": engine.memory_bytes / 2**20,
-                            "quantize_from": engine.quantize_from, "quantize_from_times": engine.quantize_from_times}
+                            "quantize_from": engine.quantize_from, "quantize_from_times": engine.quantize_from_times,
+                            "quantize_from_source": engine.quantize_from_source}
             for batch in args.batches:
                 if budget.exhausted():
                     skipped.append(f"{tag}:{batch}")

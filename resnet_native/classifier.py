@@ -192,10 +192,13 @@ class CIFAR10Classifier:
     the NumPy reference ops (a warning says which, once; clf.backend names it). model: use this
     network instead (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) ->
     logits and is fed normalised batches. dtype='int8' / 'fp8': the release's calibration, from quantize_from on
-    (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU)."""
+    (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU).
+    algorithm_cache: the engine's cache file (InferenceEngine's: the conv algorithm choices and 'auto''s choice, so
+    a classifier made again on the same GPU searches and times nothing); unused without a GPU."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
-                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, dtype=None, quantize_from="stem"):
+                 engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, dtype=None, quantize_from="stem",
+                 algorithm_cache=None):
         import resnet_native as rn
 
         from .names import choice
@@ -219,6 +222,7 @@ class CIFAR10Classifier:
         if dtype is None and self.quantize_from != "stem":
             raise ValueError(f"quantize_from: only an int8 / fp8 classifier has an 8-bit part (dtype=None), got "
                              f"{quantize_from!r}")
+        self.algorithm_cache = algorithm_cache
         if dtype is not None:
             self._use_calibration(folder, dtype, engine_batch_sizes)
         elif model is not None:
@@ -227,7 +231,7 @@ class CIFAR10Classifier:
             from .inference import InferenceEngine
 
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=self.precision,
-                                          layout=self.layout)
+                                          layout=self.layout, algorithm_cache=self.algorithm_cache)
             self.backend = "engine"
         else:
             from .onnx_export import INSTALL_HINT
@@ -260,7 +264,7 @@ class CIFAR10Classifier:
             from .inference import InferenceEngine
 
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, dtype=dtype, calibration=calibration,
-                                          quantize_from=self.quantize_from)
+                                          quantize_from=self.quantize_from, algorithm_cache=self.algorithm_cache)
             self.quantize_from = self.engine.quantize_from  # 'auto''s choice
             self.backend = f"engine-{dtype}"
             return

@@ -333,32 +333,12 @@ def _check_entry(entry, index: int, path="algorithm cache file") -> None:
                             else ""))
 
 
-def save_algorithm_cache(path) -> int:
-    """Write every cached choice to `path` (JSON, replaced atomically), headed by the GPU name and the cuDNN
-    version, the least recently used first; returns the number of entries written."""
-    gpu, cudnn, _ = _device_identity()
-    entries = []
-    for e in algorithm_cache_entries():
-        entries.append({k: e[k] for k in ("key", "engine", "mode", "algo", "algo_name", "math_type", "knobs",
-                                          "workspace", "time_ms", "fused_path")})
-    payload = {"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "gpu": gpu, "cudnn_version": cudnn,
-               "entries": entries}
-    atomic_write_text(path, json.dumps(payload, indent=1))
-    return len(entries)
+# What a save writes anew; any other top-level field is another module's section, kept by a save.
+_OWN_FIELDS = ("format", "version", "gpu", "cudnn_version", "entries")
 
 
-def load_algorithm_cache(path) -> int:
-    """Add the choices saved in `path` to the cache (replacing entries of the same problems) and return how many.
-
-    A file written on another GPU model or cuDNN version is ignored with a warning (returns 0): its timings say
-    nothing about this machine. Entries are re-keyed to the current device. A malformed file raises ValueError
-    and adds nothing.
-
-    Entries are inserted in the file's order (save_algorithm_cache writes the least recently used first), so they
-    become the most recently used and their order is restored; the count returned is what the file holds, but
-    the cache keeps at most algorithm_cache_capacity() entries: of a larger file, the last ones (the most recently
-    used when it was saved), and entries cached before the load are evicted first.
-    """
+def _read_cache_file(path) -> dict:
+    """The JSON object of a cache file, its format and version checked (ValueError naming the file)."""
     with open(os.fspath(path)) as f:
         try:
             payload = json.load(f)
@@ -369,11 +349,59 @@ def load_algorithm_cache(path) -> int:
     version = payload.get("version")
     if isinstance(version, bool) or version != _CACHE_VERSION:  # true == 1 in Python
         raise ValueError(f"algorithm cache file {path}: format version {version!r} is not supported")
+    return payload
+
+
+def _written_here(payload: dict) -> bool:
+    """Whether a cache file's header names this GPU model and cuDNN version: its timings hold here."""
+    gpu, cudnn, _ = _device_identity()
+    return payload.get("gpu") == gpu and payload.get("cudnn_version") == cudnn
+
+
+def _kept_sections(path) -> dict:
+    """The other modules' sections (inference/choice_cache.py) of the cache of this GPU and cuDNN at `path`, as
+    read; none from a missing, unreadable or foreign file, which a save replaces whole, as it always did."""
+    try:
+        payload = _read_cache_file(path)
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in payload.items() if k not in _OWN_FIELDS} if _written_here(payload) else {}
+
+
+def save_algorithm_cache(path) -> int:
+    """Write every cached choice to `path` (JSON, replaced atomically), headed by the GPU name and the cuDNN
+    version, the least recently used first; returns the number of entries written. When `path` already holds a
+    cache of this GPU and cuDNN, its other sections (an InferenceEngine's quantize_from='auto' choices) are
+    kept."""
+    gpu, cudnn, _ = _device_identity()
+    entries = []
+    for e in algorithm_cache_entries():
+        entries.append({k: e[k] for k in ("key", "engine", "mode", "algo", "algo_name", "math_type", "knobs",
+                                          "workspace", "time_ms", "fused_path")})
+    payload = {"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "gpu": gpu, "cudnn_version": cudnn,
+               "entries": entries, **_kept_sections(path)}
+    atomic_write_text(path, json.dumps(payload, indent=1))
+    return len(entries)
+
+
+def load_algorithm_cache(path) -> int:
+    """Add the choices saved in `path` to the cache (replacing entries of the same problems) and return how many.
+
+    A file written on another GPU model or cuDNN version is ignored with a warning (returns 0): its timings say
+    nothing about this machine. Entries are re-keyed to the current device. A malformed file raises ValueError
+    and adds nothing. Other sections are not read here (inference/choice_cache.py reads the engines' choices).
+
+    Entries are inserted in the file's order (save_algorithm_cache writes the least recently used first), so they
+    become the most recently used and their order is restored; the count returned is what the file holds, but
+    the cache keeps at most algorithm_cache_capacity() entries: of a larger file, the last ones (the most recently
+    used when it was saved), and entries cached before the load are evicted first.
+    """
+    payload = _read_cache_file(path)
     entries = payload.get("entries")
     if not isinstance(entries, list):
         raise ValueError(f"algorithm cache file {path}: 'entries' is not a list")
     gpu, cudnn, device = _device_identity()
-    if payload.get("gpu") != gpu or payload.get("cudnn_version") != cudnn:
+    if not _written_here(payload):
         warnings.warn(
             f"algorithm cache {path} ignored: it was written on {payload.get('gpu')!r} with cuDNN "
             f"{payload.get('cudnn_version')!r}, this is {gpu!r} with cuDNN {cudnn}",

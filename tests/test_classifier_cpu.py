@@ -145,6 +145,33 @@ def test_models_dir_from_environment(release_dir, monkeypatch):
     assert CIFAR10Classifier("A", model=StubNet()).version_dir == release_dir
 
 
+@pytest.mark.parametrize("dtype", [None, "int8"])
+def test_on_a_gpu_the_engine_gets_the_algorithm_cache(release_dir, tmp_path, monkeypatch, dtype):
+    """The engine keeps its conv algorithms and quantize_from='auto''s choice in that file (InferenceEngine)."""
+    import resnet_native.inference
+    import resnet_native.inference.source
+
+    built = []
+
+    class FakeEngine:
+        def __init__(self, folder, **kwargs):
+            built.append(kwargs)
+            self.quantize_from = "layer2" if kwargs.get("quantize_from") == "auto" else kwargs.get("quantize_from")
+
+    monkeypatch.setattr(rn, "cuda_available", lambda: True)
+    monkeypatch.setattr(resnet_native.inference, "InferenceEngine", FakeEngine)
+    monkeypatch.setattr(resnet_native.inference.source, "release_calibration", lambda *a: "calibration")
+    path = tmp_path / "algos.json"
+    extra = {} if dtype is None else {"dtype": dtype, "quantize_from": "auto"}
+    clf = CIFAR10Classifier(release_dir, algorithm_cache=path, **extra)
+    assert built[-1]["algorithm_cache"] == path and clf.algorithm_cache == path
+    assert clf.backend == ("engine" if dtype is None else "engine-int8")
+    if dtype is not None:
+        assert clf.quantize_from == "layer2" and built[-1]["calibration"] == "calibration"
+    CIFAR10Classifier(release_dir, **extra)
+    assert built[-1]["algorithm_cache"] is None
+
+
 def test_serving_does_not_import_the_trainer(tmp_path):
     from conftest import run_child
 

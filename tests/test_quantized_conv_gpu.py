@@ -235,3 +235,41 @@ def test_auto_keeps_the_fastest_candidate_and_records_every_time(rng):
         got = engine(cp.asarray(pixels)).get().astype(np.float64)
     want = simulate_logits(state, images, calibration, quantize_from=engine.quantize_from)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 5e-2
+
+
+def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
+    """A second engine of the same problem with the same cache file takes the stored choice and times nothing
+    (forward_ms would fail), and computes what the first did: same plan, same algorithms from the cache. An engine
+    of another problem (cuda_graph=False) in the same file times again and keeps the first's choice."""
+    import resnet_native.inference.engine as engine_module
+    from resnet_native.inference import InferenceEngine, choice_cache
+
+    model, _, pixels, _, calibration = _prefix_problem(rng)
+    path = tmp_path / "algos.json"
+    kwargs = dict(dtype="int8", calibration=calibration, quantize_from="auto", algorithm_cache=path)
+    with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as first:
+        assert first.quantize_from_source == "timed" and "auto, timed" in repr(first)
+        chosen, times = first.quantize_from, dict(first.quantize_from_times)
+        want = first(cp.asarray(pixels)).get().astype(np.float64)
+    stored = choice_cache.load_choices(path)
+    (key,) = stored
+    assert " dtype=int8 batch=4 cuda_graph=1 " in key
+    assert stored[key] == {"quantize_from": chosen, "times_ms": times}
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("InferenceEngine: a stored 'auto' choice was timed again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "forward_ms", no_timing)
+        with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as second:
+            print(second)
+            assert second.quantize_from_source == "cache" and "auto, cache" in repr(second)
+            assert second.quantize_from == chosen and second.quantize_from_times == times
+            got = second(cp.asarray(pixels)).get().astype(np.float64)
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"auto from the cache vs timed: {err:.2e}")
+    assert err <= 1e-3, err
+    with InferenceEngine(model, batch_sizes=(4,), cuda_graph=False, **kwargs) as eager:
+        assert eager.quantize_from_source == "timed"
+    choices = choice_cache.load_choices(path)
+    assert len(choices) == 2 and choices[key] == stored[key]

@@ -13,7 +13,9 @@ What building an engine does, once:
     reserved for the largest need and each forward is captured in a CUDA graph (resnet_native/cuda_graph.py) on a
     fresh stream, allocating from the engine's pool.
 With algorithm_cache=path the cache file is loaded first (when it exists) and saved after building, so a restart
-on the same GPU and cuDNN neither searches nor times again.
+on the same GPU and cuDNN neither searches nor times again; quantize_from='auto''s choice is kept in the same file
+(choice_cache.py), so the next engine of the same network structure, dtype, largest batch size and cuda_graph
+setting there reuses it without timing the candidates.
 
 What a call does: check the batch (input_stage.py), copy / cast / normalise it into the static input buffer,
 replay the graph of the smallest captured batch size that holds it (larger batches are split into chunks of the
@@ -52,6 +54,7 @@ from ..names import (
 )
 from ..quantization.prefix import AUTO, QUANTIZE_FROM, quantize_from_choices
 from ..quantization.simulate import quantized_steps
+from . import choice_cache
 from .buffers import plan_buffers
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage, as_device_array
@@ -106,7 +109,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         size runs in chunks (False: ValueError). cuda_graph=False runs the same steps eagerly (debugging).
         conv_engine / deterministic: the ConvSpec fields of every convolution. tune_fusion=False skips the
         fused-or-unfused timing (undecided keys stay fused where cuDNN accepts it; decided ones keep their
-        choice). algorithm_cache: a cache file path.
+        choice). algorithm_cache: a cache file path (conv.save_algorithm_cache's), for the conv algorithm choices
+        and 'auto''s choice.
 
         dtype='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
         for a release, its calibration_<dtype>.json when None); NHWC. quantize_from: where the 8-bit part begins
@@ -116,8 +120,13 @@ class InferenceEngine(contextlib.AbstractContextManager):
         at the largest batch size, the fastest kept (forward_ms: graph replays, or eager runs with
         cuda_graph=False; the input stage is not timed, and the chosen candidate's is the engine's, so 'auto'
         takes float batches unless 'stem' wins). engine.quantize_from is the choice, engine.quantize_from_times
-        {candidate: ms} what 'auto' measured (empty otherwise). 'stem' is the default: the calibrations' measured
-        accuracy is for it, and the choice does not depend on a timing."""
+        {candidate: ms} what 'auto' measured (empty otherwise). With algorithm_cache, 'auto' first looks its
+        problem up in the file (choice_cache.choice_key: the plan's structure, dtype, largest batch size, image
+        size, cuda_graph, conv_engine, deterministic, tune_fusion, the candidates; the file's GPU model and cuDNN
+        version) and times only on a miss, storing the choice there after building. engine.quantize_from_source
+        says which: 'timed', 'cache' (quantize_from_times then holds the stored times), or None without 'auto'.
+        'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
+        timing."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
@@ -141,6 +150,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self.calibration = None
         self.quantize_from = choice("quantize_from", quantize_from, QUANTIZE_FROM + (AUTO,))
         self.quantize_from_times = {}  # candidate -> median ms at the largest batch size ('auto' only)
+        self.quantize_from_source = None  # 'auto': 'timed', or 'cache' (the algorithm_cache file's choice)
         self._calibration_plan = self.plan  # the fp32 plan whose value names the calibration's scales are keyed by
         if self.quantized:
             self.calibration = (calibration if calibration is not None
@@ -240,7 +250,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         quantized = ""
         if self.quantized:
             times = ", ".join(f"{q}: {ms:.3f} ms" for q, ms in self.quantize_from_times.items())
-            quantized = f", quantize_from={self.quantize_from!r}" + (f" (auto: {times})" if times else "")
+            auto = f" (auto, {self.quantize_from_source}: {times})" if self.quantize_from_source else ""
+            quantized = f", quantize_from={self.quantize_from!r}{auto}"
         return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, dtype={self.precision!r}"
                 f"{quantized}, layout={self.layout!r}, graphs={self.num_graphs})")
 
@@ -264,26 +275,25 @@ class InferenceEngine(contextlib.AbstractContextManager):
 
         self._device = cupy.cuda.runtime.getDevice()
         self._pool = cupy.cuda.MemoryPool()
-        largest = self.batch_sizes[-1]
+        # Keyed by what was asked for (a failed capture turns cuda_graph off after the timing).
+        key = None if self.quantize_from != AUTO else choice_cache.choice_key(
+            self._calibration_plan, dtype=self.precision, batch=self.batch_sizes[-1], cuda_graph=self.cuda_graph,
+            candidates=self._candidates, conv_engine=self.conv_engine, deterministic=self.deterministic,
+            tune_fusion=self.tune_fusion)
         with cupy.cuda.using_allocator(self._pool.malloc):
             # Every step's quantised operands once ('stem''s are every quantize_from's): candidates share them.
             self._all_quantized = {} if not self.quantized else quantized_convs(
                 self._calibration_plan, state, self.calibration, self.precision, cupy.asarray)
             self._float_weights = {}  # (step name, precision) -> device (weight, bias), shared by the candidates
+            stored = {}
             if self.algorithm_cache is not None and os.path.exists(self.algorithm_cache):
+                # The choices first: a malformed section raises before the conv entries are added.
+                stored = choice_cache.load_choices(self.algorithm_cache)
                 conv.load_algorithm_cache(self.algorithm_cache)
             from .. import reserve_workspace  # here: the package imports this module while it initialises
 
-            if self.quantize_from == AUTO:
-                for candidate in self._candidates:
-                    self._bind(state, candidate, (largest,))
-                    reserve_workspace(self._warm_up(largest))
-                    cupy.cuda.get_current_stream().synchronize()
-                    self.quantize_from_times[candidate] = forward_ms(self._forwards[largest], self._pool,
-                                                                     self.cuda_graph)
-                    self._forwards, self._arena = {}, []  # the next candidate's buffers reuse the memory
-                self.quantize_from = min(self.quantize_from_times, key=self.quantize_from_times.get)
-                self.fused_paths = {}
+            if key is not None:
+                self._choose_quantize_from(state, stored.get(key))
             self._bind(state, self.quantize_from if self.quantized else "stem", self.batch_sizes)
             self._all_quantized, self._float_weights = None, None  # the rejected candidates' operands go,
             self._pool.free_all_blocks()  # and with them the prefix's 8-bit operands and 'auto''s buffers
@@ -293,9 +303,33 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 self._capture_all()
         cupy.cuda.get_current_stream().synchronize()
         if self.algorithm_cache is not None:
-            conv.save_algorithm_cache(self.algorithm_cache)
+            conv.save_algorithm_cache(self.algorithm_cache)  # keeps the file's choices (this machine's)
+            if self.quantize_from_source == "timed":
+                choice_cache.store_choice(self.algorithm_cache, key, self.quantize_from, self.quantize_from_times)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
+
+    def _choose_quantize_from(self, state: dict, stored) -> None:
+        """'auto': the stored choice of this problem, else each candidate bound at the largest batch size and
+        timed, the fastest kept."""
+        import cupy
+
+        from .. import reserve_workspace
+
+        if stored is not None:
+            self.quantize_from, self.quantize_from_times = stored["quantize_from"], dict(stored["times_ms"])
+            self.quantize_from_source = "cache"
+            return
+        largest = self.batch_sizes[-1]
+        for candidate in self._candidates:
+            self._bind(state, candidate, (largest,))
+            reserve_workspace(self._warm_up(largest))
+            cupy.cuda.get_current_stream().synchronize()
+            self.quantize_from_times[candidate] = forward_ms(self._forwards[largest], self._pool, self.cuda_graph)
+            self._forwards, self._arena = {}, []  # the next candidate's buffers reuse the memory
+        self.quantize_from = min(self.quantize_from_times, key=self.quantize_from_times.get)
+        self.quantize_from_source = "timed"
+        self.fused_paths = {}
 
     def _bind(self, state: dict, quantize_from: str, batch_sizes: tuple) -> None:
         """The plan of `quantize_from` (quantised engines) with its operands, buffers, input stage and one Forward

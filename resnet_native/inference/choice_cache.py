@@ -1,0 +1,124 @@
+"""InferenceEngine(quantize_from='auto')'s choice, kept in the algorithm cache file beside the conv choices.
+
+Timing every candidate prefix costs a build per candidate; the result depends only on the problem, so an engine
+built with algorithm_cache=PATH stores it there and the next engine of the same problem on the same machine reuses
+it without timing anything. The problem is the key (choice_key): the network's structure (plan_fingerprint: every
+step and value shape of the calibration plan, not the weight values, which do not change the timing), the image
+size, the 8-bit dtype, the largest batch size (where the candidates are timed), cuda_graph, the ConvSpec fields
+and fusion tuning the float prefix runs with, and the candidate set. The machine is the file's header: the GPU
+model and cuDNN version, checked as for the conv entries (a choice timed elsewhere is not used).
+
+The choices live in the file only, in its "engine_choices" section ({key: {"quantize_from", "times_ms"}}), not in
+an in-process registry: the engine reads the section when it starts building and adds its choice to the file after
+(read, merge, atomic write), and conv.save_algorithm_cache carries every section it does not own over from a file
+of the same machine. So no save, this engine's or a conv-only one elsewhere, drops a choice it did not make, and
+there is no second copy in memory to keep in step with the file. There is no lock: two processes storing at the
+same instant may lose one's choice, which then costs one timing on its next build. Files without the section
+(older ones) load as before; older versions read past the section (and their saves drop it). Nothing in the file
+is executed; a malformed section is a ValueError naming the file and what was expected, raised before anything
+from the file is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+
+from .. import conv
+from ..checkpoint import atomic_write_text
+from ..quantization.prefix import QUANTIZE_FROM
+
+SECTION = "engine_choices"
+KIND = "quantize_from.v1"  # a key's first token: what is chosen, and how the key is spelled
+
+
+def plan_fingerprint(plan) -> str:
+    """16 hex digits of a SHA-256 over the plan's structure: stem, precision, classes, every value's shape and
+    dtype and every step's fields (kinds, geometry, state_dict names); the same for any weights of one
+    architecture."""
+    structure = {"stem": plan.stem, "precision": plan.precision, "num_classes": plan.num_classes,
+                 "input": plan.input, "values": [dataclasses.asdict(v) for v in plan.values],
+                 "steps": [dataclasses.asdict(s) for s in plan.steps]}
+    return hashlib.sha256(json.dumps(structure, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def choice_key(plan, *, dtype: str, batch: int, cuda_graph: bool, candidates, conv_engine: str,
+               deterministic: bool, tune_fusion: bool) -> str:
+    """The readable key of a quantize_from='auto' problem: `plan` the calibration (fp32) plan, `batch` the largest
+    batch size."""
+    _, height, width = plan.values[plan.input].shape
+    fields = {"plan": plan_fingerprint(plan), "stem": plan.stem, "image": f"{height}x{width}",
+              "classes": plan.num_classes, "convs": len(plan.conv_steps()), "dtype": dtype, "batch": int(batch),
+              "cuda_graph": int(bool(cuda_graph)), "conv_engine": conv_engine, "det": int(bool(deterministic)),
+              "tune_fusion": int(bool(tune_fusion)), "candidates": ",".join(candidates)}
+    return " ".join([KIND] + [f"{k}={v}" for k, v in fields.items()])
+
+
+def _key_candidates(key, where: str) -> tuple:
+    """The candidates a key names; ValueError for a key choice_key cannot have written."""
+    tokens = key.split(" ") if isinstance(key, str) else []
+    fields = dict(t.split("=", 1) for t in tokens[1:] if "=" in t)
+    names = tuple(fields.get("candidates", "").split(","))
+    if (not tokens or tokens[0] != KIND or len(fields) != len(tokens) - 1 or "plan" not in fields
+            or not set(names) <= set(QUANTIZE_FROM) or len(set(names)) != len(names)):
+        raise ValueError(f"{where}: key {key!r} is not a {KIND} key ('{KIND} plan=... candidates=stem,layer1,...')")
+    return names
+
+
+def check_choices(section, path) -> dict:
+    """The choices of a file's section as {key: {"quantize_from": str, "times_ms": {candidate: ms}}}; ValueError
+    naming the file, the key and what was expected for anything choice_key / store_choice cannot have written."""
+    where = f"algorithm cache file {path}: {SECTION!r}"
+    if not isinstance(section, dict):
+        raise ValueError(f"{where} is not an object of {{key: choice}}")
+    choices = {}
+    for key, record in section.items():
+        candidates = _key_candidates(key, where)
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: {key!r} is not an object with 'quantize_from' and 'times_ms'")
+        chosen, times = record.get("quantize_from"), record.get("times_ms")
+        if chosen not in candidates:
+            raise ValueError(f"{where}: {key!r}: 'quantize_from' {chosen!r} is not one of its candidates "
+                             f"{', '.join(candidates)}")
+        if not isinstance(times, dict) or set(times) != set(candidates):
+            raise ValueError(f"{where}: {key!r}: 'times_ms' is not an object of one time per candidate "
+                             f"({', '.join(candidates)})")
+        for name, ms in times.items():
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 < ms < math.inf:
+                raise ValueError(f"{where}: {key!r}: 'times_ms' of {name!r} ({ms!r}) is not a positive duration")
+        choices[key] = {"quantize_from": chosen, "times_ms": {name: float(times[name]) for name in candidates}}
+    return choices
+
+
+def load_choices(path) -> dict:
+    """The choices stored in the cache file at `path` (check_choices' dict): none when it is missing, has no
+    section, or was written on another GPU model or cuDNN version (conv.load_algorithm_cache warns about that).
+    ValueError for a file that is no algorithm cache or a malformed section."""
+    if not os.path.exists(path):
+        return {}
+    payload = conv._read_cache_file(path)
+    if not conv._written_here(payload):
+        return {}
+    return check_choices(payload.get(SECTION, {}), path)
+
+
+def store_choice(path, key: str, quantize_from: str, times_ms: dict) -> bool:
+    """Add (or replace) one choice in the cache file at `path`, which conv.save_algorithm_cache has written,
+    keeping everything else it holds; atomic. False, writing nothing, when the file is missing or another
+    machine's (replaced since this process saved it)."""
+    record = {"quantize_from": quantize_from, "times_ms": {name: float(ms) for name, ms in times_ms.items()}}
+    check_choices({key: record}, path)  # what is written is what a load accepts
+    if not os.path.exists(path):
+        return False
+    payload = conv._read_cache_file(path)
+    if not conv._written_here(payload):
+        return False
+    payload[SECTION] = {**check_choices(payload.get(SECTION, {}), path), key: record}
+    atomic_write_text(path, json.dumps(payload, indent=1))
+    return True
+
+
+__all__ = ["SECTION", "check_choices", "choice_key", "load_choices", "plan_fingerprint", "store_choice"]
