@@ -133,12 +133,21 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"CIFAR-10 batch: refusing to load {module}.{name}")
+        raise _Refused(f"CIFAR-10 batch: refusing to load {module}.{name}")
+
+
+class _Refused(pickle.UnpicklingError):
+    """A pickle that names a global outside the allowed ones."""
 
 
 def parse_python_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.ndarray]:
     """One pickled batch of the python version -> (uint8 (N,32,32,3), int32 (N,))."""
-    d = _ArrayOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    try:
+        d = _ArrayOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except _Refused:
+        raise
+    except Exception as e:  # garbage makes the unpickler raise any of a dozen types
+        raise ValueError(f"{name}: not a pickled CIFAR-10 batch ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{name}: expected a pickled dict, got {type(d).__name__}")
     d = {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}

@@ -63,6 +63,7 @@ from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
+from .warm_start import load_while_priming
 
 STATE_FORMAT = "resnet_native.train/1"
 ALGOS_FILE = "algos.json"  # the conv algorithm cache, next to the checkpoints
@@ -125,8 +126,8 @@ class Trainer:
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
         spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
-        with spent("data"):
-            data = self._load_data()
+        prime = state is None and self.algorithms is None and self.world.world_size == 1
+        data = self._load_data(spent, prime)
         if primary:
             self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: writer, metrics log, upload, workers
@@ -220,20 +221,27 @@ class Trainer:
                              "needs the same settings")
         return state
 
-    def _load_data(self) -> CIFAR10Data:
+    def _load_data(self, spent: Stopwatch, prime: bool) -> CIFAR10Data:
         """The training set (the configured subset of it) and the test set, their labels checked once, on the host,
-        before any worker forks: on the GPU an out-of-range label would only skew loss and accuracy."""
+        before any worker forks: on the GPU an out-of-range label would only skew loss and accuracy. prime: when
+        the source has to be decoded, do the first steps' searches meanwhile (warm_start.py)."""
         if self.data is None:
-            from ..data.cifar10 import load_cifar10
+            if prime:
+                self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent)
+            else:
+                from ..data.cifar10 import load_cifar10
 
-            self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
-        d = self.data
-        check_labels(d.train_labels, NUM_CLASSES, "train labels")
-        check_labels(d.test_labels, NUM_CLASSES, "test labels")
-        idx = subset_indices(len(d.train_labels), self.cfg.subset, self.cfg.seed)
-        if len(idx) < self.cfg.batch_size:
-            raise ValueError(f"batch_size: {self.cfg.batch_size} is larger than the {len(idx)} training images")
-        return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels, source=d.source)
+                with spent("data"):
+                    self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
+        with spent("data"):
+            d = self.data
+            check_labels(d.train_labels, NUM_CLASSES, "train labels")
+            check_labels(d.test_labels, NUM_CLASSES, "test labels")
+            idx = subset_indices(len(d.train_labels), self.cfg.subset, self.cfg.seed)
+            if len(idx) < self.cfg.batch_size:
+                raise ValueError(f"batch_size: {self.cfg.batch_size} is larger than the {len(idx)} training images")
+            return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels,
+                               source=d.source)
 
     def _train_epoch(self, parts: _Parts, epoch: int, images) -> tuple[float, float, float]:
         """One epoch of training steps: (mean loss, accuracy, seconds)."""

@@ -1,0 +1,87 @@
+"""A fresh machine's two slow starts, run side by side: decoding the CIFAR-10 source and the first steps' searches.
+
+On a machine that has never run the recipe, the data stage decodes 60,000 JPEGs (CPU bound), and the first epoch
+runs a cuDNN algorithm search for every convolution of every batch shape and compiles cupy's kernels (GPU and
+driver bound). Neither needs the other. So while a child process decodes the source into the data cache, this
+process trains one step per batch shape, and evaluates one batch per evaluation shape, with a throwaway copy of
+the run's model on zeros. The searches' choices and the compiled kernels are per process, not per model, so the
+run's own first steps find them there. The run's model, optimizer and data never meet the throwaway: what the run
+computes is unchanged, only where its first seconds go ("warm-up", beside "data", in the summary's seconds).
+
+The child writes the decoded arrays to the data cache (load_cifar10's .npz, written atomically) and this process
+reads them from there. When the child fails, or the cache cannot be written, the parent's load decodes the source
+itself, with the error it raises then.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+from .config import TrainConfig
+
+TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
+
+
+def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
+    """load_cifar10(data_path, cache_dir=cache_dir), with the run's first-step searches done meanwhile when the
+    source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data")."""
+    from ..data.cifar10 import cache_path_for, default_data_path, load_cifar10
+
+    path = data_path if data_path is not None else default_data_path()
+    if path is None or cache_path_for(path, cache_dir) is not None:
+        with spent("data"):
+            return load_cifar10(data_path, cache_dir=cache_dir)
+    # The child runs only lzma, NumPy and Pillow, never CUDA (as the decoding pool's workers do).
+    child = multiprocessing.get_context("fork").Process(target=_decode_into_cache, args=(path, cache_dir),
+                                                        name="cifar10-decode", daemon=True)
+    child.start()
+    try:
+        with spent("warm-up"):
+            prime_first_steps(cfg)
+    finally:  # never killed: an interrupted cache write would leave its temporary file behind
+        with spent("data"):
+            child.join()
+    with spent("data"):
+        return load_cifar10(path, cache_dir=cache_dir)
+
+
+def _decode_into_cache(path, cache_dir) -> None:
+    from ..data.cifar10 import load_cifar10
+
+    try:
+        load_cifar10(path, cache_dir=cache_dir)
+    except BaseException:  # the parent's own load decodes again and raises the error where it is handled
+        pass
+
+
+def batch_shapes(n: int, batch_size: int) -> tuple:
+    """The batch sizes of an epoch of n images: full batches, and the remainder."""
+    return tuple(b for b in (min(batch_size, n), n % batch_size if n > batch_size else 0) if b)
+
+
+def prime_first_steps(cfg: TrainConfig) -> None:
+    """One eager training step per training batch shape and one forward per evaluation batch shape, with a
+    throwaway model of cfg on zeros; everything it allocated is freed on return."""
+    import cupy
+
+    from ..data.augment import storage_dtype
+    from ..step import TrainStep
+    from .builders import build_model, build_optimizer, build_scaler
+
+    model = build_model(cfg)
+    step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
+                     scaler=build_scaler(cfg), cuda_graph=False)
+    n_train = TRAIN_IMAGES if cfg.subset is None else min(cfg.subset, TRAIN_IMAGES)
+    dtype = storage_dtype(cfg.precision)
+
+    def zeros(b):
+        return cupy.zeros((b, 32, 32, 3) if cfg.layout == "NHWC" else (b, 3, 32, 32), dtype=dtype)
+
+    for b in batch_shapes(n_train, cfg.batch_size):
+        step.run(zeros(b), cupy.zeros((b,), dtype=cupy.int32))
+    model.eval()
+    for b in batch_shapes(TEST_IMAGES, cfg.eval_batch_size):
+        model.forward(zeros(b), train=False, copy=False)
+    cupy.cuda.get_current_stream().synchronize()
+    del step, model
+    cupy.get_default_memory_pool().free_all_blocks()

@@ -1,0 +1,73 @@
+"""warm_start.load_while_priming: the source decoded by a child into the data cache while the first steps are
+primed here, the same arrays as a plain load, a cached source loaded without either, and a bad source's error
+raised by the parent's own load."""
+
+import numpy as np
+import pytest
+from test_data_formats import assert_same, fake_arrays, write_python_batches
+
+from resnet_native.data import cifar10
+from resnet_native.training import warm_start
+from resnet_native.training.config import TrainConfig, load_recipe
+from resnet_native.training.stopwatch import Stopwatch
+
+
+@pytest.fixture
+def primed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(warm_start, "prime_first_steps", lambda cfg: calls.append(cfg))
+    return calls
+
+
+def config():
+    return TrainConfig.from_dict(load_recipe("B"))
+
+
+def test_a_fresh_source_is_decoded_by_a_child_while_the_steps_are_primed(tmp_path, primed):
+    fake = fake_arrays(np.random.default_rng(0))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    spent = Stopwatch()
+    data = warm_start.load_while_priming(config(), source, cache, spent)
+    assert_same(data, fake)
+    assert len(primed) == 1
+    assert cifar10.cache_path_for(source, cache) is not None  # the child's cache, which the parent read
+    assert set(spent.seconds) == {"warm-up", "data"}
+    # Cached now: loaded at once, nothing primed.
+    spent = Stopwatch()
+    assert_same(warm_start.load_while_priming(config(), source, cache, spent), fake)
+    assert len(primed) == 1 and set(spent.seconds) == {"data"}
+
+
+def test_a_bad_source_raises_the_parents_own_error(tmp_path, primed):
+    source = tmp_path / "cifar-10-batches-py"
+    source.mkdir()
+    (source / "data_batch_1").write_bytes(b"not a pickle")
+    (source / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="data_batch_1"):
+        warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
+    assert len(primed) == 1
+
+
+def test_a_priming_error_waits_for_the_child_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    fake = fake_arrays(np.random.default_rng(1))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def fail(cfg):
+        raise RuntimeError("priming failed")
+
+    monkeypatch.setattr(warm_start, "prime_first_steps", fail)
+    with pytest.raises(RuntimeError, match="priming failed"):
+        warm_start.load_while_priming(config(), source, cache, Stopwatch())
+    assert [p.name for p in cache.iterdir() if p.name.endswith(".tmp")] == []
+    assert cifar10.cache_path_for(source, cache) is not None
+
+
+@pytest.mark.parametrize("n, batch, expected", [(50_000, 512, (512, 336)), (50_000, 250, (250,)),
+                                                (10_000, 1000, (1000,)), (100, 512, (100,)),
+                                                (1000, 512, (512, 488))])
+def test_batch_shapes(n, batch, expected):
+    assert warm_start.batch_shapes(n, batch) == expected
