@@ -286,3 +286,26 @@ def test_trainer_refuses_bool_step_counts(tiny, tmp_path):
         run(config(), tmp_path, tiny, checkpoint_every=True)
     with pytest.raises(TypeError, match="log_every: expected an int, got '5'"):
         run(config(), tmp_path, tiny, log_every="5")
+
+
+def test_a_write_that_would_wait_is_skipped_but_never_the_last(cpu_backend, tiny, tmp_path, monkeypatch):
+    """The writer held on its first write: epoch 2's checkpoint queues behind it, epoch 3's is skipped (not waited
+    for), and the run's last epoch is still the one in last.npz."""
+    save, backlogged = checkpoint_writer.save_checkpoint, checkpoint_writer.CheckpointWriter.backlogged
+    gate = threading.Event()
+
+    def held_save(path, state):
+        gate.wait(60)
+        save(path, state)
+
+    def backlogged_then_release(self):
+        busy = backlogged(self)
+        if busy:
+            gate.set()
+        return busy
+
+    monkeypatch.setattr(checkpoint_writer, "save_checkpoint", held_save)
+    monkeypatch.setattr(checkpoint_writer.CheckpointWriter, "backlogged", backlogged_then_release)
+    summary = run(config("--epochs", "4", "--eval-every", "100"), tmp_path, tiny).run()
+    assert summary["checkpoints_skipped"] == 1
+    assert int(checkpoint.load_checkpoint(tmp_path / "last.npz")["epoch"]) == 3

@@ -4,9 +4,9 @@ raised by the parent's own load."""
 
 import numpy as np
 import pytest
-from test_data_formats import assert_same, fake_arrays, write_python_batches
+from test_data_formats import assert_same, fake_arrays, write_image_folder, write_python_batches
 
-from resnet_native.data import cifar10
+from resnet_native.data import cifar10, image_decode
 from resnet_native.training import warm_start
 from resnet_native.training.config import TrainConfig, load_recipe
 from resnet_native.training.stopwatch import Stopwatch
@@ -40,12 +40,25 @@ def test_a_fresh_source_is_decoded_by_a_child_while_the_steps_are_primed(tmp_pat
     assert len(primed) == 1 and set(spent.seconds) == {"data"}
 
 
+def test_the_child_decodes_image_folders_with_its_own_pool(tmp_path, primed, monkeypatch, recwarn):
+    """The child starts the decoding pool's workers (a daemonic process could not) and leaves the cache."""
+    monkeypatch.setattr(image_decode, "PARALLEL_MIN_IMAGES", 4)
+    monkeypatch.setattr(image_decode, "default_workers", lambda: 2)
+    monkeypatch.setattr(image_decode, "CHUNK_IMAGES", 3)
+    fake = fake_arrays(np.random.default_rng(2))
+    source = write_image_folder(tmp_path / "png", fake)
+    data = warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
+    np.testing.assert_array_equal(data.train_images, cifar10.decode_source(source, workers=1).train_images)
+    assert not [w for w in recwarn if "decoding it here" in str(w.message)]
+    assert cifar10.cache_path_for(source, tmp_path) is not None
+
+
 def test_a_bad_source_raises_the_parents_own_error(tmp_path, primed):
     source = tmp_path / "cifar-10-batches-py"
     source.mkdir()
     (source / "data_batch_1").write_bytes(b"not a pickle")
     (source / "test_batch").write_bytes(b"not a pickle")
-    with pytest.raises(ValueError, match="data_batch_1"):
+    with pytest.raises(ValueError, match="data_batch_1"), pytest.warns(RuntimeWarning, match="exit code 1"):
         warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
     assert len(primed) == 1
 

@@ -74,6 +74,10 @@ class CheckpointWriter:
         self._raise()
         self._q.put((pathlib.Path(path), state, best_path))
 
+    def backlogged(self) -> bool:
+        """Whether a submit now would wait: one write is in progress and another queued behind it."""
+        return self._q.full()
+
     def flush(self):
         self._q.join()
         self._raise()

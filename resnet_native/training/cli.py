@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--deterministic and the same seed, that run is repeated bit for bit")
     p.add_argument("--aa-workers", type=int, help="AutoAugment worker processes (default: CPUs - 1)")
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
-                   help="write last.npz every N epochs and at the end (best.npz: whenever test accuracy improves)")
+                   help="write last.npz every N epochs and at the end, skipping one due while the writer is a "
+                        "write behind (best.npz: whenever test accuracy improves)")
     p.add_argument("--log-every", type=int, default=50, help="steps between progress-bar updates (host syncs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")

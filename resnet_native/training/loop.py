@@ -78,7 +78,8 @@ class Trainer:
     data: a CIFAR10Data to train on, else load_cifar10(data_path, cache_dir=cache_dir). progress: a progress bar
     per epoch; tensorboard: TensorBoard event files (when the package is installed); aa_workers: AutoAugment worker
     processes; log_every: steps between progress-bar updates (host syncs); checkpoint_every: epochs between writes
-    of last.npz (best.npz is written whenever the test accuracy improves); algorithms: an algorithm cache file (a
+    of last.npz (best.npz is written whenever the test accuracy improves; a due write is skipped while the writer
+    still has one queued, except the last epoch's); algorithms: an algorithm cache file (a
     run's algos.json) loaded before a run that does not resume, so a same-seed --deterministic run repeats that
     run's rounding.
     """
@@ -157,7 +158,7 @@ class Trainer:
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
-            snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
+            snapshots, algos, skipped = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE), 0
             for epoch in range(progress.next_epoch, end_epoch):
                 # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure (the
                 # upload is queued on the stream, and waited for by the epoch's first synchronisation).
@@ -183,15 +184,15 @@ class Trainer:
                 print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                       f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
                 due = _due(epoch, self.checkpoint_every, end_epoch)
+                if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
+                    due, skipped = False, skipped + 1  # the writer is a checkpoint behind: skip, never wait
                 if primary and (due or is_best):
                     with spent("checkpoint"):
                         snapshot = self._state(parts, epoch, progress, log.rows, snapshots)
-                        if due:
-                            writer.submit(self.out / "last.npz", snapshot,
-                                          self.out / "best.npz" if is_best else None)
-                        else:
-                            writer.submit(self.out / "best.npz", snapshot)
                         algos.save()
+                    with spent("checkpoint wait"):  # for the writer, while the one before is still queued
+                        writer.submit(self.out / ("last.npz" if due else "best.npz"), snapshot,
+                                      self.out / "best.npz" if due and is_best else None)
             t_finish = time.perf_counter()
         # Closing waits for the last checkpoint's write and stops the AutoAugment workers and the metrics log.
         spent.add("finish", time.perf_counter() - t_finish)
@@ -200,6 +201,7 @@ class Trainer:
         self.model = parts.model
         summary = self._summary(parts, progress, log.rows, end_epoch, t_start)
         summary["seconds"] = spent.totals(wall=summary["wall_time_s"])
+        summary["checkpoints_skipped"] = skipped
         return summary
 
     def _resumed_state(self) -> dict | None:

@@ -15,7 +15,10 @@ itself, with the error it raises then.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
+import sys
+import warnings
 
 from .config import TrainConfig
 
@@ -32,8 +35,9 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
         with spent("data"):
             return load_cifar10(data_path, cache_dir=cache_dir)
     # The child runs only lzma, NumPy and Pillow, never CUDA (as the decoding pool's workers do).
+    # Not a daemon: a daemonic process may not start the decoding pool's workers.
     child = multiprocessing.get_context("fork").Process(target=_decode_into_cache, args=(path, cache_dir),
-                                                        name="cifar10-decode", daemon=True)
+                                                        name="cifar10-decode")
     child.start()
     try:
         with spent("warm-up"):
@@ -42,6 +46,9 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
         with spent("data"):
             child.join()
     with spent("data"):
+        if child.exitcode != 0 or cache_path_for(path, cache_dir) is None:
+            warnings.warn(f"decoding {path} in a child process left no data cache (exit code {child.exitcode}); "
+                          "decoding it here", RuntimeWarning, stacklevel=2)
         return load_cifar10(path, cache_dir=cache_dir)
 
 
@@ -50,8 +57,9 @@ def _decode_into_cache(path, cache_dir) -> None:
 
     try:
         load_cifar10(path, cache_dir=cache_dir)
-    except BaseException:  # the parent's own load decodes again and raises the error where it is handled
-        pass
+    except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
+        print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def batch_shapes(n: int, batch_size: int) -> tuple:
@@ -84,4 +92,5 @@ def prime_first_steps(cfg: TrainConfig) -> None:
         model.forward(zeros(b), train=False, copy=False)
     cupy.cuda.get_current_stream().synchronize()
     del step, model
+    gc.collect()  # the layers refer to each other: their device arrays go with the cycles
     cupy.get_default_memory_pool().free_all_blocks()
