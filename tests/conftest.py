@@ -113,3 +113,19 @@ def rng(request):
     import numpy as np
 
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# The algorithm cache files' tests (test_conv_cache_cpu.py, test_choice_cache_cpu.py): an empty process cache, and
+# a device identity the test can change (the file header's GPU model and cuDNN version).
+@pytest.fixture
+def empty_cache():
+    rn.conv.clear_algorithm_cache()
+    yield
+    rn.conv.clear_algorithm_cache()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    identity = {"value": ("Fake GPU 9000", 91900, 0)}
+    monkeypatch.setattr(rn.conv, "_device_identity", lambda: identity["value"])
+    return identity

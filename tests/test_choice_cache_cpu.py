@@ -21,20 +21,6 @@ ARGS = dict(dtype="int8", batch=4, cuda_graph=True, candidates=QUANTIZE_FROM, co
 TIMES = {"stem": 0.5, "layer1": 0.4375, "layer2": 0.1 + 0.2, "layer3": 0.3125, "layer4": 0.625}
 
 
-@pytest.fixture
-def empty_cache():
-    conv.clear_algorithm_cache()
-    yield
-    conv.clear_algorithm_cache()
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    identity = {"value": ("Fake GPU 9000", 91900, 0)}
-    monkeypatch.setattr(conv, "_device_identity", lambda: identity["value"])
-    return identity
-
-
 def key(**changes):
     return cc.choice_key(PLAN, **dict(ARGS, **changes))
 

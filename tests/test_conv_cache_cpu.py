@@ -136,20 +136,6 @@ def test_fixed_algorithm_is_part_of_the_key():
 # The algorithm cache and its file
 
 
-@pytest.fixture
-def empty_cache():
-    conv.clear_algorithm_cache()
-    yield
-    conv.clear_algorithm_cache()
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    identity = {"value": ("Fake GPU 9000", 91900, 0)}
-    monkeypatch.setattr(conv, "_device_identity", lambda: identity["value"])
-    return identity
-
-
 def sample_choices():
     keys = [
         BASE_KEY,

@@ -71,7 +71,8 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     seconds = summary["seconds"]  # where the wall time went: every activity measured, the rest 'other'
     assert set(seconds) == {"data", "build", "train", "evaluate", "checkpoint", "checkpoint wait", "finish",
                             "other"}, seconds
-    assert all(v > 0 for k, v in seconds.items() if k != "other"), seconds
+    assert all(v > 0 for k, v in seconds.items() if k not in ("other", "checkpoint wait")), seconds
+    assert seconds["checkpoint wait"] >= 0, seconds  # zero to the millisecond while the writer keeps up
     assert sum(seconds.values()) == pytest.approx(summary["wall_time_s"], abs=0.01)
     for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "algos.json", "curves.png", "summary.json"):
         assert (out / name).is_file(), name

@@ -261,20 +261,6 @@ def _read_tar(path: pathlib.Path, workers):
         return _read_tar_files(path, _tar_regular_files(path), workers)
 
 
-def _suffix(base: str) -> str:
-    """PurePosixPath(base).suffix, lower-cased."""
-    dot = base.rfind(".")
-    return base[dot:].lower() if 0 < dot < len(base) - 1 else ""
-
-
-def _tar_regular_files(path: pathlib.Path):
-    """(name, bytes) of every regular file, by tarfile: the reader of the archives tar_stream does not model."""
-    with tarfile.open(path, mode="r|*") as tar:
-        for member in tar:
-            if member.isfile():
-                yield member.name, tar.extractfile(member).read()
-
-
 def _read_tar_files(path: pathlib.Path, files, workers):
     """[(images, labels) for train, test] of an archive's (name, bytes) files."""
     exts = image_extensions()
