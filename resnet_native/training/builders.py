@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..data.augment import STREAM_SUBSET, AugmentConfig, epoch_rng
@@ -91,3 +93,20 @@ def subset_indices(n: int, subset, seed: int) -> np.ndarray:
     if subset is None or subset >= n:
         return np.arange(n)
     return np.sort(epoch_rng(seed, 0, STREAM_SUBSET).permutation(n)[:subset])
+
+
+@contextlib.contextmanager
+def autoaugment_workers(cfg: TrainConfig, train_images, workers):
+    """The AutoAugment worker processes of a recipe that uses it (else None), stopped on exit. They fork here and run
+    NumPy only, never CUDA, so a CUDA context in this process (the warm start's) is no concern of theirs."""
+    if not cfg.augment.autoaugment:
+        yield None
+        return
+    from ..data.autoaugment import AutoAugmentWorkers
+
+    aa = AutoAugmentWorkers(train_images, seed=cfg.seed, workers=workers, crop_padding=cfg.augment.crop_padding,
+                            flip=cfg.augment.flip)
+    try:
+        yield aa
+    finally:
+        aa.close()

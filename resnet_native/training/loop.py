@@ -50,6 +50,7 @@ from ..models.registry import NUM_CLASSES
 from ..names import whole_number
 from .builders import (
     augment_config,
+    autoaugment_workers,
     build_model,
     build_optimizer,
     build_scaler,
@@ -132,7 +133,7 @@ class Trainer:
         if primary:
             self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: writer, metrics log, upload, workers
-            aa = stack.enter_context(_autoaugment_workers(cfg, data.train_images, self.aa_workers))
+            aa = stack.enter_context(autoaugment_workers(cfg, data.train_images, self.aa_workers))
             upload = stack.enter_context(EpochUpload(aa)) if aa is not None else None
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
                 load_algorithm_cache(self.out / ALGOS_FILE)
@@ -420,23 +421,6 @@ class _Progress:
             self.best = {"test_acc": row["test_acc"], "epoch": row["epoch"]}
             return True
         return False
-
-
-@contextlib.contextmanager
-def _autoaugment_workers(cfg: TrainConfig, train_images, workers):
-    """The AutoAugment worker processes of a recipe that uses it (else None). They fork here, before this process
-    creates its CUDA context, and are stopped on exit."""
-    if not cfg.augment.autoaugment:
-        yield None
-        return
-    from ..data.autoaugment import AutoAugmentWorkers
-
-    aa = AutoAugmentWorkers(train_images, seed=cfg.seed, workers=workers, crop_padding=cfg.augment.crop_padding,
-                            flip=cfg.augment.flip)
-    try:
-        yield aa
-    finally:
-        aa.close()
 
 
 def _progress_bar(total, desc, enabled):
