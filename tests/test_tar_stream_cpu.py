@@ -130,3 +130,15 @@ def test_a_cifar_archive_it_does_not_model_is_read_by_tarfile(tmp_path):
     np.testing.assert_array_equal(got.train_images, expected.train_images)
     np.testing.assert_array_equal(got.test_labels, expected.test_labels)
     np.testing.assert_array_equal(got.train_images[1], images[1])
+
+
+def test_a_truncated_global_header_raises(tmp_path):
+    path = tmp_path / "g.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "x" * 2000}) as tar:
+        info = tarfile.TarInfo("a")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"1"))
+    assert path.read_bytes()[156:157] == b"g"
+    path.write_bytes(path.read_bytes()[:1024])
+    with pytest.raises(ValueError, match="truncated tar archive in a global header"):
+        list(tar_stream.regular_files(path))

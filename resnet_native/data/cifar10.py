@@ -381,6 +381,12 @@ def cache_path_for(path, cache_dir=None) -> pathlib.Path | None:
     return None
 
 
+def load_cached(path, cache_dir=None) -> CIFAR10Data | None:
+    """A source's decoded arrays from its cache file, or None when there is none (or it is unreadable)."""
+    existing = cache_path_for(path, cache_dir)
+    return None if existing is None else _load_cache(existing, str(path))
+
+
 def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int | None = None) -> CIFAR10Data:
     """Load CIFAR-10 from any supported source (see detect_format), through the .npz cache.
 
@@ -398,11 +404,9 @@ def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int 
     path = pathlib.Path(path)
     if not cache:
         return decode_source(path, workers)
-    existing = cache_path_for(path, cache_dir)
-    if existing is not None:
-        data = _load_cache(existing, str(path))
-        if data is not None:
-            return data
+    data = load_cached(path, cache_dir)
+    if data is not None:
+        return data
     data = decode_source(path, workers)
     name = _cache_name(path, source_fingerprint(path))
     arrays = dict(train_images=data.train_images, train_labels=data.train_labels,

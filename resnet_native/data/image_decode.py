@@ -102,10 +102,3 @@ class DecodeQueue:
         self.close()
         return False
 
-
-def decode_images(items, workers: int | None = None) -> np.ndarray:
-    """Decode [(bytes or path, name), ...] in order, with a process pool when there are many."""
-    with DecodeQueue(workers) as queue:
-        for source, name in items:
-            queue.add(source, name)
-        return queue.result()

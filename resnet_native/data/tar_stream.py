@@ -64,18 +64,14 @@ def regular_files(path) -> Iterator[tuple[str, bytes]]:
             data_blocks = -(-size // BLOCK) * BLOCK
             if kind in _REGULAR:
                 name = pending.pop("path", None) or _header_name(h)
-                data = f.read(data_blocks)
-                if len(data) < data_blocks:
-                    raise ValueError(f"{path}: truncated tar archive in {name!r}")
+                data = _read_data(f, data_blocks, path, repr(name))
                 if not (kind == 0 and name.endswith("/")):  # a pre-POSIX directory, as tarfile reads it
                     yield name, data[:size]
             elif kind in (ord("x"), ord("L")):
-                data = f.read(data_blocks)
-                if len(data) < data_blocks:
-                    raise ValueError(f"{path}: truncated tar archive in an extended header")
+                data = _read_data(f, data_blocks, path, "an extended header")
                 pending.update(_pax(data[:size], path) if kind == ord("x") else {"path": _gnu_name(data[:size])})
             elif kind == ord("g"):
-                data = f.read(data_blocks)
+                data = _read_data(f, data_blocks, path, "a global header")
                 if {"path", "size"} & _pax(data[:size], path).keys():
                     raise Unsupported("a global pax header that sets a path or size")
             elif kind in _SKIPPED:
@@ -84,6 +80,14 @@ def regular_files(path) -> Iterator[tuple[str, bytes]]:
             else:  # sparse files and vendor types
                 raise Unsupported(f"member type {chr(kind)!r}")
         _check_headers(headers, path)
+
+
+def _read_data(f, n: int, path, what: str) -> bytes:
+    """A member's n bytes of data blocks; ValueError naming `what` when the archive ends first."""
+    data = f.read(n)
+    if len(data) < n:
+        raise ValueError(f"{path}: truncated tar archive in {what}")
+    return data
 
 
 def _skip(f, n: int, path) -> None:

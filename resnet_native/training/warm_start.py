@@ -28,12 +28,15 @@ TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shape
 def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
     """load_cifar10(data_path, cache_dir=cache_dir), with the run's first-step searches done meanwhile when the
     source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data")."""
-    from ..data.cifar10 import cache_path_for, default_data_path, load_cifar10
+    from ..data.cifar10 import default_data_path, load_cached, load_cifar10
 
     path = data_path if data_path is not None else default_data_path()
-    if path is None or cache_path_for(path, cache_dir) is not None:
-        with spent("data"):
-            return load_cifar10(data_path, cache_dir=cache_dir)
+    if path is None:  # load_cifar10 says what is missing
+        return load_cifar10(data_path, cache_dir=cache_dir)
+    with spent("data"):
+        data = load_cached(path, cache_dir)
+    if data is not None:
+        return data
     # The child runs only lzma, NumPy and Pillow, never CUDA (as the decoding pool's workers do).
     # Not a daemon: a daemonic process may not start the decoding pool's workers.
     child = multiprocessing.get_context("fork").Process(target=_decode_into_cache, args=(path, cache_dir),
@@ -46,10 +49,12 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
         with spent("data"):
             child.join()
     with spent("data"):
-        if child.exitcode != 0 or cache_path_for(path, cache_dir) is None:
+        data = load_cached(path, cache_dir)
+        if data is None:
             warnings.warn(f"decoding {path} in a child process left no data cache (exit code {child.exitcode}); "
                           "decoding it here", RuntimeWarning, stacklevel=2)
-        return load_cifar10(path, cache_dir=cache_dir)
+            data = load_cifar10(path, cache_dir=cache_dir)
+        return data
 
 
 def _decode_into_cache(path, cache_dir) -> None:
