@@ -20,6 +20,9 @@ import numpy as np
 from . import reference
 from ._loader import _C
 from .kernels import stream
+from .names import whole_number
+
+CHUNK_ELEMENTS = int(_C.MULTI_TENSOR_CHUNK)  # a launch's unit of work: one block's share of a tensor at a time
 
 
 class TensorList:
@@ -27,15 +30,18 @@ class TensorList:
 
     dtype: None infers each array's dtype ('fp32' / 'fp16'; uint16 arrays need 'bf16'), a string applies to
     every array, a sequence gives one per array. Entries may be None only in a list used as model_copies.
-    The list keeps references to the arrays, so their memory stays valid while it lives.
+    The list keeps references to the arrays, so their memory stays valid while it lives. chunk_elements: how
+    the list is cut into blocks of work when it is a launch's first list (default CHUNK_ELEMENTS; a benchmark's
+    knob, it changes no result).
     """
 
-    def __init__(self, arrays, dtype=None):
+    def __init__(self, arrays, dtype=None, *, chunk_elements=None):
         try:
             self._arrays = list(arrays)
         except TypeError:
             raise TypeError(f"arrays: expected a sequence of device arrays, got {type(arrays).__name__}") from None
-        self._table = _C.TensorTable(self._arrays, dtype)
+        chunk = CHUNK_ELEMENTS if chunk_elements is None else whole_number("chunk_elements", chunk_elements, 1)
+        self._table = _C.TensorTable(self._arrays, dtype, chunk)
         self.dtypes = tuple(self._table.dtypes)
         self.sizes = tuple(self._table.numels)
 

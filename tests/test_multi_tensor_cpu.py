@@ -29,6 +29,16 @@ def test_tensor_list_validates_every_entry_naming_its_index():
         mt.TensorList([fake((3,), "uint16"), None], dtype="bf16")  # None entries: model copies only
 
 
+def test_chunk_elements_is_a_whole_number_in_range():
+    for bad, error in ((0, ValueError), (-5, ValueError), (1.5, TypeError), ("8", TypeError), (True, TypeError),
+                       (2**30 + 1, ValueError)):
+        with pytest.raises(error, match="chunk_elements: expected"):
+            mt.TensorList([fake((3,))], chunk_elements=bad)
+    with expect_device_stage():
+        mt.TensorList([fake((3,))], chunk_elements=2**30)
+    assert mt.CHUNK_ELEMENTS == _C.MULTI_TENSOR_CHUNK >= 1
+
+
 def test_ops_need_tensor_lists():
     arrays = [fake((3,))]
     with pytest.raises(TypeError, match="params: expected a resnet_native.multi_tensor.TensorList"):

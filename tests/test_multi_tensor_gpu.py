@@ -13,7 +13,7 @@ from resnet_native.reference import to_storage
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-# Odd sizes, a scalar-like tensor, tensors spanning several 32768-element chunks, one over a million elements.
+# Odd sizes, a scalar-like tensor, tensors spanning several chunks (mt.CHUNK_ELEMENTS), one over a million elements.
 SHAPES = [(3,), (7, 5), (64, 3, 3, 3), (1,), (33_000,), (70_001,), (1_000_003,), (512, 256)]
 FP32_TOL = 1e-5
 
@@ -221,7 +221,8 @@ def test_zero_and_scale_cover_every_tensor_in_place(rng):
     for a in arrays:
         assert not host_values(a).any()
     assert [a.data.ptr for a in arrays] == pointers  # no reallocation
-    assert lst.num_chunks >= sum(-(-int(np.prod(s)) // 32768) for s in SHAPES)
+    assert lst.num_chunks == sum(-(-int(np.prod(s)) // mt.CHUNK_ELEMENTS) for s in SHAPES)
+    assert max(np.prod(s) for s in SHAPES) > 2 * mt.CHUNK_ELEMENTS
 
 
 def test_runs_on_the_current_cupy_stream(rng):

@@ -1,11 +1,13 @@
-"""HostSnapshot of device arrays: the copies are enqueued on the current stream, so a kernel enqueued after take()
-that overwrites an array does not reach the snapshot; non-contiguous and empty arrays; the trainer's model and
-optimizer state equal to state_dict()."""
+"""HostSnapshot of device arrays: the staging copies are enqueued on the current stream, so a kernel enqueued after
+take() that overwrites an array does not reach the snapshot, and the transfer to the host runs on a side stream, so
+it does not wait for work enqueued after take(); non-contiguous, empty and host arrays between device ones; the
+trainer's model and optimizer state equal to state_dict()."""
 
 import cupy as cp
 import numpy as np
 import pytest
 
+from resnet_native.inference.tuning import _spin_kernel
 from resnet_native.models.registry import create_model
 from resnet_native.optim import SGD
 from resnet_native.training.snapshot import HostSnapshot
@@ -21,7 +23,8 @@ def test_device_arrays_are_copied_as_they_were_at_take(rng):
     host = np.arange(5, dtype=np.int64)
     expected = {"big": big.get(), "half": half.get(), "strided": strided.get(), "empty": empty.get(), "host": host}
     snaps = HostSnapshot()
-    arrays = {"big": big, "half": half, "strided": strided, "empty": empty, "host": host}
+    # The host array sits between device ones: the transfer must not overwrite its copy.
+    arrays = {"big": big, "half": half, "host": host, "strided": strided, "empty": empty}
     pending = snaps.take({"g": {k: (a, np.asarray) for k, a in arrays.items()}})
     big.fill(np.nan)  # enqueued after the copies on the same stream
     half *= 0
@@ -31,6 +34,20 @@ def test_device_arrays_are_copied_as_they_were_at_take(rng):
         np.testing.assert_array_equal(out[k], v, err_msg=k)
     again = snaps.take({"g": {"big": (big, np.asarray)}}).resolve()["g"]["big"]
     assert np.isnan(again).all()
+
+
+def test_the_transfer_to_the_host_does_not_wait_for_work_enqueued_after_take(rng):
+    a = cp.asarray(rng.standard_normal((1 << 20,)).astype(np.float32))
+    expected = a.get()
+    snaps = HostSnapshot()
+    pending = snaps.take({"g": {"a": (a, np.asarray)}})
+    _spin_kernel()((1,), (1,), (np.int64(2_000_000_000),))  # holds the current stream for 2 s
+    spun = cp.cuda.get_current_stream().record()
+    out = pending.resolve()["g"]["a"]
+    assert not spun.done, "resolve() waited for the work enqueued after take()"
+    np.testing.assert_array_equal(out, expected)
+    a.fill(0)  # after the spin: the next take reuses the buffers and sees the new values
+    np.testing.assert_array_equal(snaps.take({"g": {"a": (a, np.asarray)}}).resolve()["g"]["a"], 0)
 
 
 def test_the_trainers_state_equals_state_dict(rng):

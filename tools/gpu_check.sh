@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm profile reliability sanitize quant-A sweep fusions (default: info build test bench)
+#   norm optimizer profile reliability sanitize quant-A sweep fusions (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -49,6 +49,9 @@ for stage in "${stages[@]}"; do
     norm)
       # shellcheck disable=SC2086
       python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" ${NORM_ARGS:-} 2>&1 | tee "$OUT/bench_norm.txt" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    optimizer)
+      python3 benchmarks/bench_optimizer.py --json "$OUT/bench_optimizer.json" 2>&1 | tee "$OUT/bench_optimizer.txt" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     profile)
       # shellcheck disable=SC2086
@@ -122,10 +125,13 @@ PY
     train-A|train-B)
       recipe=${stage#train-}
       # shellcheck disable=SC2086
-      # The run folder (checkpoints included) stays on the machine; its summary, curves and CSV come back.
+      # The run folder (checkpoints included) stays on the machine; its summary, curves and CSV come back, and the
+      # whole process's wall time (interpreter start and imports included) in train_<recipe>_process.txt.
+      start=$(date +%s.%N)
       python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "/tmp/run_$recipe" \
         --no-progress ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_$recipe.log" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      python3 -c "print(f'process seconds: {$(date +%s.%N) - $start:.2f}')" | tee "$OUT/train_${recipe}_process.txt"
       for f in summary.json metrics.csv curves.png; do
         [ -f "/tmp/run_$recipe/$f" ] && cp "/tmp/run_$recipe/$f" "$OUT/${recipe}_$f"
       done ;;

@@ -1,13 +1,14 @@
 """Where a training step's GPU time goes: the top kernels of one eager step, ours and PyTorch's, side by side.
 
     python tools/profile_step.py --model resnet50 --batch 256 [--dtype fp16|bf16] [--steps 5] [--top 25]
-                                 [--bn-fuse-bf16 on|off]
+                                 [--optimizer sgd|adamw] [--bn-fuse-bf16 on|off]
 
 Why torch.profiler for our step too: CUPTI records every kernel of the process, whoever launched it (cuDNN,
 our .cu kernels, cupy's elementwise kernels), so one tool measures both trainers the same way. The step is run
 eagerly (kernels of a replayed CUDA graph are not attributed to it reliably by every CUPTI version); bench_model.py
 shows eager and captured steps take the same time once the step is GPU-bound. Prints, per trainer, the total
-kernel time per step and the kernels that take the most, with their share.
+kernel time per step and the kernels that take the most, with their share. The optimizer is recipe A's (SGD,
+Nesterov) or recipe B's (AdamW); PyTorch's is its fused implementation of the same.
 """
 
 import argparse
@@ -41,9 +42,17 @@ def profile(fn, steps: int, synchronize) -> tuple:
     return kernel_table(prof, steps)
 
 
-def ours(name, batch, dtype, steps):
+def optimizer(module, params, name):
+    """Recipe A's SGD or recipe B's AdamW from `module` (rn.optim or torch.optim, with torch's fused kernels)."""
+    fused = {"fused": True} if module.__name__.startswith("torch") else {}
+    if name == "adamw":
+        return module.AdamW(params, lr=8e-4, weight_decay=0.05, **fused)
+    return module.SGD(params, lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4, **fused)
+
+
+def ours(name, batch, dtype, steps, opt_name):
     model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision=dtype)
-    opt = rn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    opt = optimizer(rn.optim, model.parameters(), opt_name)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler() if dtype == "fp16" else None)
     x32 = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32)
     x = rn.kernels.cast(x32, cp.empty(x32.shape, dtype=model.input_dtype))
@@ -51,7 +60,7 @@ def ours(name, batch, dtype, steps):
     return profile(lambda: step.run(x, y), steps, cp.cuda.Device().synchronize)
 
 
-def theirs(name, batch, dtype, steps):
+def theirs(name, batch, dtype, steps, opt_name):
     import torchvision
 
     torch.backends.cudnn.benchmark = True
@@ -59,7 +68,7 @@ def theirs(name, batch, dtype, steps):
     model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
     model.maxpool = torch.nn.Identity()
     model = model.cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    opt = optimizer(torch.optim, model.parameters(), opt_name)
     scaler = torch.amp.GradScaler(enabled=dtype == "fp16")
     amp_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
     x = torch.randn(batch, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
@@ -82,6 +91,7 @@ def main():
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
     p.add_argument("--bn-fuse-bf16", choices=["on", "off"], help="resnet_native.norm.set_fuse_bf16 for the run")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
@@ -89,8 +99,9 @@ def main():
     if args.bn_fuse_bf16:
         rn.norm.set_fuse_bf16(args.bn_fuse_bf16 == "on")
     for who, run in (("resnet_native", ours), ("torch", theirs)):
-        total, rows = run(args.model, args.batch, args.dtype, args.steps)
-        print(f"\n{who}: {args.model} {args.dtype} batch {args.batch}: {total / 1000:.2f} ms of kernels per step")
+        total, rows = run(args.model, args.batch, args.dtype, args.steps, args.optimizer)
+        print(f"\n{who}: {args.model} {args.dtype} batch {args.batch} {args.optimizer}: {total / 1000:.2f} ms of "
+              "kernels per step")
         print(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel")
         for name, us, n in rows[: args.top]:
             print(f"{us:9.1f} {us / total:6.1%} {n:6.1f}  {name[:110]}")

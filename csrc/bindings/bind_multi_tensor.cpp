@@ -27,9 +27,12 @@ using kernels::ScalarArg;
 using kernels::TensorTable;
 
 // dtype: None (inferred per array), one dtype for all, or a list / tuple of one per array (None entries infer).
-std::unique_ptr<TensorTable> make_table(const py::sequence& arrays, py::handle dtype) {
+std::unique_ptr<TensorTable> make_table(const py::sequence& arrays, py::handle dtype, int64_t chunk_elements) {
   const size_t n = py::len(arrays);
   if (n == 0) throw ValueError("arrays: expected at least one array");
+  if (chunk_elements < 1 || chunk_elements > (int64_t{1} << 30)) {
+    throw ValueError("chunk_elements: expected a whole number from 1 to 2**30, got " + std::to_string(chunk_elements));
+  }
   const bool per_array = PyList_Check(dtype.ptr()) || PyTuple_Check(dtype.ptr());
   if (per_array && py::len(dtype) != n) {
     throw ValueError("dtype: expected " + std::to_string(n) + " dtypes (one per array), got " +
@@ -48,7 +51,7 @@ std::unique_ptr<TensorTable> make_table(const py::sequence& arrays, py::handle d
   args.prepare_device();
   std::vector<TensorView> entries;
   for (const TensorView* v : views) entries.push_back(*v);
-  return std::make_unique<TensorTable>(std::move(entries));
+  return std::make_unique<TensorTable>(std::move(entries), chunk_elements);
 }
 
 // A resnet_native.multi_tensor.TensorList's table (the wrapper passes its _table, anything else as is).
@@ -197,7 +200,8 @@ void bind_multi_tensor(py::module_& m) {
   py::class_<TensorTable>(m, "TensorTable",
                           "Device table (pointers, sizes, dtypes, chunks) of a list of arrays, for the multi-tensor "
                           "kernels. Holds no reference to the arrays: resnet_native.multi_tensor.TensorList does.")
-      .def(py::init(&make_table), py::arg("arrays"), py::arg("dtype") = py::none())
+      .def(py::init(&make_table), py::arg("arrays"), py::arg("dtype") = py::none(),
+           py::arg("chunk_elements") = kernels::kMultiTensorChunk)
       .def("__len__", &TensorTable::size)
       .def_property_readonly("numels",
                              [](const TensorTable& t) {
@@ -219,6 +223,7 @@ void bind_multi_tensor(py::module_& m) {
       .def_property_readonly("num_chunks", [](const TensorTable& t) { return t.chunks().count; })
       .def_property_readonly("device", &TensorTable::device);
 
+  m.attr("MULTI_TENSOR_CHUNK") = kernels::kMultiTensorChunk;
   m.def("multi_tensor_sgd", &sgd_op, py::arg("params"), py::arg("grads"), py::arg("momentum_bufs"),
         py::arg("model_copies"), py::arg("lr"), py::arg("inv_scale"), py::arg("found_inf"), py::arg("momentum"),
         py::arg("dampening"), py::arg("weight_decay"), py::arg("nesterov"), py::arg("first_step"), py::arg("stream"));

@@ -47,7 +47,7 @@ __global__ void multi_tensor_kernel(DeviceChunks chunks, Body body, const int32_
   for (int64_t c = blockIdx.x; c < chunks.count; c += gridDim.x) {
     const int32_t t = chunks.tensor[c];
     const int64_t start = chunks.start[c];
-    const int64_t end = min(start + kMultiTensorChunk, chunks.numel[t]);
+    const int64_t end = min(start + chunks.size, chunks.numel[t]);
     body.bind(t);
     for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) body.apply(i);
   }

@@ -17,7 +17,7 @@ size_t round_up(size_t bytes) {
 
 }  // namespace
 
-TensorTable::TensorTable(std::vector<TensorView> entries) : entries_(std::move(entries)) {
+TensorTable::TensorTable(std::vector<TensorView> entries, int64_t chunk_elements) : entries_(std::move(entries)) {
   device_ = current_device();
   const size_t n = entries_.size();
   std::vector<uint64_t> ptrs(n);
@@ -30,7 +30,7 @@ TensorTable::TensorTable(std::vector<TensorView> entries) : entries_(std::move(e
     ptrs[i] = reinterpret_cast<uint64_t>(t.defined() ? t.data : nullptr);
     numels[i] = t.defined() ? t.numel() : 0;
     dtypes[i] = static_cast<int32_t>(t.dtype);
-    for (int64_t start = 0; start < numels[i]; start += kMultiTensorChunk) {
+    for (int64_t start = 0; start < numels[i]; start += chunk_elements) {
       chunk_tensor.push_back(static_cast<int32_t>(i));
       chunk_start.push_back(start);
     }
@@ -64,6 +64,7 @@ TensorTable::TensorTable(std::vector<TensorView> entries) : entries_(std::move(e
   chunks_.start = reinterpret_cast<const int64_t*>(base + off_start);
   chunks_.numel = reinterpret_cast<const int64_t*>(base + off_numels);
   chunks_.count = static_cast<int64_t>(count);
+  chunks_.size = chunk_elements;
 }
 
 TensorTable::~TensorTable() {

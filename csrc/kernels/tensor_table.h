@@ -14,8 +14,10 @@
 
 namespace rn::kernels {
 
-// Elements per chunk: one block's share of a tensor at a time.
-constexpr int64_t kMultiTensorChunk = 32768;
+// Elements per chunk: one block's share of a tensor at a time. Small enough that a ResNet-18's 11M parameters make
+// thousands of chunks, so every SM holds its full 2048 threads of independent loads: these kernels are bound by
+// the loads in flight, and a list of a few hundred chunks would leave most SMs' thread slots empty.
+constexpr int64_t kMultiTensorChunk = 4096;
 
 // What a kernel sees of one list.
 struct DeviceTensorList {
@@ -29,12 +31,13 @@ struct DeviceChunks {
   const int64_t* start;   // [count] its first element
   const int64_t* numel;   // [tensors] elements of each tensor
   int64_t count;
+  int64_t size;  // elements per chunk (the last chunk of a tensor may be shorter)
 };
 
 class TensorTable {
  public:
-  // `entries` are validated views (an undefined view is an absent entry). Needs the GPU.
-  explicit TensorTable(std::vector<TensorView> entries);
+  // `entries` are validated views (an undefined view is an absent entry); chunk_elements >= 1. Needs the GPU.
+  explicit TensorTable(std::vector<TensorView> entries, int64_t chunk_elements = kMultiTensorChunk);
   ~TensorTable();
   TensorTable(const TensorTable&) = delete;
   TensorTable& operator=(const TensorTable&) = delete;

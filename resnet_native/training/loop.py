@@ -178,12 +178,13 @@ class Trainer:
                 row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
                        "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                        "images_per_s": parts.images_per_epoch / epoch_time}
-                log.log_epoch(row)
+                with spent("log"):
+                    log.log_epoch(row)
+                    rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
+                    test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
+                    print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
+                          f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
                 is_best = progress.record(row)
-                rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
-                test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
-                print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
-                      f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
                 due = _due(epoch, self.checkpoint_every, end_epoch)
                 if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
                     due, skipped = False, skipped + 1  # the writer is a checkpoint behind: skip, never wait
