@@ -417,6 +417,18 @@ def test_the_stopwatch_sums_each_activity_and_calls_the_rest_other(monkeypatch):
     assert spent.totals(wall=6.0) == {"evaluate": 1.75, "data": 0.5, "train": 3.0, "other": 0.75}
 
 
+def test_untracked_seconds_are_those_no_activity_took(monkeypatch):
+    from resnet_native.training import stopwatch
+
+    clock = iter([1.0, 3.0, 10.0])
+    monkeypatch.setattr(stopwatch.time, "perf_counter", lambda: next(clock))
+    spent = stopwatch.Stopwatch()
+    with spent("data"):  # 2 s of the 9 since 1.0
+        pass
+    spent.add_untracked("set-up", since=1.0)
+    assert spent.seconds == {"data": 2.0, "set-up": 7.0}
+
+
 def test_the_evaluation_graph_is_on_unless_turned_off():
     assert cfg_from(["--recipe", "A"]).eval_cuda_graph is True
     assert cfg_from(["--recipe", "A", "--no-eval-cuda-graph"]).eval_cuda_graph is False

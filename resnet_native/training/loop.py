@@ -160,6 +160,8 @@ class Trainer:
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
             snapshots, algos, skipped = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE), 0
+            # The CUDA context, the AutoAugment workers' start, the metrics log and writer, the evaluation.
+            spent.add_untracked("set-up", t_start)
             for epoch in range(progress.next_epoch, end_epoch):
                 # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure (the
                 # upload is queued on the stream, and waited for by the epoch's first synchronisation).

@@ -24,6 +24,11 @@ class Stopwatch:
     def add(self, what: str, seconds: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + seconds
 
+    def add_untracked(self, what: str, since: float) -> None:
+        """Count as `what` the seconds since `since` (a perf_counter time before every activity so far) that no
+        activity took."""
+        self.add(what, max(0.0, time.perf_counter() - since - sum(self.seconds.values())))
+
     def totals(self, *, wall: float) -> dict:
         """{activity: s}, and the rest of the wall time as 'other' (start-up, metrics, waiting for the checkpoint
         writer)."""
