@@ -76,3 +76,19 @@ def test_the_algorithm_cache_file_is_written_only_when_the_choices_change(tmp_pa
     (tmp_path / "algos.json").unlink()  # removed behind its back: written again
     f.save()
     assert len(writes) == 3
+
+
+def test_the_transfer_copies_device_runs_and_never_a_host_entry(monkeypatch):
+    """_device_runs: consecutive device entries make one copy; a host entry between them splits it."""
+    from resnet_native.training import snapshot
+
+    monkeypatch.setattr(snapshot, "_is_device", lambda a: a.dtype == np.float32)  # float32 plays the device
+    arrays = [np.zeros(5, np.float32), np.zeros(3, np.float32), np.zeros(2, np.int64), np.zeros(7, np.float32),
+              np.zeros(1, np.int64)]
+    entries = [("g", str(i), a, np.asarray) for i, a in enumerate(arrays)]
+    layout, nbytes = snapshot._layout(entries)
+    offsets = [offset for offset, _, _ in layout]
+    runs = snapshot._device_runs(entries, layout)
+    assert runs == [(offsets[0], offsets[1] + 12), (offsets[3], offsets[3] + 28)]
+    for start, stop in runs:  # no host entry's bytes inside a run
+        assert not any(start <= offsets[i] < stop for i in (2, 4))

@@ -275,9 +275,9 @@ class Trainer:
 
     def _state(self, parts: _Parts, epoch: int, progress: _Progress, history, snapshots: HostSnapshot):
         """The checkpoint after `epoch`, everything --resume needs to continue exactly, as a function for the
-        writer's thread: the arrays' copies to the host are enqueued here and waited for there."""
-        arrays = snapshots.take({"model": parts.model.state_sources(),
-                                 "optimizer": parts.optimizer.state_sources()})
+        writer's thread: the arrays' copies to the host are enqueued here and waited for there. The scalars that
+        live on the device (the loss scale, AdamW's step) are read first: a small read enqueued after the
+        snapshot's transfer would wait for the copy engine to finish it."""
         scalars = {"format": STATE_FORMAT, "epoch": epoch, "config": self.cfg.to_dict(),
                    "optimizer": parts.optimizer.state_header(),
                    "schedule": _state_of(parts.schedule), "scaler": _state_of(parts.scaler),
@@ -285,6 +285,8 @@ class Trainer:
                    "rng": {"seed": self.cfg.seed, "next_epoch": epoch + 1},
                    "metrics": {"history": [dict(r) for r in history], "best": dict(progress.best),
                                "train_time_s": progress.train_time_s}}
+        arrays = snapshots.take({"model": parts.model.state_sources(),
+                                 "optimizer": parts.optimizer.state_sources()})
 
         def state() -> dict:
             host = arrays.resolve()

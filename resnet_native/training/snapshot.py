@@ -148,15 +148,17 @@ def _layout(entries) -> tuple:
 def _device_runs(entries, layout) -> list:
     """[(first byte, end byte)] of the buffer, one per run of consecutive device entries: what the transfer copies
     (host entries were written into the host buffer directly)."""
-    runs = []
+    runs, extend = [], False
     for (_, _, a, _), (offset, shape, dtype) in zip(entries, layout, strict=True):
         if not _is_device(a):
+            extend = False
             continue
         end = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if runs and runs[-1][1] >= offset - _ALIGN:  # only padding between: one copy
+        if extend:  # the entry before was a device one: only padding lies between
             runs[-1] = (runs[-1][0], end)
         else:
             runs.append((offset, end))
+        extend = True
     return runs
 
 
