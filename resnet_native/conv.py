@@ -6,7 +6,8 @@ float32 for 'fp32' (strict FMA math) and 'tf32' (TF32 tensor cores allowed), flo
 holding bfloat16 bit patterns for 'bf16' (cupy has no bfloat16); fp16 and bf16 accumulate in fp32.
 
 How to convolve is a ConvSpec (conv_spec.py: geometry, layout, precision, engine, and the algorithm choice per
-direction: 'find', 'heuristic' or an algorithm name). The choice is cached per problem (shapes, dtypes, layout,
+direction: 'find', 'heuristic' or an algorithm name; untimed_search() turns 'find' into 'heuristic' for the
+problems run within it). The choice is cached per problem (shapes, dtypes, layout,
 geometry, math, determinism, workspace cap, engine, mode) in memory; save_algorithm_cache / load_algorithm_cache
 keep it across runs on the same GPU model and cuDNN version. The cache and the graph engine's execution plans are
 bounded, the least recently used evicted first (set_algorithm_cache_capacity, set_plan_cache_capacity). Outputs
@@ -38,6 +39,7 @@ from .conv_spec import (  # noqa: F401  (default_engine, set_default_engine, _na
     _shape4,
     default_engine,
     set_default_engine,
+    untimed_search,
 )
 from .names import (
     ACTIVATIONS,
@@ -447,4 +449,5 @@ __all__ = [
     "set_algorithm_cache_capacity",
     "set_default_engine",
     "set_plan_cache_capacity",
+    "untimed_search",
 ]

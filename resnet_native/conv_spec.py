@@ -7,11 +7,13 @@ Algorithm choice (ConvSpec.algo), per direction:
   a name       that algorithm, e.g. 'IMPLICIT_PRECOMP_GEMM' (forward), 'ALGO_1' (backward-data and -filter),
                or one per direction: 'fwd=IMPLICIT_PRECOMP_GEMM;bwd_data=ALGO_1;bwd_filter=heuristic'
                (directions left out use 'heuristic'); 'ENGINE_<n>' names a graph-engine engine id.
+Within untimed_search(), 'find' is taken as 'heuristic': for problems that run too rarely to repay a search.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import numbers
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -27,6 +29,21 @@ _NATIVE_ALGO_MODE = dict(_C.AlgoMode.__members__)
 _NATIVE_DIRECTION = dict(_C.Direction.__members__)
 
 _default_engine = "auto"
+_untimed = contextvars.ContextVar("resnet_native_untimed_search", default=False)
+
+
+@contextlib.contextmanager
+def untimed_search():
+    """Within the block, convolutions whose spec asks for 'find' choose by cuDNN's heuristic ranking instead: no
+    candidate is timed, and the choice is cached under 'heuristic' (a fixed algorithm or 'heuristic' is
+    unchanged). For problems that run too rarely to repay a search, such as an epoch's last, partial batch: the
+    search of a shape costs as much as hundreds of its steps. Every call of such a problem, its graph capture
+    included, must run within the block, or the first one outside it searches."""
+    token = _untimed.set(True)
+    try:
+        yield
+    finally:
+        _untimed.reset(token)
 
 
 def set_default_engine(engine: str) -> None:
@@ -203,10 +220,13 @@ def _native_spec(spec: ConvSpec, direction: str):
     if specs is None:
         # Outside the dataclass fields: not part of eq / hash / repr; a frozen dataclass's __dict__ is writable.
         specs = spec.__dict__["_native_specs"] = {}
-    native = specs.get(direction)
+    key = (direction, _untimed.get())
+    native = specs.get(key)
     if native is None:
         engine, mode, fixed = ("legacy", "heuristic", 0) if direction == _GEOMETRY else _resolve_algo(spec, direction)
-        native = specs[direction] = _C.ConvSpec(
+        if key[1] and mode == "find":
+            mode = "heuristic"
+        native = specs[key] = _C.ConvSpec(
             stride=spec.stride, padding=spec.padding, dilation=spec.dilation, groups=spec.groups,
             layout=_NATIVE_LAYOUT[spec.layout], precision=_NATIVE_PRECISION[spec.precision],
             engine=_NATIVE_ENGINE[engine], algo_mode=_NATIVE_ALGO_MODE[mode], fixed_algo=fixed,

@@ -143,6 +143,34 @@ def test_default_engine():
         conv.set_default_engine("fastest")
 
 
+def test_untimed_search_turns_find_into_heuristic_within_its_block():
+    spec = ConvSpec(algo="fwd=find;bwd_data=ALGO_1;bwd_filter=find")
+    searched = native(spec)
+    assert mode_and_fixed(searched) == ("find", 0)
+    with conv.untimed_search():
+        assert mode_and_fixed(native(spec)) == ("heuristic", 0)
+        assert mode_and_fixed(native(spec, "backward_data")) == ("fixed", 1)  # a named algorithm stays
+        assert mode_and_fixed(native(spec, "backward_filter")) == ("heuristic", 0)
+        assert native(spec) is native(spec)  # kept on the spec, beside the searched one
+        with conv.untimed_search():
+            pass
+        assert mode_and_fixed(native(spec)) == ("heuristic", 0)  # an inner block's exit leaves the outer one
+    assert native(spec) is searched
+    with pytest.raises(RuntimeError), conv.untimed_search():
+        raise RuntimeError
+    assert mode_and_fixed(native(spec)) == ("find", 0)
+
+
+def test_a_partial_batch_runs_untimed_and_a_full_one_searches():
+    from resnet_native.training.builders import partial_batch_search
+
+    spec = ConvSpec()
+    with partial_batch_search(336, 512):
+        assert mode_and_fixed(native(spec)) == ("heuristic", 0)
+    with partial_batch_search(512, 512):
+        assert mode_and_fixed(native(spec)) == ("find", 0)
+
+
 def test_native_specs_are_built_once_per_spec_and_direction():
     spec = ConvSpec(stride=2, padding=1, algo="fwd=IMPLICIT_GEMM;bwd_data=ALGO_1")
     forward = native(spec)

@@ -1,5 +1,6 @@
 """prime_first_steps on the GPU: after it, the run's own first training steps and evaluation forwards search for
-no algorithm (every search was the throwaway model's), and the memory it used is given back."""
+no algorithm (every search was the throwaway model's), the partial batches' convolutions took heuristic choices
+(no search), and the memory it used is given back."""
 
 import gc
 
@@ -9,7 +10,7 @@ import pytest
 from resnet_native import conv
 from resnet_native.data.augment import storage_dtype
 from resnet_native.step import TrainStep
-from resnet_native.training.builders import build_model, build_optimizer, build_scaler
+from resnet_native.training.builders import build_model, build_optimizer, build_scaler, partial_batch_search
 from resnet_native.training.config import TrainConfig, load_recipe
 from resnet_native.training.warm_start import batch_shapes, prime_first_steps
 
@@ -31,12 +32,20 @@ def test_the_runs_first_steps_search_nothing_after_priming(precision):
     step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
                      scaler=build_scaler(cfg), cuda_graph=True)
     dtype = storage_dtype(precision)
+    assert batch_shapes(1000, cfg.batch_size) == (96, 40) and batch_shapes(10_000, cfg.eval_batch_size) == (300, 100)
     for b in batch_shapes(1000, cfg.batch_size):
         for _ in range(2):  # the first call of a shape runs eagerly, the second captures it
-            step.run(cupy.zeros((b, 32, 32, 3), dtype=dtype), cupy.zeros((b,), dtype=cupy.int32))
+            with partial_batch_search(b, cfg.batch_size):  # as the trainer runs them
+                step.run(cupy.zeros((b, 32, 32, 3), dtype=dtype), cupy.zeros((b,), dtype=cupy.int32))
     assert step.num_graphs == 2
     model.eval()
     for b in batch_shapes(10_000, cfg.eval_batch_size):
-        model.forward(cupy.zeros((b, 32, 32, 3), dtype=dtype), train=False, copy=False)
+        with partial_batch_search(b, cfg.eval_batch_size):
+            model.forward(cupy.zeros((b, 32, 32, 3), dtype=dtype), train=False, copy=False)
     cupy.cuda.get_current_stream().synchronize()
     assert conv.algorithm_cache_stats()["finds"] == searched
+    modes = {}  # batch size -> the modes its convolutions' choices were made in
+    for entry in conv.algorithm_cache_entries():
+        fields = dict(f.split("=", 1) for f in entry["key"].split()[1:])
+        modes.setdefault(int(fields["x"].split(",")[0]), set()).add(fields["mode"])
+    assert modes == {96: {"find"}, 40: {"heuristic"}, 300: {"find"}, 100: {"heuristic"}}, modes

@@ -43,7 +43,7 @@ def main() -> None:
     from resnet_native.data.augment import storage_dtype
     from resnet_native.step import TrainStep
     from resnet_native.training import warm_start
-    from resnet_native.training.builders import build_model, build_optimizer, build_scaler
+    from resnet_native.training.builders import build_model, build_optimizer, build_scaler, partial_batch_search
     from resnet_native.training.config import TrainConfig, load_recipe
 
     cfg = TrainConfig.from_dict(load_recipe(args.recipe))
@@ -70,12 +70,14 @@ def main() -> None:
     dtype = storage_dtype(cfg.precision)
     for b in warm_start.batch_shapes(warm_start.TRAIN_IMAGES, cfg.batch_size):
         x, y = cupy.zeros((b, 32, 32, 3), dtype=dtype), cupy.zeros((b,), dtype=cupy.int32)
-        phase(f"step_{b}", step.run, x, y)
-        phase(f"step_{b}_again", step.run, x, y)  # the same shape once searched: its plain cost
+        with partial_batch_search(b, cfg.batch_size):
+            phase(f"step_{b}", step.run, x, y)
+            phase(f"step_{b}_again", step.run, x, y)  # the same shape once searched: its plain cost
     model.eval()
     for b in warm_start.batch_shapes(warm_start.TEST_IMAGES, cfg.eval_batch_size):
         x = cupy.zeros((b, 32, 32, 3), dtype=dtype)
-        phase(f"forward_{b}", lambda x: model.forward(x, train=False, copy=False), x)
+        with partial_batch_search(b, cfg.eval_batch_size):
+            phase(f"forward_{b}", lambda x: model.forward(x, train=False, copy=False), x)
     out["priming_s"] = time.perf_counter() - t_prime
     if child is not None:
         out["decode_s"] = queue.get()

@@ -11,6 +11,15 @@ from ..models.registry import create_model
 from .config import TrainConfig
 
 
+def partial_batch_search(batch: int, full_batch: int):
+    """The context a batch of `batch` images runs its convolutions in: an epoch's last, partial batch runs once per
+    epoch, so it takes cuDNN's heuristic choices (conv.untimed_search) rather than searches that cost as much as
+    hundreds of its steps; full batches search."""
+    from ..conv import untimed_search
+
+    return untimed_search() if batch < full_batch else contextlib.nullcontext()
+
+
 def make_deterministic(model) -> None:
     """Make every convolution (Conv2d, and Linear, which runs as one) pick only deterministic algorithms
     (bit-reproducible runs, e.g. to check --resume). They build their ConvSpec lazily on first use: call this

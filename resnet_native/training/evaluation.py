@@ -66,9 +66,13 @@ class Evaluation:
         stream (the loss kernel adds each batch's sums to them)."""
         import cupy
 
+        from .builders import partial_batch_search
+
         sums = (cupy.zeros((1,), cupy.float64), cupy.zeros((1,), cupy.float64))
         for s in range(0, len(self.y_all), self.batch_size):
-            logits = self.model.forward(self.x_all[s:s + self.batch_size], train=False, copy=False)
+            x = self.x_all[s:s + self.batch_size]
+            with partial_batch_search(len(x), self.batch_size):
+                logits = self.model.forward(x, train=False, copy=False)
             self.loss_fn.forward(logits, self.y_all[s:s + self.batch_size], train=False, totals=sums)
         return sums
 

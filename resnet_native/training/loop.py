@@ -56,6 +56,7 @@ from .builders import (
     build_scaler,
     build_schedule,
     build_train_step,
+    partial_batch_search,
     subset_indices,
 )
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
@@ -259,7 +260,8 @@ class Trainer:
         steps = len(parts.augmenter)
         bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
         for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
-            parts.step.run(x, y)  # loss and correct count stay on the device, summed
+            with partial_batch_search(len(y), parts.augmenter.batch_size):
+                parts.step.run(x, y)  # loss and correct count stay on the device, summed
             if parts.schedule is not None:
                 parts.schedule.step()
             if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):

@@ -87,7 +87,7 @@ def prime_first_steps(cfg: TrainConfig) -> None:
 
     from ..data.augment import storage_dtype
     from ..step import TrainStep
-    from .builders import build_model, build_optimizer, build_scaler
+    from .builders import build_model, build_optimizer, build_scaler, partial_batch_search
 
     model = build_model(cfg)
     step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
@@ -99,10 +99,12 @@ def prime_first_steps(cfg: TrainConfig) -> None:
         return cupy.zeros((b, 32, 32, 3) if cfg.layout == "NHWC" else (b, 3, 32, 32), dtype=dtype)
 
     for b in batch_shapes(n_train, cfg.batch_size):
-        step.run(zeros(b), cupy.zeros((b,), dtype=cupy.int32))
+        with partial_batch_search(b, cfg.batch_size):  # as the run's own steps choose
+            step.run(zeros(b), cupy.zeros((b,), dtype=cupy.int32))
     model.eval()
     for b in batch_shapes(TEST_IMAGES, cfg.eval_batch_size):
-        model.forward(zeros(b), train=False, copy=False)
+        with partial_batch_search(b, cfg.eval_batch_size):
+            model.forward(zeros(b), train=False, copy=False)
     cupy.cuda.get_current_stream().synchronize()
     del step, model
     gc.collect()  # the layers refer to each other: their device arrays go with the cycles
