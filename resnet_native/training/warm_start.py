@@ -82,16 +82,28 @@ def batch_shapes(n: int, batch_size: int) -> tuple:
 
 def prime_first_steps(cfg: TrainConfig) -> None:
     """One eager training step per training batch shape and one forward per evaluation batch shape, with a
-    throwaway model of cfg on zeros; everything it allocated is freed on return."""
+    throwaway model of cfg on zeros. Everything it allocated goes back to cupy's pool on return, where the run's
+    own model and steps find blocks of the same sizes. Says on stderr where its seconds went."""
+    import time
+
+    seconds, t0 = {}, time.perf_counter()
     import cupy
 
     from ..data.augment import storage_dtype
     from ..step import TrainStep
     from .builders import build_model, build_optimizer, build_scaler, partial_batch_search
 
+    def lap(what: str) -> None:
+        nonlocal t0
+        cupy.cuda.get_current_stream().synchronize()
+        t = time.perf_counter()
+        seconds[what], t0 = t - t0, t
+
+    lap("imports and context")
     model = build_model(cfg)
     step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
                      scaler=build_scaler(cfg), cuda_graph=False)
+    lap("model")
     n_train = TRAIN_IMAGES if cfg.subset is None else min(cfg.subset, TRAIN_IMAGES)
     dtype = storage_dtype(cfg.precision)
 
@@ -101,11 +113,13 @@ def prime_first_steps(cfg: TrainConfig) -> None:
     for b in batch_shapes(n_train, cfg.batch_size):
         with partial_batch_search(b, cfg.batch_size):  # as the run's own steps choose
             step.run(zeros(b), cupy.zeros((b,), dtype=cupy.int32))
+        lap(f"step {b}")
     model.eval()
     for b in batch_shapes(TEST_IMAGES, cfg.eval_batch_size):
         with partial_batch_search(b, cfg.eval_batch_size):
             model.forward(zeros(b), train=False, copy=False)
-    cupy.cuda.get_current_stream().synchronize()
+        lap(f"forward {b}")
     del step, model
     gc.collect()  # the layers refer to each other: their device arrays go with the cycles
-    cupy.get_default_memory_pool().free_all_blocks()
+    lap("release")
+    print("warm start: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()), file=sys.stderr)
