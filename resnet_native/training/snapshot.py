@@ -2,18 +2,18 @@
 
 A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()`
 at a time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot,
-that holds the training loop for tens of milliseconds per epoch. Here take() only enqueues, on the current stream,
-one device-to-device copy per array into a staging buffer on the device (about 0.1 ms of device time for a
-ResNet-18's 134 MB of weights and AdamW state) and returns. resolve(), on the checkpoint writer's thread, copies
-the staging buffer to the host on a non-blocking stream of its own once the staging copies have run, then does the
-layout conversions. So the training loop never waits for the PCIe transfer, and nothing it enqueues later (on any
-stream, the legacy default stream included) waits for it either. The host buffer is ordinary pageable memory: a
-copy into it blocks only the thread that resolves, and page-locking 134 MB would cost the loop more than the
-transfer. Both buffers are kept from one checkpoint to the next.
+that holds the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one
+device-to-device copy per array into a staging buffer on the device (about 0.1 ms for a ResNet-18's 134 MB of
+weights and AdamW state), then one device-to-host copy of that buffer into page-locked memory on a side stream of
+its own, and returns. The current stream is free again once the staging copies have run, so the loop's next read
+of a device value (the loss scaler's state, the next epoch's first synchronisation) does not wait for the
+PCIe transfer, which overlaps the next epoch's steps. resolve() (on the checkpoint writer's thread) waits for the
+transfer and does the layout conversions there. Both buffers are kept from one checkpoint to the next.
 
 Ordering: the staging copies run on the stream that is current at take(). Work that later overwrites the arrays
 must be ordered after it: the same stream, or a blocking stream when the current one is the legacy default stream
-(as in the trainer, whose captured step replays on a blocking stream).
+(as in the trainer, whose captured step replays on a blocking stream). The side stream is non-blocking, so work
+enqueued later on the legacy default stream does not wait for the transfer either.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class HostSnapshot:
     def __init__(self):
         self._free = []  # buffers of resolved snapshots: (layout, (host uint8 array, device staging or None))
         self._lock = threading.Lock()
+        self._transfer_stream = None  # the side stream of the device-to-host copies (made at the first take)
 
     def take(self, groups: dict) -> PendingSnapshot:
         entries = [(g, k, a, to_host) for g, sources in groups.items() for k, (a, to_host) in sources.items()]
@@ -46,7 +47,7 @@ class HostSnapshot:
         on_device = any(_is_device(a) for _, _, a, _ in entries)
         buffers = self._buffers(layout, nbytes, on_device)
         host, staging = buffers
-        staged = None
+        event = None
         if on_device:
             import cupy
 
@@ -59,8 +60,22 @@ class HostSnapshot:
                 cupy.cuda.runtime.memcpyAsync(staging.data.ptr + offset, a.data.ptr, a.nbytes,
                                               cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
         if on_device:
-            staged = stream.record(cupy.cuda.Event(disable_timing=True))
-        return PendingSnapshot(self, entries, layout, buffers, staged)
+            event = self._transfer(staging, host, _device_runs(entries, layout))
+        return PendingSnapshot(self, entries, layout, buffers, event)
+
+    def _transfer(self, staging, host, runs):
+        """The device-to-host copies of staging's device runs, on the side stream after the current stream's staging
+        copies; the event that marks their end."""
+        import cupy
+
+        if self._transfer_stream is None:
+            self._transfer_stream = cupy.cuda.Stream(non_blocking=True)
+        side = self._transfer_stream
+        side.wait_event(cupy.cuda.get_current_stream().record())
+        for start, stop in runs:
+            cupy.cuda.runtime.memcpyAsync(host.ctypes.data + start, staging.data.ptr + start, stop - start,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, side.ptr)
+        return side.record(cupy.cuda.Event(disable_timing=True))
 
     def _buffers(self, layout, nbytes: int, on_device: bool):
         """(host buffer, device staging buffer or None) for layout: a resolved snapshot's, or new ones."""
@@ -68,12 +83,12 @@ class HostSnapshot:
             for i, (free_layout, _) in enumerate(self._free):
                 if free_layout == layout:
                     return self._free.pop(i)[1]
-        staging = None
         if on_device:
             import cupy
+            import cupyx
 
-            staging = cupy.empty((max(nbytes, 1),), np.uint8)
-        return np.empty((max(nbytes, 1),), np.uint8), staging
+            return cupyx.empty_pinned((max(nbytes, 1),), np.uint8), cupy.empty((max(nbytes, 1),), np.uint8)
+        return np.empty((max(nbytes, 1),), np.uint8), None
 
     def _give_back(self, layout, buffers) -> None:
         with self._lock:
@@ -82,21 +97,20 @@ class HostSnapshot:
 
 
 class PendingSnapshot:
-    """The staging copies take() enqueued. resolve() copies them to the host once they have run (blocking only its
-    own thread) and returns the converted host values, each in memory of its own; the buffers then go back for the
-    next take."""
+    """The copies take() enqueued. resolve() waits for them (a host sync on their event only) and returns the
+    converted host values, each in memory of its own; the buffer then goes back for the next take."""
 
-    def __init__(self, owner, entries, layout, buffers, staged):
+    def __init__(self, owner, entries, layout, buffers, event):
         self._owner, self._entries, self._layout = owner, entries, layout
-        self._buffers, self._staged = buffers, staged
+        self._buffers, self._event = buffers, event
 
     def resolve(self) -> dict:
         if self._buffers is None:
             raise RuntimeError("this snapshot was already resolved or released")
         try:
-            host, staging = self._buffers
-            if staging is not None:
-                _copy_to_host(staging, host, _device_runs(self._entries, self._layout), self._staged)
+            if self._event is not None:
+                self._event.synchronize()
+            host = self._buffers[0]
             out = {}
             for (group, key, _, to_host), (offset, shape, dtype) in zip(self._entries, self._layout, strict=True):
                 value = to_host(_view(host, offset, shape, dtype))
@@ -108,27 +122,13 @@ class PendingSnapshot:
             self.release()
 
     def release(self) -> None:
-        """Give the buffers back without reading them (after the staging copies have run)."""
+        """Give the buffer back without reading it (after the copies have run)."""
         if self._buffers is None:
             return
-        if self._staged is not None:
-            self._staged.synchronize()
+        if self._event is not None:
+            self._event.synchronize()
         buffers, self._buffers = self._buffers, None
         self._owner._give_back(self._layout, buffers)
-
-
-def _copy_to_host(staging, host, runs, staged) -> None:
-    """staging's device runs into host, after the event `staged`, on a non-blocking stream of staging's device (so
-    that the copy waits for nothing else, and nothing else waits for it)."""
-    import cupy
-
-    with cupy.cuda.Device(staging.device.id):
-        stream = cupy.cuda.Stream(non_blocking=True)
-        stream.wait_event(staged)
-        for start, stop in runs:
-            cupy.cuda.runtime.memcpyAsync(host.ctypes.data + start, staging.data.ptr + start, stop - start,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-        stream.synchronize()
 
 
 def _is_device(a) -> bool:
