@@ -4,6 +4,7 @@ batch-norm running statistics in place."""
 
 import numpy as np
 import pytest
+from algorithm_modes import modes_by_batch
 
 from resnet_native.models import ResNet18
 from resnet_native.optim import SGD
@@ -35,3 +36,15 @@ def test_the_captured_evaluation_replays_what_the_eager_one_computes(rng):
     captured.reset()
     assert not captured.captured
     step.reset_graphs()
+
+
+def test_the_last_partial_batch_takes_heuristic_algorithms(rng):
+    """Full batches search; the partial one, evaluated once per evaluation, takes cuDNN's heuristic choices."""
+    from resnet_native import conv
+
+    model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
+    x_all = cp.asarray(rng.standard_normal((70, 32, 32, 3)).astype(np.float16))  # batches of 32, 32, 6
+    y_all = cp.asarray(rng.integers(0, 10, 70).astype(np.int32))
+    conv.clear_algorithm_cache()
+    Evaluation(model, x_all, y_all, 32)()
+    assert modes_by_batch() == {32: {"find"}, 6: {"heuristic"}}, modes_by_batch()

@@ -6,6 +6,7 @@ import gc
 
 import cupy
 import pytest
+from algorithm_modes import modes_by_batch
 
 from resnet_native import conv
 from resnet_native.data.augment import storage_dtype
@@ -44,8 +45,5 @@ def test_the_runs_first_steps_search_nothing_after_priming(precision):
             model.forward(cupy.zeros((b, 32, 32, 3), dtype=dtype), train=False, copy=False)
     cupy.cuda.get_current_stream().synchronize()
     assert conv.algorithm_cache_stats()["finds"] == searched
-    modes = {}  # batch size -> the modes its convolutions' choices were made in
-    for entry in conv.algorithm_cache_entries():
-        fields = dict(f.split("=", 1) for f in entry["key"].split()[1:])
-        modes.setdefault(int(fields["x"].split(",")[0]), set()).add(fields["mode"])
+    modes = modes_by_batch()
     assert modes == {96: {"find"}, 40: {"heuristic"}, 300: {"find"}, 100: {"heuristic"}}, modes
