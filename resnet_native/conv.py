@@ -6,12 +6,12 @@ float32 for 'fp32' (strict FMA math) and 'tf32' (TF32 tensor cores allowed), flo
 holding bfloat16 bit patterns for 'bf16' (cupy has no bfloat16); fp16 and bf16 accumulate in fp32.
 
 How to convolve is a ConvSpec (conv_spec.py: geometry, layout, precision, engine, and the algorithm choice per
-direction: 'find', 'heuristic' or an algorithm name; untimed_search() turns 'find' into 'heuristic' for the
-problems run within it). The choice is cached per problem (shapes, dtypes, layout,
-geometry, math, determinism, workspace cap, engine, mode) in memory; save_algorithm_cache / load_algorithm_cache
-keep it across runs on the same GPU model and cuDNN version. The cache and the graph engine's execution plans are
-bounded, the least recently used evicted first (set_algorithm_cache_capacity, set_plan_cache_capacity). Outputs
-passed as `out=` are written in place; with out=None they are allocated with cupy first.
+direction: 'find', 'heuristic' or an algorithm name; untimed_search() makes 'find' 'heuristic' within it). The
+choice is cached per problem (shapes, dtypes, layout, geometry, math, determinism, workspace cap, engine, mode)
+in memory; save_algorithm_cache / load_algorithm_cache keep it across runs on the same GPU model and cuDNN
+version. The cache and the graph engine's execution plans are bounded, the least recently used evicted first
+(set_algorithm_cache_capacity, set_plan_cache_capacity). Outputs passed as `out=` are written in place; with
+out=None they are allocated with cupy first.
 """
 
 from __future__ import annotations
@@ -162,10 +162,8 @@ def _fusion_disabled():
 def _epilogue(fused) -> str:
     if fused is None or fused == "" or fused == "none":
         return "none"
-    if not isinstance(fused, str):
-        raise ValueError(f"fused: expected None or a '+'-joined subset of bias, residual, relu, got {fused!r}")
-    parts = fused.split("+")
-    if any(p not in EPILOGUE_PARTS for p in parts) or len(set(parts)) != len(parts):
+    parts = fused.split("+") if isinstance(fused, str) else None
+    if parts is None or any(p not in EPILOGUE_PARTS for p in parts) or len(set(parts)) != len(parts):
         raise ValueError(f"fused: expected None or a '+'-joined subset of bias, residual, relu, got {fused!r}")
     return "+".join(p for p in EPILOGUE_PARTS if p in parts)
 
