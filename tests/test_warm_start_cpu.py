@@ -85,21 +85,3 @@ def test_a_priming_error_waits_for_the_child_and_leaves_no_temporary_file(tmp_pa
 def test_batch_shapes(n, batch, expected):
     assert warm_start.batch_shapes(n, batch) == expected
 
-
-def test_the_child_decodes_at_a_lower_priority_than_the_priming(tmp_path, primed, monkeypatch):
-    """The priming must not share its core with the decoding pool: the child (and so its workers) is niced."""
-    import os
-
-    fake = fake_arrays(np.random.default_rng(3))
-    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
-    seen = tmp_path / "niceness"
-    real = cifar10.load_cifar10
-
-    def load(*args, **kwargs):  # runs in the forked child
-        seen.write_text(str(os.nice(0)))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cifar10, "load_cifar10", load)
-    warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
-    assert int(seen.read_text()) == min(19, os.nice(0) + warm_start.DECODE_NICENESS)
-    assert os.nice(0) < int(seen.read_text())  # this process keeps its own priority

@@ -6,7 +6,7 @@
 Runs what training/warm_start.prime_first_steps runs (the recipe's throwaway model, one eager training step per
 training batch shape, one forward per evaluation batch shape), timing each phase with the device synchronised.
 With --decode nice|plain a forked child decodes the source meanwhile (decode_source, every core; 'nice' lowers
-its priority as the warm start does) and its own wall time is printed too. Run each mode in a fresh process with
+its priority by --nice) and its own wall time is printed too. Run each mode in a fresh process with
 an empty CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
 """
 

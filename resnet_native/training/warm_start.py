@@ -8,11 +8,6 @@ the run's model on zeros. The searches' choices and the compiled kernels are per
 run's own first steps find them there. The run's model, optimizer and data never meet the throwaway: what the run
 computes is unchanged, only where its first seconds go ("warm-up", beside "data", in the summary's seconds).
 
-The priming is one thread of this process, the decode a pool of one worker per core: run side by side at equal
-priority, the priming got a seventeenth of 16 cores and took 5.3 s instead of 3.1 s. The child therefore lowers its
-own priority (and its workers', which inherit it) by DECODE_NICENESS: the priming takes the core it needs whenever
-it is runnable, and the decode has every other core and the priming's idle time.
-
 The child writes the decoded arrays to the data cache (load_cifar10's .npz, written atomically) and this process
 reads them from there. When the child fails, or the cache cannot be written, the parent's load decodes the source
 itself, with the error it raises then.
@@ -22,14 +17,12 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import os
 import sys
 import warnings
 
 from .config import TrainConfig
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
-DECODE_NICENESS = 10  # Linux's scheduler weighs a niceness-10 process about a tenth of a niceness-0 one
 
 
 def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
@@ -68,7 +61,6 @@ def _decode_into_cache(path, cache_dir) -> None:
     from ..data.cifar10 import load_cifar10
 
     try:
-        os.nice(DECODE_NICENESS)
         load_cifar10(path, cache_dir=cache_dir)
     except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
         print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
