@@ -3,11 +3,11 @@
     CUPY_CACHE_DIR=$(mktemp -d) python tools/warm_start_timing.py --data .data/cifar10-jpeg.tar.xz \
         --decode {none,nice,plain} [--recipe B] [--nice 10]
 
-Runs what training/warm_start.prime_first_steps runs (the recipe's throwaway model, one eager training step per
-training batch shape, one forward per evaluation batch shape), timing each phase with the device synchronised.
+Runs training/warm_start.prime_first_steps (the recipe's throwaway model, one eager training step per training
+batch shape, one forward per evaluation batch shape), which times its own phases with the device synchronised.
 With --decode nice|plain a forked child decodes the source meanwhile (decode_source, every core; 'nice' lowers
-its priority by --nice) and its own wall time is printed too. Run each mode in a fresh process with
-an empty CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
+its priority by --nice) and its own wall time is printed too. Run each mode in a fresh process with an empty
+CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -38,13 +38,8 @@ def main() -> None:
     args = p.parse_args()
 
     t_import = time.perf_counter()
-    import cupy
-
-    from resnet_native.data.augment import storage_dtype
-    from resnet_native.step import TrainStep
-    from resnet_native.training import warm_start
-    from resnet_native.training.builders import build_model, build_optimizer, build_scaler, partial_batch_search
     from resnet_native.training.config import TrainConfig, load_recipe
+    from resnet_native.training.warm_start import prime_first_steps
 
     cfg = TrainConfig.from_dict(load_recipe(args.recipe))
     out = {"decode": args.decode, "imports_s": time.perf_counter() - t_import}
@@ -55,29 +50,7 @@ def main() -> None:
         child = multiprocessing.get_context("fork").Process(target=decode, args=(args.data, niceness, queue))
         child.start()
     t_prime = time.perf_counter()
-
-    def phase(name, fn, *fn_args):
-        t0 = time.perf_counter()
-        result = fn(*fn_args)
-        cupy.cuda.Device().synchronize()
-        out[name + "_s"] = time.perf_counter() - t0
-        return result
-
-    phase("context", lambda: cupy.zeros(1))
-    model = phase("build_model", lambda: build_model(cfg))
-    step = phase("train_step", lambda: TrainStep(model, build_optimizer(cfg, model), scaler=build_scaler(cfg),
-                                                 label_smoothing=cfg.label_smoothing, cuda_graph=False))
-    dtype = storage_dtype(cfg.precision)
-    for b in warm_start.batch_shapes(warm_start.TRAIN_IMAGES, cfg.batch_size):
-        x, y = cupy.zeros((b, 32, 32, 3), dtype=dtype), cupy.zeros((b,), dtype=cupy.int32)
-        with partial_batch_search(b, cfg.batch_size):
-            phase(f"step_{b}", step.run, x, y)
-            phase(f"step_{b}_again", step.run, x, y)  # the same shape once searched: its plain cost
-    model.eval()
-    for b in warm_start.batch_shapes(warm_start.TEST_IMAGES, cfg.eval_batch_size):
-        x = cupy.zeros((b, 32, 32, 3), dtype=dtype)
-        with partial_batch_search(b, cfg.eval_batch_size):
-            phase(f"forward_{b}", lambda x: model.forward(x, train=False, copy=False), x)
+    out.update({f"{phase}_s": s for phase, s in prime_first_steps(cfg).items()})
     out["priming_s"] = time.perf_counter() - t_prime
     if child is not None:
         out["decode_s"] = queue.get()

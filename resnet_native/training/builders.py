@@ -6,6 +6,7 @@ import contextlib
 
 import numpy as np
 
+from ..conv import untimed_search
 from ..data.augment import STREAM_SUBSET, AugmentConfig, epoch_rng
 from ..models.registry import create_model
 from .config import TrainConfig
@@ -14,9 +15,7 @@ from .config import TrainConfig
 def partial_batch_search(batch: int, full_batch: int):
     """The context a batch of `batch` images runs its convolutions in: an epoch's last, partial batch runs once per
     epoch, so it takes cuDNN's heuristic choices (conv.untimed_search) rather than searches that cost as much as
-    hundreds of its steps; full batches search."""
-    from ..conv import untimed_search
-
+    hundreds of its steps; full batches search. Called for every training step: nothing is imported here."""
     return untimed_search() if batch < full_batch else contextlib.nullcontext()
 
 

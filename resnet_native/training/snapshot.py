@@ -1,14 +1,14 @@
 """Host copies of the training state taken without stalling the host, for checkpoints written in the background.
 
-A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()`
-at a time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot,
-that holds the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one
-device-to-device copy per array into a staging buffer on the device (about 0.1 ms for a ResNet-18's 134 MB of
-weights and AdamW state), then one device-to-host copy of that buffer into page-locked memory on a side stream of
-its own, and returns. The current stream is free again once the staging copies have run, so the loop's next read
-of a device value (the loss scaler's state, the next epoch's first synchronisation) does not wait for the
-PCIe transfer, which overlaps the next epoch's steps. resolve() (on the checkpoint writer's thread) waits for the
-transfer and does the layout conversions there. Both buffers are kept from one checkpoint to the next.
+A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()` at a
+time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot, that holds
+the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one device-to-device
+copy per array into a staging buffer on the device, then the device-to-host copy of that buffer (one per run of device
+entries) into page-locked memory on a side stream of its own, and returns. The current stream is free again once the
+staging copies have run, so the loop's next read of a device value (the loss scaler's state, the next epoch's first
+synchronisation) does not wait for the PCIe transfer, which overlaps the next epoch's steps. resolve() (on the
+checkpoint writer's thread) waits for the transfer and does the layout conversions there. Both buffers are kept from one
+checkpoint to the next.
 
 Ordering: the staging copies run on the stream that is current at take(). Work that later overwrites the arrays
 must be ordered after it: the same stream, or a blocking stream when the current one is the legacy default stream
@@ -153,7 +153,7 @@ def _device_runs(entries, layout) -> list:
         if not _is_device(a):
             extend = False
             continue
-        end = offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        end = offset + _nbytes(shape, dtype)
         if extend:  # the entry before was a device one: only padding lies between
             runs[-1] = (runs[-1][0], end)
         else:
@@ -162,7 +162,11 @@ def _device_runs(entries, layout) -> list:
     return runs
 
 
+def _nbytes(shape: tuple, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
 def _view(buffer, offset: int, shape: tuple, dtype: str) -> np.ndarray:
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    n = _nbytes(shape, dtype)
     return buffer[offset:offset + n].view(dtype).reshape(shape)

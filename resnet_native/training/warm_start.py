@@ -72,10 +72,10 @@ def batch_shapes(n: int, batch_size: int) -> tuple:
     return tuple(b for b in (min(batch_size, n), n % batch_size if n > batch_size else 0) if b)
 
 
-def prime_first_steps(cfg: TrainConfig) -> None:
+def prime_first_steps(cfg: TrainConfig) -> dict:
     """One eager training step per training batch shape and one forward per evaluation batch shape, with a
     throwaway model of cfg on zeros. Everything it allocated goes back to cupy's pool on return, where the run's
-    own model and steps find blocks of the same sizes. Says on stderr where its seconds went."""
+    own model and steps find blocks of the same sizes. Returns {phase: seconds} and says it on stderr."""
     import time
 
     seconds, t0 = {}, time.perf_counter()
@@ -115,3 +115,4 @@ def prime_first_steps(cfg: TrainConfig) -> None:
     gc.collect()  # the layers refer to each other: their device arrays go with the cycles
     lap("release")
     print("warm start: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()), file=sys.stderr)
+    return seconds
