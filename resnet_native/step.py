@@ -4,6 +4,7 @@
     loss, correct = step(x, labels)       # device scalars (copies); nothing is read back to the host
     step.run(x, labels)                   # the same step; its loss and correct count go to the totals
     loss_sum, correct_sum, seen = step.read_totals(reset=True)    # host numbers: one synchronisation
+    totals = step.take_totals()           # the same, and the reset, queued; totals.result() waits for them alone
 
 A step has a host half (optimizer.prepare_step: count the step, write the learning rate and momentum a schedule
 set into device scalars) and a device half (everything else), which allocates nothing and never synchronises.
@@ -109,14 +110,23 @@ class TrainStep:
     def read_totals(self, reset: bool = False) -> tuple:
         """(sum of per-batch mean loss x batch size, correct predictions, samples) since the last reset, as host
         numbers (one synchronisation)."""
+        if reset:
+            return self.take_totals().result()
         loss_sum, correct_sum = self._totals_arrays()
         with self._on_stream():
-            values = (float(loss_sum.reshape(())), float(correct_sum.reshape(())), self._seen)
-            if reset:
-                loss_sum.fill(0)
-                correct_sum.fill(0)
-        if reset:
-            self._seen = 0
+            return float(loss_sum.reshape(())), float(correct_sum.reshape(())), self._seen
+
+    def take_totals(self):
+        """The totals since the last reset, and a reset, without waiting for the device: a DeviceValues whose
+        result() is (loss sum, correct sum, samples), read once this step's work so far has run."""
+        from .readback import DeviceValues
+
+        totals = self._totals_arrays()
+        seen, self._seen = self._seen, 0
+        with self._on_stream():
+            values = DeviceValues(totals, lambda loss, correct: (float(loss[0]), float(correct[0]), seen))
+            for a in totals:
+                a.fill(0)
         return values
 
     def reset_graphs(self) -> None:

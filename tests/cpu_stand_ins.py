@@ -2,6 +2,7 @@
 and the ranks of tests/test_train_dp_cpu.py): the slice of cupy the trainer and augmenter use, on NumPy, the
 augmentation kernel replaced by its NumPy reference, and a tiny data set."""
 
+import time
 import types
 
 import numpy as np
@@ -13,8 +14,19 @@ def numpy_as_cupy():
     for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
                  "float16", "float32", "float64", "uint8", "uint16"):
         setattr(fake, name, getattr(np, name))
-    done = types.SimpleNamespace(synchronize=lambda: None)  # an event: NumPy's work is done when queued
-    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0, record=lambda: done)
+    class Event:  # NumPy's work is done when it is queued: an event is complete when recorded
+        def __init__(self, *args, **kwargs):
+            self.time = None
+
+        def synchronize(self):
+            pass
+
+    def record(event=None):
+        event = Event() if event is None else event
+        event.time = time.perf_counter()
+        return event
+
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0, record=record)
 
     class CUDARuntimeError(RuntimeError):
         pass
@@ -23,7 +35,8 @@ def numpy_as_cupy():
         raise CUDARuntimeError("no GPU: host memory cannot be page-locked")
 
     runtime = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, hostRegister=host_register)
-    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, runtime=runtime)
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, runtime=runtime, Event=Event,
+                                      get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3)
     fake.asnumpy = np.asarray
     return fake
 

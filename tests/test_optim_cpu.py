@@ -388,3 +388,10 @@ def test_adamw_on_the_host_does_not_count_updates_the_scaler_skips(rng):
     scaler.step(opt)
     scaler.update()
     assert opt.step_count == 2 and opt.applied_steps == 1 and opt.state_dict()["step"] == 1
+    # What the trainer's checkpoint copies: the header, then the sources, whose 'step' counts applied updates.
+    from resnet_native.training.snapshot import HostSnapshot
+
+    copies = HostSnapshot().take({"o": opt.state_sources(), "s": scaler.state_sources()}).resolve()
+    assert {**opt.state_header(), **copies["o"]}["step"] == 1 and opt.state_header()["step"] == 2
+    assert {**scaler.state_header(), **copies["s"]} == scaler.state_dict()
+    assert copies["s"] == {"scale": 2.0, "growth_tracker": 1}

@@ -123,6 +123,11 @@ def test_adamw_does_not_count_updates_the_scaler_skips(rng):
     x[0, 1, 2, 0] = 0
     step(cp.asarray(x), labels)
     assert opt.step_count == 2 and opt.applied_steps == 1 and opt.state_dict()["step"] == 1
+    # The trainer's checkpoints copy the device counter itself, with the scaler's state, beside the arrays.
+    from resnet_native.training.snapshot import HostSnapshot
+
+    copies = HostSnapshot().take({"o": opt.state_sources(), "s": scaler.state_sources()}).resolve()
+    assert copies["o"]["step"] == 1 and copies["s"] == {"scale": 512.0, "growth_tracker": 1}
 
 
 def test_write_scalars_and_advance_step_on_the_device():

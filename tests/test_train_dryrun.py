@@ -10,6 +10,7 @@ release of such a run. Images are 8x8 to keep ResNet-18 in NumPy fast; the GPU t
 import pathlib
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
 from resnet_native.layers import Module
 from resnet_native.metrics_log import read_metrics_csv
-from resnet_native.training import checkpoint_writer, cli, evaluation, loop
+from resnet_native.training import builders, checkpoint_writer, cli, evaluation, loop
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_release_of_a_dry_run(cpu_backend, tiny, tmp_path):
 
 def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_backend, tiny, tmp_path, monkeypatch):
     events = []
-    build_model = loop.build_model
+    build_model = builders.build_model
 
     def recording_build_model(cfg):
         model = build_model(cfg)
@@ -156,7 +157,7 @@ def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_back
         model.forward = lambda *a, **k: events.append("forward") or forward(*a, **k)
         return model
 
-    monkeypatch.setattr(loop, "build_model", recording_build_model)
+    monkeypatch.setattr(builders, "build_model", recording_build_model)
     load = rn.conv.load_algorithm_cache
     monkeypatch.setattr(rn.conv, "load_algorithm_cache", lambda path: events.append("load") or load(path))
     cfg = config("--epochs", "2")
@@ -201,7 +202,7 @@ def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, t
     def failing_save(path, state):
         raise OSError("No space left on device")
 
-    evaluate = evaluation.Evaluation.__call__
+    evaluate = evaluation.Evaluation.queue
     calls = []
 
     def evaluate_then_fail(self):
@@ -211,7 +212,7 @@ def test_training_error_is_not_hidden_by_a_checkpoint_write_error(cpu_backend, t
         return evaluate(self)
 
     monkeypatch.setattr(checkpoint_writer, "save_checkpoint", failing_save)
-    monkeypatch.setattr(evaluation.Evaluation, "__call__", evaluate_then_fail)
+    monkeypatch.setattr(evaluation.Evaluation, "queue", evaluate_then_fail)
     threads = threading.active_count()
     with pytest.raises(RuntimeError, match="training broke"):
         run(config("--epochs", "2"), tmp_path, tiny).run()
@@ -229,7 +230,7 @@ def test_checkpoint_write_error_alone_still_raises(cpu_backend, tiny, tmp_path, 
 
 
 def test_a_batch_larger_than_the_training_set_is_rejected_before_training(cpu_backend, tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "build_model", lambda cfg: pytest.fail("the model was built"))
+    monkeypatch.setattr(builders, "build_model", lambda cfg: pytest.fail("the model was built"))
     with pytest.raises(ValueError, match="batch_size: 64 is larger than the 32 training images"):
         run(config("--batch-size", "64"), tmp_path, tiny).run()
 
@@ -252,7 +253,7 @@ def test_a_death_between_best_and_last_leaves_them_consistent(cpu_backend, tiny,
     naming a best epoch that best.npz does not hold; --resume then publishes both again."""
     accuracy = {1: 0.2, 2: 0.5, 3: 0.4}  # by epoch: epoch 2 is the best
     epochs = iter([1, 2, 3])  # the epochs evaluated (the write error surfaces at epoch 3's submit)
-    monkeypatch.setattr(evaluation.Evaluation, "__call__", lambda self: (1.0, accuracy[next(epochs)]))
+    monkeypatch.setattr(evaluation.Evaluation, "queue", lambda self: _ready((1.0, accuracy[next(epochs)])))
     publish = checkpoint_writer._publish_copy
     calls = []
 
@@ -309,3 +310,8 @@ def test_a_write_that_would_wait_is_skipped_but_never_the_last(cpu_backend, tiny
     summary = run(config("--epochs", "4", "--eval-every", "100"), tmp_path, tiny).run()
     assert summary["checkpoints_skipped"] == 1
     assert int(checkpoint.load_checkpoint(tmp_path / "last.npz")["epoch"]) == 3
+
+
+def _ready(values):
+    """A stand-in for a queued evaluation's DeviceValues."""
+    return types.SimpleNamespace(result=lambda: values)

@@ -70,7 +70,7 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     assert summary["train_images"] == 10000 and summary["train_images_per_s"] > 1000
     seconds = summary["seconds"]  # where the wall time went: every activity measured, the rest 'other'
     assert set(seconds) == {"set-up", "data", "build", "train", "evaluate", "log", "checkpoint",
-                            "checkpoint wait", "finish", "other"}, seconds
+                            "checkpoint wait", "finish", "plot", "other"}, seconds
     assert all(v > 0 for k, v in seconds.items() if k not in ("other", "checkpoint wait")), seconds
     assert seconds["checkpoint wait"] >= 0, seconds  # zero to the millisecond while the writer keeps up
     assert sum(seconds.values()) == pytest.approx(summary["wall_time_s"], abs=0.01)
@@ -131,6 +131,10 @@ def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["completed"] and summary["epochs_done"] == 2 and summary["recipe"] == "B"
     assert 0.0 <= summary["test_acc"] <= 1.0 and summary["wall_time_s"] > 0 and summary["train_images_per_s"] > 0
+    seconds = summary["seconds"]  # the command's whole wall time: its start-up and the plot included
+    assert seconds["start-up"] > 0 and seconds["plot"] > 0, seconds
+    assert sum(seconds.values()) == pytest.approx(summary["wall_time_s"], abs=0.01)
+    assert json.loads((run / "summary.json").read_text())["seconds"] == seconds
     assert (run / "curves.png").is_file() and (run / "metrics.csv").is_file()
     cfg = checkpoint.load_checkpoint(run / "last.npz")["config"]
     assert cfg["augment"]["autoaugment"] and cfg["optimizer"]["name"] == "adamw"

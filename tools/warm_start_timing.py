@@ -1,12 +1,13 @@
 """Where a fresh machine's warm start goes: the priming's phases, alone and beside a decode of the CIFAR-10 source.
 
     CUPY_CACHE_DIR=$(mktemp -d) python tools/warm_start_timing.py --data .data/cifar10-jpeg.tar.xz \
-        --decode {none,nice,plain} [--recipe B] [--nice 10]
+        --decode {none,nice,plain} [--recipe B] [--nice 10] [--context-first]
 
 Runs training/warm_start.prime_first_steps (the recipe's throwaway model, one eager training step per training
 batch shape, one forward per evaluation batch shape), which times its own phases with the device synchronised.
 With --decode nice|plain a forked child decodes the source meanwhile (decode_source, every core; 'nice' lowers
-its priority by --nice) and its own wall time is printed too. Run each mode in a fresh process with an empty
+its priority by --nice) and its own wall time is printed too. --context-first creates the CUDA context before the fork, as the trainer does
+(its GPU check comes first). Run each mode in a fresh process with an empty
 CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
 """
 
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--decode", choices=["none", "nice", "plain"], default="none")
     p.add_argument("--recipe", default="B")
     p.add_argument("--nice", type=int, default=10)
+    p.add_argument("--context-first", action="store_true", help="the CUDA context before the fork")
     args = p.parse_args()
 
     t_import = time.perf_counter()
@@ -43,6 +45,12 @@ def main() -> None:
 
     cfg = TrainConfig.from_dict(load_recipe(args.recipe))
     out = {"decode": args.decode, "imports_s": time.perf_counter() - t_import}
+    if args.context_first:
+        import resnet_native as rn
+
+        t_context = time.perf_counter()
+        rn.require_gpu()
+        out["context_first_s"] = time.perf_counter() - t_context
     queue = multiprocessing.get_context("fork").SimpleQueue()
     child = None
     if args.decode != "none":

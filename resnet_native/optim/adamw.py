@@ -8,6 +8,8 @@ found_inf says the update is skipped, so the step needs no host synchronisation.
 device (Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
+import numpy as np
+
 from .. import multi_tensor
 from ..layers.placement import host_copy
 from .optimizer import Optimizer, _non_negative
@@ -54,13 +56,18 @@ class AdamW(Optimizer):
     def set_momentum(self, value: float) -> None:
         self.betas = (float(value), self.betas[1])
 
-    def state_dict(self) -> dict:
-        out = super().state_dict()
-        out["step"] = self.applied_steps
-        return out
+    def state_sources(self) -> dict:
+        """Optimizer.state_sources(), and 'step': the updates applied (the device counter, uncopied), which
+        replaces the header's count of steps taken (skipped ones included) in state_dict() and checkpoints."""
+        step = self._device_step if self._device_step is not None else np.full((1,), self._applied, np.float32)
+        return {**super().state_sources(), "step": (step, _first_int)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._applied = self.step_count
         if self._device_step is not None:
             self._device_step.fill(self._applied)
+
+
+def _first_int(a) -> int:
+    return int(a[0])

@@ -172,16 +172,23 @@ class GradScaler:
             return self._host_scale
         return float(placements.host_copy(self._dev["scale"])[0])
 
+    def state_header(self) -> dict:
+        """The settings in state_dict(): what lives on the host."""
+        return {"growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "enabled": self.enabled}
+
+    def state_sources(self) -> dict:
+        """{'scale', 'growth_tracker': (array, to_host)}: the device arrays, uncopied (host values before they
+        exist), for callers that copy to the host themselves (the trainer's checkpoint snapshot)."""
+        if self._dev is None:
+            scale, tracker = np.full((1,), self._host_scale), np.full((1,), self._host_tracker, np.int32)
+        else:
+            scale, tracker = self._dev["scale"], self._dev["tracker"]
+        return {"scale": (scale, _first_float), "growth_tracker": (tracker, _first_int)}
+
     def state_dict(self) -> dict:
-        tracker = self._host_tracker if self._dev is None else int(placements.host_copy(self._dev["tracker"])[0])
-        return {
-            "scale": self.get_scale(),
-            "growth_tracker": tracker,
-            "growth_factor": self.growth_factor,
-            "backoff_factor": self.backoff_factor,
-            "growth_interval": self.growth_interval,
-            "enabled": self.enabled,
-        }
+        out = {k: to_host(placements.host_copy(a)) for k, (a, to_host) in self.state_sources().items()}
+        return {**out, **self.state_header()}
 
     def load_state_dict(self, state: dict) -> None:
         self.growth_factor = float(state.get("growth_factor", self.growth_factor))
@@ -204,3 +211,11 @@ class GradScaler:
             f"backoff_factor={self.backoff_factor:g}, growth_interval={self.growth_interval}, "
             f"enabled={self.enabled})"
         )
+
+
+def _first_float(a) -> float:
+    return float(a[0])
+
+
+def _first_int(a) -> int:
+    return int(a[0])

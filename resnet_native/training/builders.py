@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,3 +120,68 @@ def autoaugment_workers(cfg: TrainConfig, train_images, workers):
         yield aa
     finally:
         aa.close()
+
+
+@dataclass
+class Parts:
+    """What a run trains with, built from its configuration."""
+
+    model: Any
+    optimizer: Any
+    schedule: Any
+    scaler: Any
+    step: Any
+    augmenter: Any
+    test_inputs: Any
+    test_labels: Any
+
+    world_size: int = 1
+
+    @property
+    def images_per_epoch(self) -> int:
+        """Over all ranks."""
+        return len(self.augmenter) * self.augmenter.batch_size * self.world_size
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Parts:
+    """Everything a rank of a run trains with, from its configuration and its CIFAR10Data."""
+    import cupy
+
+    from ..data.augment import GpuAugmenter, normalize_on_gpu
+
+    n = world.world_size
+    model = build_model(cfg)
+    optimizer = build_optimizer(cfg, model)
+    augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
+                             layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
+                             world=world)
+    schedule = build_schedule(cfg, optimizer, len(augmenter))
+    scaler = build_scaler(cfg)
+    if n > 1 and allreduce is None:
+        allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
+    if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
+        from ..layers import synchronize_batch_norms
+
+        synchronize_batch_norms(model, allreduce)
+    step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
+    test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
+    test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
+    return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
+
+
+def default_allreduce(model, world, store, wire: str = "fp32"):
+    """The gradient all-reduce of a model where it lives: NCCL on the GPU (gradients sent as `wire`), the Store
+    on the host (float64 sums of the gradients as they are)."""
+    from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
+
+    if model.ensure_placed().on_gpu:
+        return NcclAllReduce(store, world, wire=None if wire == "fp32" else wire)
+    return StoreAllReduce(store, world)

@@ -27,7 +27,8 @@ class CheckpointWriter:
     """Serialises and fsyncs checkpoints on a background thread.
 
     submit() takes host copies (state_dicts are NumPy), or a function the writer's thread calls to get them, and
-    returns at once; a later submit waits for the one before, and flush() for all of them. With best_path, the
+    returns at once; a later submit waits for the one before, and flush() for all of them. After a failed write,
+    the jobs still queued are dropped, and the next submit or flush raises that error. With best_path, the
     state is written there first and then published at path with a hard link, when possible, so an improving
     epoch costs one write, not two, and best is never behind what last says.
     As a context manager it closes on exit; when the block raised, that error is the one reported and a pending write
@@ -52,6 +53,8 @@ class CheckpointWriter:
                 self._q.task_done()
                 return
             try:
+                if self._error is not None:  # a write failed: the run stops at the next submit or flush with it
+                    continue
                 path, state, best_path = job
                 if callable(state):
                     state = state()

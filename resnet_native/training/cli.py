@@ -18,7 +18,6 @@ import pathlib
 import sys
 import time
 
-from ..checkpoint import atomic_write_text
 from ..distributed.launch import launch, without_option
 from ..distributed.rank import join
 from ..distributed.world import world_from_launcher_env
@@ -179,10 +178,9 @@ def main(argv=None) -> dict:
                           progress=not args.no_progress and world.is_primary, tensorboard=not args.no_tensorboard,
                           aa_workers=args.aa_workers, log_every=args.log_every,
                           checkpoint_every=args.checkpoint_every, world=world, store=store, algorithms=args.algos)
-        summary = trainer.run(resume=args.resume, stop_after=args.stop_after)
-    summary["wall_time_s"] = time.perf_counter() - t0  # the whole command, imports and data loading included
+        # The run's wall time and "seconds" count from here: the command's start-up included.
+        summary = trainer.run(resume=args.resume, stop_after=args.stop_after, started_at=t0)
     if world.is_primary:  # the run folder is rank 0's
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(summary_line(summary))
     return summary
 

@@ -1,5 +1,5 @@
 """Evaluating a model on a fixed device test set: mean cross-entropy (no smoothing) and accuracy, summed on the
-device, one host synchronisation per evaluation.
+device and read back once per evaluation (queue() returns before they are read).
 
 With cuda_graph=True the first evaluation runs eagerly (algorithm searches, the layers' buffers for the evaluation
 batch shapes, workspace growth, all allocated from a cupy pool of its own), the second is captured whole (every
@@ -12,6 +12,7 @@ running statistics and the test set in place, so it sees each epoch's model; aft
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 from ..cuda_graph import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
@@ -41,7 +42,14 @@ class Evaluation:
         return self._graph is not None
 
     def __call__(self) -> tuple[float, float]:
+        return self.queue().result()
+
+    def queue(self):
+        """The evaluation queued on the current stream: a DeviceValues whose result() is (mean loss, accuracy),
+        read once it has run (without waiting for work queued after it)."""
         import cupy
+
+        from ..readback import DeviceValues
 
         self.model.eval()
         if not self.cuda_graph:
@@ -59,7 +67,9 @@ class Evaluation:
                 launch_ordered(self._graph, cupy.cuda.Stream.null)
                 loss_sum, correct_sum = self._sums
         n = len(self.y_all)
-        return float(loss_sum.reshape(())) / n, float(correct_sum.reshape(())) / n
+        with cupy.cuda.Stream.null if self._graph is not None else contextlib.nullcontext():  # where the sums are
+            return DeviceValues((loss_sum, correct_sum),
+                                lambda loss, correct: (float(loss[0]) / n, float(correct[0]) / n))
 
     def _device_sums(self):
         """(loss sum, correct sum): float64 device arrays of shape (1,), every batch's work enqueued on the current

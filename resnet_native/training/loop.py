@@ -26,22 +26,21 @@ test metrics are NaN, their train metrics those of their own shard); with --resu
 last.npz, after a barrier. world_size 1 is the single-process run, with no store and no all-reduce unless one is
 given (a one-rank NCCL run, checked on one GPU).
 
-Host synchronisation is kept to the minimum: loss and correct counts accumulate on the device, and are read every
-log_every steps for the progress bar and once per epoch.
+The GPU does not wait for the host between epochs: loss and correct counts accumulate on the device, and epoch k's
+figures are read (and logged, and checkpointed) only once epoch k+1 is queued behind them (queued_epoch.py). The
+progress bar, when shown, reads the running totals every log_every steps, which waits for the steps so far.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import pathlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
 
 from ..checkpoint import atomic_write_text, load_checkpoint
 from ..data.augment import check_labels
@@ -49,13 +48,9 @@ from ..data.cifar10 import CIFAR10Data
 from ..models.registry import NUM_CLASSES
 from ..names import whole_number
 from .builders import (
-    augment_config,
+    Parts,
     autoaugment_workers,
-    build_model,
-    build_optimizer,
-    build_scaler,
-    build_schedule,
-    build_train_step,
+    build_parts,
     partial_batch_search,
     subset_indices,
 )
@@ -63,6 +58,7 @@ from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algori
 from .config import TrainConfig, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
+from .queued_epoch import QueuedEpoch, record_event, stage_state
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
 from .warm_start import load_while_priming
@@ -114,21 +110,26 @@ class Trainer:
         self.checkpoint_every = max(1, whole_number("checkpoint_every", checkpoint_every))
         self.algorithms = None if algorithms is None else pathlib.Path(algorithms)
 
-    def run(self, *, resume: bool = False, stop_after: int | None = None) -> dict:
+    def run(self, *, resume: bool = False, stop_after: int | None = None, started_at: float | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
-        complete, as if interrupted (the schedule still spans cfg.epochs). Returns the summary (summary.json)."""
+        complete, as if interrupted (the schedule still spans cfg.epochs). Returns the summary (summary.json).
+        started_at: the time.perf_counter() the run's wall time counts from (the command's start; default now),
+        what came before the call counted as "start-up"."""
         import resnet_native as rn
 
-        from ..metrics_log import MetricsLog
+        from ..metrics_log import MetricsLog, plot_curves
 
         t_start = time.perf_counter()
+        spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
+        if started_at is not None:
+            spent.add("start-up", t_start - started_at)
+            t_start = started_at
         cfg = self.cfg
         primary = self.world.is_primary
         if resume and self.store is not None:  # rank 0's last.npz is complete: its last run ended in a barrier
             self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
         rn.require_gpu()  # before any data is decoded or the run folder is made
-        spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
         prime = state is None and self.algorithms is None and self.world.world_size == 1
         data = self._load_data(spent, prime)
         if primary:
@@ -141,7 +142,7 @@ class Trainer:
             elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
                 rn.conv.load_algorithm_cache(self.algorithms)
             with spent("build"):
-                parts = _build(cfg, data, self.world, self.store, self.allreduce)
+                parts = build_parts(cfg, data, self.world, self.store, self.allreduce)
             progress = _Progress()
             if state is not None:
                 parts.load_state_dict(state)
@@ -160,53 +161,49 @@ class Trainer:
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
-            snapshots, algos, skipped = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE), 0
+            snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
+            skipped, between = 0, 0.0
             # The CUDA context, the AutoAugment workers' start, the metrics log and writer, the evaluation.
             spent.add_untracked("set-up", t_start)
-            for epoch in range(progress.next_epoch, end_epoch):
-                # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure (the
-                # upload is queued on the stream, and waited for by the epoch's first synchronisation).
-                with spent("autoaugment") if upload is not None else contextlib.nullcontext():
-                    images = upload(epoch, end_epoch) if upload is not None else None
-                lr = float(parts.optimizer.lr)
-                with spent("train"):
-                    train_loss, train_acc, epoch_time = self._train_epoch(parts, epoch, images)
-                with spent("evaluate"):
-                    if not primary:
-                        test_loss, test_acc = math.nan, math.nan
-                    elif _due(epoch, cfg.eval_every, end_epoch):
-                        test_loss, test_acc = evaluation()
-                    else:  # not evaluated this epoch: no test figures in its row
-                        test_loss = test_acc = None
-                row = {"epoch": epoch + 1, "lr": lr, "train_loss": train_loss, "train_acc": train_acc,
-                       "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
-                       "images_per_s": parts.images_per_epoch / epoch_time}
-                with spent("log"):
-                    log.log_epoch(row)
-                    rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
-                    test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
-                    print(f"{rank}epoch {epoch + 1}/{cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
-                          f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
-                is_best = progress.record(row)
-                due = _due(epoch, self.checkpoint_every, end_epoch)
-                if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
-                    due, skipped = False, skipped + 1  # the writer is a checkpoint behind: skip, never wait
-                if primary and (due or is_best):
-                    with spent("checkpoint"):
-                        snapshot = self._state(parts, epoch, progress, log.rows, snapshots)
-                        algos.save()
-                    with spent("checkpoint wait"):  # for the writer, while the one before is still queued
-                        writer.submit(self.out / ("last.npz" if due else "best.npz"), snapshot,
-                                      self.out / "best.npz" if due and is_best else None)
+            queued = None  # the epoch whose figures are read once the next one is queued (queued_epoch.py)
+            finish = functools.partial(self._finish_epoch, parts=parts, end_epoch=end_epoch, progress=progress,
+                                       log=log, writer=writer, algos=algos, spent=spent)
+            try:
+                for epoch in range(progress.next_epoch, end_epoch):
+                    ahead = self._queue_epoch(parts, epoch, end_epoch, upload, evaluation, snapshots, spent)
+                    ahead.previous_end = None if queued is None else queued.end
+                    if queued is not None:
+                        done, queued = queued, None
+                        skipped += finish(done)
+                        between += done.seconds_before()
+                    queued = ahead
+            except BaseException:
+                if queued is not None:  # complete on the device, and not yet logged: keep its row and checkpoint
+                    with contextlib.suppress(Exception):
+                        finish(queued)
+                raise
+            if queued is not None:
+                skipped += finish(queued)
+                between += queued.seconds_before()
             t_finish = time.perf_counter()
         # Closing waits for the last checkpoint's write and stops the AutoAugment workers and the metrics log.
         spent.add("finish", time.perf_counter() - t_finish)
         if self.store is not None:  # every rank returns once rank 0's checkpoints are on disk
             self.store.barrier("run end", BARRIER_TIMEOUT_S)
         self.model = parts.model
-        summary = self._summary(parts, progress, log.rows, end_epoch, t_start)
-        summary["seconds"] = spent.totals(wall=summary["wall_time_s"])
+        summary = self._summary(parts, progress, log.rows, end_epoch)
         summary["checkpoints_skipped"] = skipped
+        # GPU time between one epoch's last step and the next's first: evaluations, checkpoint copies, uploads,
+        # and the GPU waiting for the host.
+        summary["gpu_between_epochs_s"] = round(between, 3)
+        if self.world.is_primary and log.rows:
+            with spent("plot"):
+                summary["plot_backend"] = plot_curves(log.rows, self.out / "curves.png",
+                                                      title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
+        summary["wall_time_s"] = time.perf_counter() - t_start
+        summary["seconds"] = spent.totals(wall=summary["wall_time_s"])
+        if self.world.is_primary:
+            atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _resumed_state(self) -> dict | None:
@@ -250,55 +247,98 @@ class Trainer:
             return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels,
                                source=d.source)
 
-    def _train_epoch(self, parts: _Parts, epoch: int, images) -> tuple[float, float, float]:
-        """One epoch of training steps: (mean loss, accuracy, seconds)."""
-        import cupy
+    def _queue_epoch(self, parts: Parts, epoch: int, end_epoch: int, upload, evaluation, snapshots,
+                     spent: Stopwatch) -> QueuedEpoch:
+        """Queue one epoch: its images' upload, its training steps, the read-back of their totals, and (on rank 0)
+        its evaluation and its checkpoint's staging copies when they may be needed. Waits for nothing on the device
+        except when a progress bar reads the running totals."""
+        # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure.
+        with spent("autoaugment") if upload is not None else contextlib.nullcontext():
+            images = upload(epoch, end_epoch) if upload is not None else None
+        with spent("train"):
+            lr = float(parts.optimizer.lr)
+            parts.model.train()
+            steps = len(parts.augmenter)
+            bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
+            t0, start = time.perf_counter(), record_event()
+            for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
+                with partial_batch_search(len(y), parts.augmenter.batch_size):
+                    parts.step.run(x, y)  # loss and correct count stay on the device, summed
+                if parts.schedule is not None:
+                    parts.schedule.step()
+                if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):
+                    loss_sum, correct_sum, seen = parts.step.read_totals()  # waits for the steps so far
+                    bar.update(i + 1 - bar.n)
+                    bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct_sum / seen:.4f}",
+                                    img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+            if bar is not None:
+                bar.close()
+            queued = QueuedEpoch(epoch, lr, start, None, parts.step.take_totals())
+            queued.end = record_event()
+        if not self.world.is_primary:
+            return queued
+        with spent("evaluate"):
+            if _due(epoch, self.cfg.eval_every, end_epoch):
+                queued.test = evaluation.queue()
+        if queued.test is not None or _due(epoch, self.checkpoint_every, end_epoch):
+            with spent("checkpoint"):
+                queued.staged, queued.host_state = stage_state(parts, snapshots)
+        return queued
 
-        cupy.cuda.get_current_stream().synchronize()
-        t0 = time.perf_counter()
-        parts.model.train()  # the step's device totals start at zero: every epoch's last read resets them
-        steps = len(parts.augmenter)
-        bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
-        for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
-            with partial_batch_search(len(y), parts.augmenter.batch_size):
-                parts.step.run(x, y)  # loss and correct count stay on the device, summed
-            if parts.schedule is not None:
-                parts.schedule.step()
-            if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):
-                loss_sum, correct_sum, seen = parts.step.read_totals()
-                bar.update(i + 1 - bar.n)
-                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct_sum / seen:.4f}",
-                                img_s=f"{seen / (time.perf_counter() - t0):.0f}")
-        loss_sum, correct_sum, seen = parts.step.read_totals(reset=True)  # waits for the epoch's steps
-        seconds = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
-        return loss_sum / seen, correct_sum / seen, seconds
+    def _finish_epoch(self, queued: QueuedEpoch, *, parts: Parts, end_epoch: int, progress: _Progress, log,
+                      writer, algos, spent: Stopwatch) -> int:
+        """Read a queued epoch's figures (waiting for its own work only), log its row and checkpoint it; 1 when a
+        due checkpoint was skipped because the writer is behind, else 0."""
+        epoch, primary = queued.epoch, self.world.is_primary
+        with spent("train"):
+            train_loss, train_acc, epoch_time = queued.training_figures()
+        with spent("evaluate"):
+            test_loss, test_acc = queued.test_figures() if primary else (math.nan, math.nan)
+        row = {"epoch": epoch + 1, "lr": queued.lr, "train_loss": train_loss, "train_acc": train_acc,
+               "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
+               "images_per_s": parts.images_per_epoch / epoch_time}
+        with spent("log"):
+            log.log_epoch(row)
+            rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
+            test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
+            print(f"{rank}epoch {epoch + 1}/{self.cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
+                  f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
+        is_best = progress.record(row)
+        due, skipped = _due(epoch, self.checkpoint_every, end_epoch), 0
+        if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
+            due, skipped = False, 1  # the writer is a checkpoint behind: skip, never wait
+        if not (primary and (due or is_best)):
+            queued.release()
+            return skipped
+        with spent("checkpoint"):
+            state = self._state(queued, progress, log.rows)
+            algos.save()
+        with spent("checkpoint wait"):  # for the writer, while the one before is still queued
+            writer.submit(self.out / ("last.npz" if due else "best.npz"), state,
+                          self.out / "best.npz" if due and is_best else None)
+        return skipped
 
-    def _state(self, parts: _Parts, epoch: int, progress: _Progress, history, snapshots: HostSnapshot):
-        """The checkpoint after `epoch`, everything --resume needs to continue exactly, as a function for the
-        writer's thread: the arrays' copies to the host are enqueued here and waited for there. The scalars that
-        live on the device (the loss scale, AdamW's step) are read first: a small read enqueued after the
-        snapshot's transfer would wait for the copy engine to finish it."""
+    def _state(self, queued: QueuedEpoch, progress: _Progress, history):
+        """The checkpoint after a queued epoch, everything --resume needs to continue exactly, as a function for
+        the writer's thread, which waits there for the staged copies to reach the host."""
+        epoch, arrays, host = queued.epoch, queued.staged, queued.host_state
+        queued.staged = None
         scalars = {"format": STATE_FORMAT, "epoch": epoch, "config": self.cfg.to_dict(),
-                   "optimizer": parts.optimizer.state_header(),
-                   "schedule": _state_of(parts.schedule), "scaler": _state_of(parts.scaler),
+                   "schedule": host["schedule"],
                    # The data pipeline draws from (seed, epoch) alone: these two numbers are its whole RNG state.
                    "rng": {"seed": self.cfg.seed, "next_epoch": epoch + 1},
                    "metrics": {"history": [dict(r) for r in history], "best": dict(progress.best),
                                "train_time_s": progress.train_time_s}}
-        arrays = snapshots.take({"model": parts.model.state_sources(),
-                                 "optimizer": parts.optimizer.state_sources()})
 
         def state() -> dict:
-            host = arrays.resolve()
-            return {**scalars, "model": host["model"], "optimizer": {**scalars["optimizer"], **host["optimizer"]}}
+            copies = arrays.resolve()
+            scaler = None if host["scaler"] is None else {**host["scaler"], **copies["scaler"]}
+            return {**scalars, "model": copies["model"], "optimizer": {**host["optimizer"], **copies["optimizer"]},
+                    "scaler": scaler}
 
         return state
 
-    def _summary(self, parts: _Parts, progress: _Progress, rows, end_epoch: int, t_start: float) -> dict:
-        from ..metrics_log import plot_curves
-
+    def _summary(self, parts: Parts, progress: _Progress, rows, end_epoch: int) -> dict:
         cfg = self.cfg
         final = rows[-1] if rows else {}
         train_time = progress.train_time_s
@@ -309,92 +349,17 @@ class Trainer:
             "best_epoch": progress.best["epoch"] if rows else None,
             "train_images": parts.augmenter.num_images, "train_time_s": train_time,
             "train_images_per_s": (len(rows) * parts.images_per_epoch / train_time) if train_time > 0 else None,
-            "wall_time_s": time.perf_counter() - t_start,
             "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
             "out": str(self.out),
         }
         if self.world.world_size > 1:
             summary["rank"], summary["world_size"] = self.world.rank, self.world.world_size
-        if not self.world.is_primary:
-            return summary
-        if rows:
-            summary["plot_backend"] = plot_curves(rows, self.out / "curves.png",
-                                                  title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
-        atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
-
-
-@dataclass
-class _Parts:
-    """What a run trains with, built from its configuration."""
-
-    model: Any
-    optimizer: Any
-    schedule: Any
-    scaler: Any
-    step: Any
-    augmenter: Any
-    test_inputs: Any
-    test_labels: Any
-
-    world_size: int = 1
-
-    @property
-    def images_per_epoch(self) -> int:
-        """Over all ranks."""
-        return len(self.augmenter) * self.augmenter.batch_size * self.world_size
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.schedule is not None:
-            self.schedule.load_state_dict(state["schedule"])
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
 
 
 def _due(epoch: int, every: int, end_epoch: int) -> bool:
     """Whether something done every `every` epochs, and after the last, is due after `epoch` (0-based)."""
     return (epoch + 1) % every == 0 or epoch + 1 == end_epoch
-
-
-def _state_of(obj):
-    return obj.state_dict() if obj is not None else None
-
-
-def _build(cfg: TrainConfig, data: CIFAR10Data, world, store=None, allreduce=None) -> _Parts:
-    import cupy
-
-    from ..data.augment import GpuAugmenter, normalize_on_gpu
-
-    n = world.world_size
-    model = build_model(cfg)
-    optimizer = build_optimizer(cfg, model)
-    augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
-                             layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
-                             world=world)
-    schedule = build_schedule(cfg, optimizer, len(augmenter))
-    scaler = build_scaler(cfg)
-    if n > 1 and allreduce is None:
-        allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
-    if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
-        from ..layers import synchronize_batch_norms
-
-        synchronize_batch_norms(model, allreduce)
-    step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
-    test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
-    test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
-    return _Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
-
-
-def default_allreduce(model, world, store, wire: str = "fp32"):
-    """The gradient all-reduce of a model where it lives: NCCL on the GPU (gradients sent as `wire`), the Store
-    on the host (float64 sums of the gradients as they are)."""
-    from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
-
-    if model.ensure_placed().on_gpu:
-        return NcclAllReduce(store, world, wire=None if wire == "fp32" else wire)
-    return StoreAllReduce(store, world)
 
 
 class _RowsOnly:

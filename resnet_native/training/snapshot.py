@@ -5,8 +5,8 @@ time into fresh pageable NumPy memory, with the NHWC conv weights transposed to 
 the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one device-to-device
 copy per array into a staging buffer on the device, then the device-to-host copy of that buffer (one per run of device
 entries) into page-locked memory on a side stream of its own, and returns. The current stream is free again once the
-staging copies have run, so the loop's next read of a device value (the loss scaler's state, the next epoch's first
-synchronisation) does not wait for the PCIe transfer, which overlaps the next epoch's steps. resolve() (on the
+staging copies have run, so what is queued after them (the next epoch's steps, the read-back of their totals) does not
+wait for the PCIe transfer, which overlaps those steps. resolve() (on the
 checkpoint writer's thread) waits for the transfer and does the layout conversions there. Both buffers are kept from one
 checkpoint to the next.
 

@@ -1,0 +1,82 @@
+"""An epoch's device work, queued before the host reads the epoch before it.
+
+Reading an epoch's figures synchronises the host with the GPU, and the GPU then idles while the host logs,
+checkpoints and uploads the next epoch's images. So the trainer queues epoch k+1 (its upload, its steps, their
+totals, its evaluation and its checkpoint's staging copies) first, and only then reads epoch k's figures. Each
+read waits for an event of its own, recorded after epoch k's work (readback.DeviceValues), so the host's
+bookkeeping for epoch k overlaps epoch k+1's steps.
+
+A checkpoint after epoch k must not see epoch k+1's updates. Its arrays are copied when epoch k is queued, in
+stream order before epoch k+1's steps (training/snapshot.py), the device scalars among them (the loss scale,
+AdamW's step). The host's part of the state (the schedule, the optimizer's step count and hyperparameters) is
+read at the same moment. Whether the checkpoint is then written depends on the test accuracy, known only when the
+epoch is read, so an epoch is staged whenever its checkpoint is due or it is evaluated; an unused one is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class QueuedEpoch:
+    """One epoch's queued work: the events around its steps and the values to read once they have run."""
+
+    epoch: int
+    lr: float  # at the epoch's start
+    start: Any  # cupy Events, recorded before the first step and after the last
+    end: Any
+    totals: Any  # DeviceValues: (loss sum, correct sum, samples)
+    test: Any = None  # DeviceValues: (mean loss, accuracy) when the epoch is evaluated
+    staged: Any = None  # PendingSnapshot of the arrays, when the epoch may be checkpointed
+    host_state: dict | None = None  # the host's part of that state, read when the epoch was queued
+    previous_end: Any = None  # the end event of the epoch queued before this one
+
+    def training_figures(self) -> tuple[float, float, float]:
+        """(mean loss, accuracy, seconds between the first step's start and the last step's end on the GPU)."""
+        import cupy
+
+        loss_sum, correct_sum, seen = self.totals.result()
+        self.end.synchronize()
+        return loss_sum / seen, correct_sum / seen, cupy.cuda.get_elapsed_time(self.start, self.end) / 1e3
+
+    def test_figures(self) -> tuple[float | None, float | None]:
+        """(mean loss, accuracy) on the test set, or (None, None) when the epoch was not evaluated."""
+        return self.test.result() if self.test is not None else (None, None)
+
+    def seconds_before(self) -> float:
+        """GPU seconds from the last step of the epoch before (its end event: previous_end) to this epoch's first
+        step: that epoch's evaluation and checkpoint copies, this one's upload, and any wait for the host. Once
+        training_figures() has been read."""
+        import cupy
+
+        if self.previous_end is None:
+            return 0.0
+        return cupy.cuda.get_elapsed_time(self.previous_end, self.start) / 1e3
+
+    def release(self) -> None:
+        """Give the staged copies back unwritten."""
+        if self.staged is not None:
+            self.staged.release()
+            self.staged = None
+
+
+def stage_state(parts, snapshots) -> tuple:
+    """(PendingSnapshot of every array a checkpoint holds, the host's part of the state) as the queue stands now:
+    the arrays are copied in stream order, after the work queued so far."""
+    scaler = parts.scaler
+    groups = {"model": parts.model.state_sources(), "optimizer": parts.optimizer.state_sources()}
+    if scaler is not None:
+        groups["scaler"] = scaler.state_sources()
+    host = {"optimizer": parts.optimizer.state_header(),
+            "schedule": parts.schedule.state_dict() if parts.schedule is not None else None,
+            "scaler": scaler.state_header() if scaler is not None else None}
+    return snapshots.take(groups), host
+
+
+def record_event():
+    """An event with timing, recorded on the current stream."""
+    import cupy
+
+    return cupy.cuda.get_current_stream().record(cupy.cuda.Event())
