@@ -6,8 +6,8 @@
 Runs training/warm_start.prime_first_steps (the recipe's throwaway model, one eager training step per training
 batch shape, one forward per evaluation batch shape), which times its own phases with the device synchronised.
 With --decode nice|plain a forked child decodes the source meanwhile (decode_source, every core; 'nice' lowers
-its priority by --nice) and its own wall time is printed too. --context-first creates the CUDA context before the fork, as the trainer does
-(its GPU check comes first). Run each mode in a fresh process with an empty
+its priority by --nice) and its own wall time is printed too. --context-first creates the CUDA context before the
+fork, as the trainer does (its GPU check comes first). Run each mode in a fresh process with an empty
 CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
 """
 
