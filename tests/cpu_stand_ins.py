@@ -11,7 +11,7 @@ import numpy as np
 def numpy_as_cupy():
     """A module standing in for cupy, on NumPy."""
     fake = types.ModuleType("cupy")
-    for name in ("zeros", "empty", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
+    for name in ("zeros", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
                  "float16", "float32", "float64", "uint8", "uint16"):
         setattr(fake, name, getattr(np, name))
     class Event:  # NumPy's work is done when it is queued: an event is complete when recorded
@@ -26,7 +26,13 @@ def numpy_as_cupy():
         event.time = time.perf_counter()
         return event
 
-    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0, record=record)
+    stream = types.SimpleNamespace(synchronize=lambda: None, ptr=0, record=record, wait_event=lambda event: None)
+
+    class DeviceArray(np.ndarray):  # what cupy.empty gives: ndarray.set(host, stream=...) copies into it
+        def set(self, host, stream=None):
+            self[...] = host
+
+    fake.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(DeviceArray)
 
     class CUDARuntimeError(RuntimeError):
         pass
@@ -35,7 +41,8 @@ def numpy_as_cupy():
         raise CUDARuntimeError("no GPU: host memory cannot be page-locked")
 
     runtime = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, hostRegister=host_register)
-    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, runtime=runtime, Event=Event,
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, Stream=lambda **kwargs: stream,
+                                      runtime=runtime, Event=Event,
                                       get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3)
     fake.asnumpy = np.asarray
     return fake

@@ -1,6 +1,9 @@
 """The AutoAugmented epochs' upload from the workers' page-locked buffers: each epoch on the GPU equals the serial
 reference, the buffers are registered while in use and unregistered after, and the workers never overwrite a slot
-whose copy has not finished (a copy held back behind a long kernel)."""
+whose copy has not finished (a copy held back behind a long kernel); the copies overlap the current stream's work,
+and a device buffer is not overwritten while work queued before the previous upload may still read it."""
+
+import time
 
 import numpy as np
 import pytest
@@ -55,7 +58,8 @@ def test_the_workers_never_overwrite_a_slot_whose_copy_is_still_queued(rng, monk
     with aa.AutoAugmentWorkers(images, seed=4, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
         assert upload.pinned == pinned
         workers.prefetch(0)
-        spin((1,), (1,), (np.int64(500_000_000),))  # 0.5 s: the workers fill a slot in well under that
+        with upload.stream:  # the copies' stream
+            spin((1,), (1,), (np.int64(500_000_000),))  # 0.5 s: the workers fill a slot in well under that
         first = upload(0, 4)
         upload(1, 4)  # prefetch(2) into slot 0: must wait for epoch 0's copy first
         cp.cuda.get_current_stream().synchronize()
@@ -75,3 +79,24 @@ def test_refused_page_locking_falls_back_to_cupys_staged_copy(rng, monkeypatch):
         for epoch in range(3):
             want = aa.autoaugment_images(images, sample_autoaugment(1, epoch, len(images)))
             np.testing.assert_array_equal(cp.asnumpy(upload(epoch, 3)), want)
+
+
+def test_the_copy_overlaps_the_current_stream_and_waits_for_the_slots_readers(rng):
+    images = rng.integers(0, 256, (600, 32, 32, 3), dtype=np.uint8)
+    spin = _spin_kernel()
+    with aa.AutoAugmentWorkers(images, seed=5, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
+        workers.prefetch(0)
+        first = upload(0, 3)
+        spin((1,), (1,), (np.int64(2_000_000_000),))  # epoch 0's "steps": 2 s on the current stream
+        spun = cp.cuda.get_current_stream().record()
+        kept = first.copy()  # read after the spin: what epoch 0's readers see
+        second = upload(1, 3)
+        t0 = time.perf_counter()
+        while not upload._copies[1].done and time.perf_counter() - t0 < 0.5:
+            time.sleep(0.01)
+        assert upload._copies[1].done and not spun.done, "epoch 1's copy waited for the current stream's work"
+        third = upload(2, 3)  # slot 0 again: waits for `kept`'s copy, queued before upload(1)
+        assert third.data.ptr == first.data.ptr and second.data.ptr != first.data.ptr
+        cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(kept), aa.autoaugment_images(images, sample_autoaugment(5, 0, 600)))
+    np.testing.assert_array_equal(cp.asnumpy(third), aa.autoaugment_images(images, sample_autoaugment(5, 2, 600)))

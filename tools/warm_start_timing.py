@@ -1,14 +1,17 @@
 """Where a fresh machine's warm start goes: the priming's phases, alone and beside a decode of the CIFAR-10 source.
 
     CUPY_CACHE_DIR=$(mktemp -d) python tools/warm_start_timing.py --data .data/cifar10-jpeg.tar.xz \
-        --decode {none,nice,plain} [--recipe B] [--nice 10] [--context-first]
+        --decode {none,nice,plain} [--recipe B] [--nice 10] [--context-first] [--cold-libraries] [--readahead]
 
 Runs training/warm_start.prime_first_steps (the recipe's throwaway model, one eager training step per training
 batch shape, one forward per evaluation batch shape), which times its own phases with the device synchronised.
 With --decode nice|plain a forked child decodes the source meanwhile (decode_source, every core; 'nice' lowers
 its priority by --nice) and its own wall time is printed too. --context-first creates the CUDA context before the
 fork, as the trainer does (its GPU check comes first). Run each mode in a fresh process with an empty
-CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. One JSON line on stdout.
+CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. --cold-libraries first drops the
+cuDNN / cuBLAS / NVRTC files from the page cache (a fresh machine's cold start); --readahead starts the trainer's
+library_readahead.readahead() first. The share of those files in the page cache is printed at the start and after
+the priming. One JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -37,14 +40,24 @@ def main() -> None:
     p.add_argument("--recipe", default="B")
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--context-first", action="store_true", help="the CUDA context before the fork")
+    p.add_argument("--cold-libraries", action="store_true", help="evict the GPU libraries from the page cache first")
+    p.add_argument("--readahead", action="store_true", help="read the GPU libraries ahead, as the trainer does")
     args = p.parse_args()
+    from resnet_native import library_readahead
+
+    libraries = library_readahead.library_files()
+    if args.cold_libraries:
+        library_readahead.evict(libraries)
+    cached_at_start = resident_share(libraries)
+    if args.readahead:
+        library_readahead.readahead(libraries)
 
     t_import = time.perf_counter()
     from resnet_native.training.config import TrainConfig, load_recipe
     from resnet_native.training.warm_start import prime_first_steps
 
     cfg = TrainConfig.from_dict(load_recipe(args.recipe))
-    out = {"decode": args.decode, "imports_s": time.perf_counter() - t_import}
+    out = {"decode": args.decode, "imports_s": time.perf_counter() - t_import, "libraries_cached": cached_at_start}
     if args.context_first:
         import resnet_native as rn
 
@@ -64,7 +77,38 @@ def main() -> None:
         out["decode_s"] = queue.get()
         child.join()
         out["both_s"] = time.perf_counter() - t_prime
+    out["libraries_cached_after"] = resident_share(libraries)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}))
+
+
+def resident_share(paths) -> float:
+    """The share of the files' pages in the page cache (mincore over a read-only mapping of each)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    resident = total = 0
+    for path in paths:
+        size = os.path.getsize(path)
+        if not size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            pages = -(-size // mmap.PAGESIZE)
+            vec = ctypes.create_string_buffer(pages)
+            if addr not in (None, ctypes.c_void_p(-1).value) and libc.mincore(addr, size, vec) == 0:
+                resident += sum(b & 1 for b in vec.raw)
+                total += pages
+            if addr not in (None, ctypes.c_void_p(-1).value):
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return resident / total if total else float("nan")
 
 
 if __name__ == "__main__":

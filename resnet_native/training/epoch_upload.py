@@ -1,13 +1,18 @@
-"""Each epoch's AutoAugmented training set, copied to the GPU from the workers' shared buffers.
+"""Each epoch's AutoAugmented training set, copied to the GPU from the workers' shared buffers, beside the training.
 
 The AutoAugment workers write an epoch's copy (150 MB for CIFAR-10) into one of two shared host buffers.
-cupy.asarray of such a buffer first copies it on the host into cupy's own page-locked staging memory, 150 MB of
-memcpy per epoch. Registered as page-locked memory instead, the buffers are read by the copy engine directly,
-and the copy is queued on the training stream like any other work.
+A copy from pageable memory is staged on the host through page-locked memory first, 150 MB of memcpy per epoch.
+Registered as page-locked memory instead, the buffers are read by the copy engine directly.
 
-The copy of epoch e reads slot e % 2, which the workers overwrite once epoch e + 2 is prefetched. Every prefetch
-therefore waits first for the copy that last read its slot, recorded as an event (on the fallback path too: the
-wait does not rely on how cupy stages a pageable copy).
+The copy runs on a side stream of its own into one of two device buffers, so the trainer, which queues epoch k+1
+while epoch k trains, overlaps the transfer with epoch k's steps; the current stream waits for the copy's event
+before anything after it reads the images. Epoch e's device buffer is slot e % 2: its copy waits first for the
+work queued before epoch e-1's upload, which holds epoch e-2's steps, the slot's last readers. Uploads are
+therefore called for consecutive epochs, and what one returns is valid until the upload two epochs later.
+
+On the host side the copy of epoch e reads slot e % 2, which the workers overwrite once epoch e + 2 is
+prefetched. Every prefetch therefore waits first for the copy that last read its slot, recorded as an event (on
+the fallback path too: the wait does not rely on how cupy stages a pageable copy).
 """
 
 from __future__ import annotations
@@ -21,15 +26,18 @@ class EpochUpload:
         import cupy
 
         self.aa = aa
+        self.stream = cupy.cuda.Stream(non_blocking=True)  # the copies' side stream
         self._registered = []
         self._copies = {}  # slot -> the event after the last copy that read it
+        self._device = [None, None]  # the device buffers, one per slot
+        self._readers_done = {}  # slot -> an event after the last work that may read its device buffer
         try:
             for view in aa.slots():
                 cupy.cuda.runtime.hostRegister(view.ctypes.data, view.nbytes, 0)
                 self._registered.append(view.ctypes.data)
         except cupy.cuda.runtime.CUDARuntimeError:
-            # Page-locking can be refused (a locked-memory limit): cupy.asarray's staged copy is then the
-            # fallback, correct and only slower.
+            # Page-locking can be refused (a locked-memory limit): a copy from pageable memory, staged by the
+            # driver, is then the fallback, correct and only slower.
             self._release(quiet=True)
 
     @property
@@ -40,13 +48,17 @@ class EpochUpload:
         import cupy
 
         host = self.aa.result(epoch)
-        stream = cupy.cuda.get_current_stream()
-        if self.pinned:
-            images = cupy.empty(host.shape, host.dtype)
-            images.set(host, stream=stream)
-        else:
-            images = cupy.asarray(host)
-        self._copies[epoch % 2] = stream.record()
+        stream, slot = cupy.cuda.get_current_stream(), epoch % 2
+        # Everything queued so far (epoch-1's steps included) comes before the next upload into the other slot.
+        self._readers_done[1 - slot] = stream.record()
+        if self._device[slot] is None:
+            self._device[slot] = cupy.empty(host.shape, host.dtype)
+        images = self._device[slot]
+        if slot in self._readers_done:
+            self.stream.wait_event(self._readers_done.pop(slot))
+        images.set(host, stream=self.stream)  # the copy engine reads page-locked memory; else cupy stages it
+        copied = self._copies[slot] = self.stream.record()
+        stream.wait_event(copied)
         if epoch + 1 < end_epoch:
             last = self._copies.pop((epoch + 1) % 2, None)
             if last is not None:

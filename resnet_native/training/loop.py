@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from ..checkpoint import atomic_write_text, load_checkpoint
 from ..data.augment import check_labels
 from ..data.cifar10 import CIFAR10Data
+from ..library_readahead import readahead
 from ..models.registry import NUM_CLASSES
 from ..names import whole_number
 from .builders import (
@@ -120,6 +121,7 @@ class Trainer:
         from ..metrics_log import MetricsLog, plot_curves
 
         t_start = time.perf_counter()
+        readahead()  # the cuDNN and cuBLAS files the first step loads, read in the background meanwhile
         spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
         if started_at is not None:
             spent.add("start-up", t_start - started_at)
@@ -185,6 +187,11 @@ class Trainer:
             if queued is not None:
                 skipped += finish(queued)
                 between += queued.seconds_before()
+            plot_backend = None
+            if primary and log.rows:  # while the writer's thread writes the last checkpoint
+                with spent("plot"):
+                    plot_backend = plot_curves(log.rows, self.out / "curves.png",
+                                               title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
             t_finish = time.perf_counter()
         # Closing waits for the last checkpoint's write and stops the AutoAugment workers and the metrics log.
         spent.add("finish", time.perf_counter() - t_finish)
@@ -196,10 +203,8 @@ class Trainer:
         # GPU time between one epoch's last step and the next's first: evaluations, checkpoint copies, uploads,
         # and the GPU waiting for the host.
         summary["gpu_between_epochs_s"] = round(between, 3)
-        if self.world.is_primary and log.rows:
-            with spent("plot"):
-                summary["plot_backend"] = plot_curves(log.rows, self.out / "curves.png",
-                                                      title=f"recipe {cfg.name} {cfg.model} {cfg.precision}")
+        if plot_backend is not None:
+            summary["plot_backend"] = plot_backend
         summary["wall_time_s"] = time.perf_counter() - t_start
         summary["seconds"] = spent.totals(wall=summary["wall_time_s"])
         if self.world.is_primary:
