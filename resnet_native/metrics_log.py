@@ -15,6 +15,7 @@ import io
 import math
 import pathlib
 import sys
+import threading
 import time
 
 from .checkpoint import atomic_write_bytes, atomic_write_text
@@ -107,6 +108,28 @@ def read_metrics_csv(path) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Plot
+
+
+_PRELOAD = []  # the thread of preload_plotting(), once started
+
+
+def preload_plotting() -> None:
+    """Import matplotlib (its Agg backend and pyplot) on a daemon thread, once, so that plot_curves at the end of
+    a run only draws. A failed import is left for plot_curves to meet and report."""
+    if _PRELOAD:
+        return
+
+    def load():
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:
+            pass
+
+    _PRELOAD.append(threading.Thread(target=load, name="matplotlib-preload", daemon=True))
+    _PRELOAD[0].start()
 
 
 def plot_curves(rows, path, title: str = "") -> str:

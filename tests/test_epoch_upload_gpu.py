@@ -87,12 +87,12 @@ def test_the_copy_overlaps_the_current_stream_and_waits_for_the_slots_readers(rn
     with aa.AutoAugmentWorkers(images, seed=5, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
         workers.prefetch(0)
         first = upload(0, 3)
-        spin((1,), (1,), (np.int64(2_000_000_000),))  # epoch 0's "steps": 2 s on the current stream
+        spin((1,), (1,), (np.int64(6_000_000_000),))  # epoch 0's "steps": 6 s on the current stream
         spun = cp.cuda.get_current_stream().record()
         kept = first.copy()  # read after the spin: what epoch 0's readers see
         second = upload(1, 3)
         t0 = time.perf_counter()
-        while not upload._copies[1].done and time.perf_counter() - t0 < 0.5:
+        while not upload._copies[1].done and time.perf_counter() - t0 < 2.0:
             time.sleep(0.01)
         assert upload._copies[1].done and not spun.done, "epoch 1's copy waited for the current stream's work"
         third = upload(2, 3)  # slot 0 again: waits for `kept`'s copy, queued before upload(1)

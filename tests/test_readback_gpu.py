@@ -37,3 +37,11 @@ def test_host_arrays_are_copied_at_once_and_strided_device_arrays_are_refused():
     np.testing.assert_array_equal(read.result(), np.arange(4.0))
     with pytest.raises(ValueError, match="contiguous"):
         DeviceValues((cp.zeros((4, 4))[:, 1],), lambda x: x)
+
+
+def test_more_values_than_one_block_of_slots_stay_apart():
+    arrays = [cp.full((2,), i, cp.float64) for i in range(300)]  # 300 live read-backs: more than one block
+    reads = [DeviceValues((a,), lambda x: float(x[1])) for a in arrays]
+    assert [r.result() for r in reads] == list(range(300))
+    del reads  # their slots go back, and serve the next ones
+    assert DeviceValues((arrays[7],), lambda x: float(x[0])).result() == 7

@@ -1,7 +1,7 @@
 """Where a fresh machine's warm start goes: the priming's phases, alone and beside a decode of the CIFAR-10 source.
 
     CUPY_CACHE_DIR=$(mktemp -d) python tools/warm_start_timing.py --data .data/cifar10-jpeg.tar.xz \
-        --decode {none,nice,plain} [--recipe B] [--nice 10] [--context-first] [--cold-libraries] [--readahead]
+        --decode {none,nice,plain} [--recipe B] [--nice 10] [--context-first] [--cold-libraries]
 
 Runs training/warm_start.prime_first_steps (the recipe's throwaway model, one eager training step per training
 batch shape, one forward per evaluation batch shape), which times its own phases with the device synchronised.
@@ -9,9 +9,9 @@ With --decode nice|plain a forked child decodes the source meanwhile (decode_sou
 its priority by --nice) and its own wall time is printed too. --context-first creates the CUDA context before the
 fork, as the trainer does (its GPU check comes first). Run each mode in a fresh process with an empty
 CUPY_CACHE_DIR: cupy's kernel compiles are part of what a fresh machine pays. --cold-libraries first drops the
-cuDNN / cuBLAS / NVRTC files from the page cache (a fresh machine's cold start); --readahead starts the trainer's
-library_readahead.readahead() first. The share of those files in the page cache is printed at the start and after
-the priming. One JSON line on stdout.
+cuDNN / cuBLAS / NVRTC files of the nvidia wheels from the page cache (posix_fadvise DONTNEED: a fresh machine's
+cold start). The share of those files in the page cache is printed at the start and after the priming. One JSON
+line on stdout.
 """
 
 from __future__ import annotations
@@ -41,16 +41,14 @@ def main() -> None:
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--context-first", action="store_true", help="the CUDA context before the fork")
     p.add_argument("--cold-libraries", action="store_true", help="evict the GPU libraries from the page cache first")
-    p.add_argument("--readahead", action="store_true", help="read the GPU libraries ahead, as the trainer does")
     args = p.parse_args()
-    from resnet_native import library_readahead
-
-    libraries = library_readahead.library_files()
+    libraries = library_files()
     if args.cold_libraries:
-        library_readahead.evict(libraries)
+        for path in libraries:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
     cached_at_start = resident_share(libraries)
-    if args.readahead:
-        library_readahead.readahead(libraries)
 
     t_import = time.perf_counter()
     from resnet_native.training.config import TrainConfig, load_recipe
@@ -79,6 +77,16 @@ def main() -> None:
         out["both_s"] = time.perf_counter() - t_prime
     out["libraries_cached_after"] = resident_share(libraries)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}))
+
+
+def library_files() -> list:
+    """The nvidia wheels' cuDNN, cuBLAS and NVRTC libraries."""
+    import glob
+
+    import nvidia
+
+    return [path for root in nvidia.__path__ for path in glob.glob(os.path.join(root, "*", "lib", "lib*.so*"))
+            if os.path.basename(path).startswith(("libcudnn", "libcublas", "libnvrtc"))]
 
 
 def resident_share(paths) -> float:

@@ -180,8 +180,9 @@ class GradScaler:
     def state_sources(self) -> dict:
         """{'scale', 'growth_tracker': (array, to_host)}: the device arrays, uncopied (host values before they
         exist), for callers that copy to the host themselves (the trainer's checkpoint snapshot)."""
-        if self._dev is None:
-            scale, tracker = np.full((1,), self._host_scale), np.full((1,), self._host_tracker, np.int32)
+        if self._dev is None:  # the dtypes the device arrays will have
+            dtype = self.placement.master_dtype if self.placement is not None else np.float32
+            scale, tracker = np.full((1,), self._host_scale, dtype), np.full((1,), self._host_tracker, np.int32)
         else:
             scale, tracker = self._dev["scale"], self._dev["tracker"]
         return {"scale": (scale, _first_float), "growth_tracker": (tracker, _first_int)}

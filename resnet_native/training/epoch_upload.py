@@ -29,7 +29,8 @@ class EpochUpload:
         self.stream = cupy.cuda.Stream(non_blocking=True)  # the copies' side stream
         self._registered = []
         self._copies = {}  # slot -> the event after the last copy that read it
-        self._device = [None, None]  # the device buffers, one per slot
+        # The device buffers, one per slot, allocated here: an allocation in the loop would synchronise the device.
+        self._device = [cupy.empty(view.shape, view.dtype) for view in aa.slots()]
         self._readers_done = {}  # slot -> an event after the last work that may read its device buffer
         try:
             for view in aa.slots():
@@ -51,8 +52,6 @@ class EpochUpload:
         stream, slot = cupy.cuda.get_current_stream(), epoch % 2
         # Everything queued so far (epoch-1's steps included) comes before the next upload into the other slot.
         self._readers_done[1 - slot] = stream.record()
-        if self._device[slot] is None:
-            self._device[slot] = cupy.empty(host.shape, host.dtype)
         images = self._device[slot]
         if slot in self._readers_done:
             self.stream.wait_event(self._readers_done.pop(slot))

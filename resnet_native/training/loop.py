@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from ..checkpoint import atomic_write_text, load_checkpoint
 from ..data.augment import check_labels
 from ..data.cifar10 import CIFAR10Data
-from ..library_readahead import readahead
 from ..models.registry import NUM_CLASSES
 from ..names import whole_number
+from ..readback import reserve_slots
 from .builders import (
     Parts,
     autoaugment_workers,
@@ -59,7 +59,7 @@ from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algori
 from .config import TrainConfig, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
-from .queued_epoch import QueuedEpoch, record_event, stage_state
+from .queued_epoch import SNAPSHOTS_IN_FLIGHT, QueuedEpoch, record_event, stage_state, state_sources
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
 from .warm_start import load_while_priming
@@ -118,10 +118,9 @@ class Trainer:
         what came before the call counted as "start-up"."""
         import resnet_native as rn
 
-        from ..metrics_log import MetricsLog, plot_curves
+        from ..metrics_log import MetricsLog, plot_curves, preload_plotting
 
         t_start = time.perf_counter()
-        readahead()  # the cuDNN and cuBLAS files the first step loads, read in the background meanwhile
         spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
         if started_at is not None:
             spent.add("start-up", t_start - started_at)
@@ -164,6 +163,10 @@ class Trainer:
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
             snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
+            if parts.model.ensure_placed().on_gpu:  # allocated now: in the loop, an allocation drains the queue
+                reserve_slots()
+                if primary:
+                    snapshots.reserve(state_sources(parts), SNAPSHOTS_IN_FLIGHT)
             skipped, between = 0, 0.0
             # The CUDA context, the AutoAugment workers' start, the metrics log and writer, the evaluation.
             spent.add_untracked("set-up", t_start)
@@ -178,6 +181,8 @@ class Trainer:
                         done, queued = queued, None
                         skipped += finish(done)
                         between += done.seconds_before()
+                        if primary:  # the host is an epoch ahead now: the import has time to hide
+                            preload_plotting()
                     queued = ahead
             except BaseException:
                 if queued is not None:  # complete on the device, and not yet logged: keep its row and checkpoint

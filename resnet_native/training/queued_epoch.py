@@ -62,13 +62,24 @@ class QueuedEpoch:
             self.staged = None
 
 
+# Snapshots in flight at once while queuing one epoch ahead: the one just staged, the epoch before's (not yet
+# read), one queued for the checkpoint writer and one being written.
+SNAPSHOTS_IN_FLIGHT = 4
+
+
+def state_sources(parts) -> dict:
+    """{group: {name: (array, to_host)}}: every array a checkpoint holds, uncopied."""
+    groups = {"model": parts.model.state_sources(), "optimizer": parts.optimizer.state_sources()}
+    if parts.scaler is not None:
+        groups["scaler"] = parts.scaler.state_sources()
+    return groups
+
+
 def stage_state(parts, snapshots) -> tuple:
     """(PendingSnapshot of every array a checkpoint holds, the host's part of the state) as the queue stands now:
     the arrays are copied in stream order, after the work queued so far."""
     scaler = parts.scaler
-    groups = {"model": parts.model.state_sources(), "optimizer": parts.optimizer.state_sources()}
-    if scaler is not None:
-        groups["scaler"] = scaler.state_sources()
+    groups = state_sources(parts)
     host = {"optimizer": parts.optimizer.state_header(),
             "schedule": parts.schedule.state_dict() if parts.schedule is not None else None,
             "scaler": scaler.state_header() if scaler is not None else None}

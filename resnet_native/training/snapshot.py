@@ -38,8 +38,19 @@ class HostSnapshot:
 
     def __init__(self):
         self._free = []  # buffers of resolved snapshots: (layout, (host uint8 array, device staging or None))
+        self._keep = 2  # free buffers kept
         self._lock = threading.Lock()
         self._transfer_stream = None  # the side stream of the device-to-host copies (made at the first take)
+
+    def reserve(self, groups: dict, count: int) -> None:
+        """Allocate `count` buffers for takes of groups' layout now, and keep that many free from then on.
+        Allocating page-locked or device memory synchronises with the device: a take that allocates drains the
+        queue, which a caller queuing ahead (the trainer keeps up to four snapshots in flight) must avoid."""
+        layout, nbytes = _layout([(g, k, a, t) for g, sources in groups.items() for k, (a, t) in sources.items()])
+        buffers = [self._allocate(nbytes, on_device=True) for _ in range(count)]
+        with self._lock:
+            self._keep = max(self._keep, count)
+            self._free.extend((layout, b) for b in buffers)
 
     def take(self, groups: dict) -> PendingSnapshot:
         entries = [(g, k, a, to_host) for g, sources in groups.items() for k, (a, to_host) in sources.items()]
@@ -83,6 +94,10 @@ class HostSnapshot:
             for i, (free_layout, _) in enumerate(self._free):
                 if free_layout == layout:
                     return self._free.pop(i)[1]
+        return self._allocate(nbytes, on_device)
+
+    @staticmethod
+    def _allocate(nbytes: int, on_device: bool):
         if on_device:
             import cupy
             import cupyx
@@ -93,7 +108,7 @@ class HostSnapshot:
     def _give_back(self, layout, buffers) -> None:
         with self._lock:
             self._free.append((layout, buffers))
-            del self._free[:-2]  # the trainer has at most two checkpoints in flight
+            del self._free[:-self._keep]
 
 
 class PendingSnapshot:
