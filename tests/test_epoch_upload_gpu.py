@@ -87,9 +87,10 @@ def test_the_copy_overlaps_the_current_stream_and_waits_for_the_slots_readers(rn
     with aa.AutoAugmentWorkers(images, seed=5, workers=2, chunk=256) as workers, EpochUpload(workers) as upload:
         workers.prefetch(0)
         first = upload(0, 3)
-        spin((1,), (1,), (np.int64(6_000_000_000),))  # epoch 0's "steps": 6 s on the current stream
+        kept = cp.empty_like(first)  # allocated before the spin: an allocation would wait for it
+        spin((1,), (1,), (np.int64(3_000_000_000),))  # epoch 0's "steps": 3 s on the current stream
         spun = cp.cuda.get_current_stream().record()
-        kept = first.copy()  # read after the spin: what epoch 0's readers see
+        kept[...] = first  # read after the spin: what epoch 0's readers see
         second = upload(1, 3)
         t0 = time.perf_counter()
         while not upload._copies[1].done and time.perf_counter() - t0 < 2.0:

@@ -45,7 +45,8 @@ def test_the_gpu_does_not_wait_for_a_slow_host_between_epochs(tmp_path, monkeypa
 
     allocations = []
     allocate = HostSnapshot._allocate
-    monkeypatch.setattr(HostSnapshot, "_allocate", staticmethod(lambda *a: allocations.append(1) or allocate(*a)))
+    counted = staticmethod(lambda *a, **k: allocations.append(1) or allocate(*a, **k))
+    monkeypatch.setattr(HostSnapshot, "_allocate", counted)
     monkeypatch.setattr(MetricsLog, "log_epoch", slow_log)
     monkeypatch.setattr(QueuedEpoch, "seconds_before", recorded)
     # About 40 steps of ResNet-18 at batch 512 per epoch: far more GPU time than the slowed log.

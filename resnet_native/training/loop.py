@@ -40,6 +40,7 @@ import math
 import pathlib
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..checkpoint import atomic_write_text, load_checkpoint
@@ -47,7 +48,6 @@ from ..data.augment import check_labels
 from ..data.cifar10 import CIFAR10Data
 from ..models.registry import NUM_CLASSES
 from ..names import whole_number
-from ..readback import reserve_slots
 from .builders import (
     Parts,
     autoaugment_workers,
@@ -59,7 +59,7 @@ from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algori
 from .config import TrainConfig, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
-from .queued_epoch import SNAPSHOTS_IN_FLIGHT, QueuedEpoch, record_event, stage_state, state_sources
+from .queued_epoch import QueuedEpoch, record_event, reserve_buffers, stage_state, state_sources
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
 from .warm_start import load_while_priming
@@ -144,6 +144,11 @@ class Trainer:
                 rn.conv.load_algorithm_cache(self.algorithms)
             with spent("build"):
                 parts = build_parts(cfg, data, self.world, self.store, self.allreduce)
+            # Page-locking memory takes a while: it runs on a thread beside the rest of the set-up.
+            snapshots = HostSnapshot()
+            device = _current_device() if parts.model.ensure_placed().on_gpu else None
+            reserving = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="reserve")).submit(
+                reserve_buffers, snapshots, state_sources(parts) if primary else None, device)
             progress = _Progress()
             if state is not None:
                 parts.load_state_dict(state)
@@ -162,11 +167,8 @@ class Trainer:
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
                                     cuda_graph=cfg.eval_cuda_graph)
-            snapshots, algos = HostSnapshot(), AlgorithmCacheFile(self.out / ALGOS_FILE)
-            if parts.model.ensure_placed().on_gpu:  # allocated now: in the loop, an allocation drains the queue
-                reserve_slots()
-                if primary:
-                    snapshots.reserve(state_sources(parts), SNAPSHOTS_IN_FLIGHT)
+            algos = AlgorithmCacheFile(self.out / ALGOS_FILE)
+            reserving.result()
             skipped, between = 0, 0.0
             # The CUDA context, the AutoAugment workers' start, the metrics log and writer, the evaluation.
             spent.add_untracked("set-up", t_start)
@@ -417,3 +419,9 @@ def _yaml_dump(cfg: dict) -> str:
     import yaml
 
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def _current_device() -> int:
+    import cupy
+
+    return cupy.cuda.Device().id

@@ -63,8 +63,25 @@ class QueuedEpoch:
 
 
 # Snapshots in flight at once while queuing one epoch ahead: the one just staged, the epoch before's (not yet
-# read), one queued for the checkpoint writer and one being written.
-SNAPSHOTS_IN_FLIGHT = 4
+# read) and the one the checkpoint writer is writing. (A fourth, queued behind a slow write, allocates.)
+SNAPSHOTS_IN_FLIGHT = 3
+
+
+def reserve_buffers(snapshots, sources, device) -> None:
+    """Allocate now what the queued loop would otherwise allocate in its first epochs: page-locked and device
+    memory, whose allocation synchronises with the device and so would drain the queue. The read-back slots, and
+    (sources: state_sources(), on rank 0) the checkpoints' buffers. device: the GPU's id (the caller's; this may
+    run on another thread), None for a model on the host (nothing to reserve)."""
+    import cupy
+
+    from ..readback import reserve_slots
+
+    if device is None:
+        return
+    with cupy.cuda.Device(device):
+        reserve_slots()
+        if sources is not None:
+            snapshots.reserve(sources, SNAPSHOTS_IN_FLIGHT)
 
 
 def state_sources(parts) -> dict:
