@@ -47,8 +47,8 @@ class QueuedEpoch:
 
     def seconds_before(self) -> float:
         """GPU seconds from the last step of the epoch before (its end event: previous_end) to this epoch's first
-        step: that epoch's evaluation and checkpoint copies, this one's upload, and any wait for the host. Once
-        training_figures() has been read."""
+        step: that epoch's evaluation and checkpoint copies, any wait for this one's upload (a side stream's, normally
+        done by then), and any wait for the host. Once training_figures() has been read."""
         import cupy
 
         if self.previous_end is None:
