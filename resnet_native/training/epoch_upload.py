@@ -55,7 +55,7 @@ class EpochUpload:
         images = self._device[slot]
         if slot in self._readers_done:
             self.stream.wait_event(self._readers_done.pop(slot))
-        images.set(host, stream=self.stream)  # the copy engine reads page-locked memory; else cupy stages it
+        images.set(host, stream=self.stream)  # the copy engine reads page-locked memory; else the driver stages it
         copied = self._copies[slot] = self.stream.record()
         stream.wait_event(copied)
         if epoch + 1 < end_epoch:

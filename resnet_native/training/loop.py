@@ -285,8 +285,8 @@ class Trainer:
                                     img_s=f"{seen / (time.perf_counter() - t0):.0f}")
             if bar is not None:
                 bar.close()
-            queued = QueuedEpoch(epoch, lr, start, None, parts.step.take_totals())
-            queued.end = record_event()
+            totals = parts.step.take_totals()
+            queued = QueuedEpoch(epoch, lr, start, record_event(), totals)
         if not self.world.is_primary:
             return queued
         with spent("evaluate"):

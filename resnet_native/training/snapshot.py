@@ -1,14 +1,14 @@
 """Host copies of the training state taken without stalling the host, for checkpoints written in the background.
 
-A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()` at a
-time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot, that holds
-the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one device-to-device
-copy per array into a staging buffer on the device, then the device-to-host copy of that buffer (one per run of device
-entries) into page-locked memory on a side stream of its own, and returns. The current stream is free again once the
-staging copies have run, so what is queued after them (the next epoch's steps, the read-back of their totals) does not
-wait for the PCIe transfer, which overlaps those steps. resolve() (on the
-checkpoint writer's thread) waits for the transfer and does the layout conversions there. Both buffers are kept from one
-checkpoint to the next.
+A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()`
+at a time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot,
+that holds the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one
+device-to-device copy per array into a staging buffer on the device, then the device-to-host copy of that buffer
+(one per run of device entries) into page-locked memory on a side stream of its own, and returns. The current
+stream is free again once the staging copies have run, so what is queued after them (the next epoch's steps, the
+read-back of their totals) does not wait for the PCIe transfer, which overlaps those steps. resolve() (on the
+checkpoint writer's thread) waits for the transfer and does the layout conversions there. Both buffers are kept
+from one checkpoint to the next.
 
 Ordering: the staging copies run on the stream that is current at take(). Work that later overwrites the arrays
 must be ordered after it: the same stream, or a blocking stream when the current one is the legacy default stream
@@ -45,15 +45,15 @@ class HostSnapshot:
     def reserve(self, groups: dict, count: int) -> None:
         """Allocate `count` buffers for takes of groups' layout now, and keep that many free from then on.
         Allocating page-locked or device memory synchronises with the device: a take that allocates drains the
-        queue, which a caller queuing ahead (the trainer keeps up to four snapshots in flight) must avoid."""
-        layout, nbytes = _layout([(g, k, a, t) for g, sources in groups.items() for k, (a, t) in sources.items()])
+        queue, which a caller queuing work ahead (the trainer) must avoid."""
+        layout, nbytes = _layout(_entries(groups))
         buffers = [self._allocate(nbytes, on_device=True) for _ in range(count)]
         with self._lock:
             self._keep = max(self._keep, count)
             self._free.extend((layout, b) for b in buffers)
 
     def take(self, groups: dict) -> PendingSnapshot:
-        entries = [(g, k, a, to_host) for g, sources in groups.items() for k, (a, to_host) in sources.items()]
+        entries = _entries(groups)
         layout, nbytes = _layout(entries)
         on_device = any(_is_device(a) for _, _, a, _ in entries)
         buffers = self._buffers(layout, nbytes, on_device)
@@ -148,6 +148,11 @@ class PendingSnapshot:
 
 def _is_device(a) -> bool:
     return array_module(a) is not np
+
+
+def _entries(groups: dict) -> list:
+    """[(group, name, array, to_host)] of {group: {name: (array, to_host)}}, in order."""
+    return [(g, k, a, to_host) for g, sources in groups.items() for k, (a, to_host) in sources.items()]
 
 
 def _layout(entries) -> tuple:
