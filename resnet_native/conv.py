@@ -183,7 +183,8 @@ def last_algorithm(x_shape, w_shape, spec: ConvSpec, direction="forward", fused=
     else a '+'-joined subset of 'bias', 'residual', 'relu' (fused_name() builds it from conv2d's arguments).
     Returns a dict: engine, mode (what produced the choice), algo, algo_name, math_type, math_type_name, knobs,
     workspace (bytes), time_ms (None when not timed), fused_path ('fused', 'unfused: <why>' or '' when no fused
-    call ran yet) and key.
+    call ran yet), search_ms (the host's wall time spent choosing it: the search, and with engine='auto' both
+    engines' searches and timing; 0 for a choice loaded from a file) and key.
     """
     spec = _check_spec(spec)
     direction = _direction(direction)

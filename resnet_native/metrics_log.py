@@ -61,13 +61,21 @@ class MetricsLog:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.out_dir / "metrics.csv"
         self.rows = [dict(r) for r in (rows or [])]
-        self._tb = _tensorboard_writer(self.out_dir / "tensorboard") if tensorboard else None
+        # The event writer is made at first use: tensorboard's import takes about 0.3 s, which the trainer's first
+        # log spends while the GPU is an epoch ahead, not before its first step.
+        self._tb_wanted, self._tb = tensorboard, None
         if self.rows:
             self._write_csv()
 
+    def _tensorboard(self):
+        if self._tb_wanted:
+            self._tb_wanted = False
+            self._tb = _tensorboard_writer(self.out_dir / "tensorboard")
+        return self._tb
+
     @property
     def tensorboard_enabled(self) -> bool:
-        return self._tb is not None
+        return self._tensorboard() is not None
 
     def _write_csv(self):
         buf = io.StringIO()
@@ -80,7 +88,7 @@ class MetricsLog:
     def log_epoch(self, row: dict) -> None:
         self.rows.append(dict(row))
         self._write_csv()
-        if self._tb is not None:
+        if self._tensorboard() is not None:
             writer, make_event = self._tb
             scalars = {
                 "loss/train": row.get("train_loss"), "loss/test": row.get("test_loss"),
@@ -91,6 +99,7 @@ class MetricsLog:
             writer.flush()
 
     def close(self) -> None:
+        self._tb_wanted = False
         if self._tb is not None:
             self._tb[0].close()
             self._tb = None

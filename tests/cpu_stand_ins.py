@@ -40,9 +40,21 @@ def numpy_as_cupy():
     def host_register(*args):
         raise CUDARuntimeError("no GPU: host memory cannot be page-locked")
 
+    class Device:  # the one "device": its id, and a context that changes nothing
+        id = 0
+
+        def __init__(self, device=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
     runtime = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, hostRegister=host_register)
     fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream, Stream=lambda **kwargs: stream,
-                                      runtime=runtime, Event=Event,
+                                      runtime=runtime, Event=Event, Device=Device,
                                       get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3)
     fake.asnumpy = np.asarray
     return fake

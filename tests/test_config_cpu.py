@@ -36,6 +36,12 @@ def test_recipe_b_is_the_issue_recipe():
     assert sorted(available_recipes())[:2] == ["A", "B"]
 
 
+def test_the_recipes_convolve_on_the_graph_engine_and_the_flag_overrides_it():
+    assert cfg_from(["--recipe", "A"]).engine == "graph" and cfg_from(["--recipe", "B"]).engine == "graph"
+    assert cfg_from(["--recipe", "B", "--engine", "legacy"]).engine == "legacy"
+    assert TrainConfig.from_dict({"epochs": 3, "optimizer": {"lr": 0.1}}).engine == "auto"  # conv's own default
+
+
 def test_shipped_recipes_use_only_known_keys():
     for path in RECIPES_DIR.glob("*.yaml"):
         assert TrainConfig.from_dict(load_recipe(path)).name == path.stem
@@ -105,6 +111,7 @@ def test_recipe_from_a_yaml_file(tmp_path):
     ({"seed": -1}, "seed: expected >= 0"),
     ({"seed": True}, "seed: expected an int"),
     ({"subset": 0}, "subset: expected >= 1"),
+    ({"engine": "cudnn"}, "engine: expected one of"),
     ({"name": ""}, "name: expected a non-empty string"),
 ])
 def test_invalid_configurations_name_the_key(bad, message):

@@ -171,6 +171,7 @@ def test_cache_insert_lookup_and_entries(empty_cache):
     found = C.algo_cache_lookup(BASE_KEY)
     assert found["algo_name"] == "IMPLICIT_PRECOMP_GEMM" and found["math_type_name"] == "TENSOR_OP_MATH"
     assert found["time_ms"] == pytest.approx(0.25) and found["fused_path"] == "fused"
+    assert found["search_ms"] == 0.0  # inserted, not searched here
     graph = C.algo_cache_lookup(sample_choices()[2][0])
     assert graph["algo_name"] == "ENGINE_17" and graph["knobs"] == "TILE_K=2;SPLIT_K=1"
     assert conv.algorithm_cache_stats() == stats  # lookups for inspection count nothing

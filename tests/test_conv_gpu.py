@@ -56,6 +56,7 @@ def test_algorithm_modes(rng, name, algo, layout, precision):
     for direction in conv.DIRECTIONS:
         chosen = conv.last_algorithm(p.x_shape, p.w_shape, p.spec, direction)
         assert chosen is not None and chosen["engine"] == "legacy", (direction, chosen)
+        assert chosen["search_ms"] > 0.0, chosen  # chosen in this process, and the time it took is kept
         if algo == "find":
             assert chosen["mode"] == "find" and chosen["time_ms"] is not None
         elif algo == "heuristic":

@@ -147,6 +147,18 @@ def test_release_of_a_dry_run(cpu_backend, tiny, tmp_path):
         np.testing.assert_array_equal(weights[k], v)
 
 
+@pytest.mark.parametrize("engine", ["legacy", "graph"])
+def test_the_models_convolutions_take_the_configured_engine(cpu_backend, engine):
+    from resnet_native.layers.conv2d import Conv2d
+    from resnet_native.layers.linear import Linear
+
+    model = builders.build_model(config("--engine", engine, "--deterministic"))
+    convolutions = [m for _, m in model.named_modules() if isinstance(m, Conv2d | Linear)]
+    assert len(convolutions) == 21  # ResNet-18: 20 Conv2d and the Linear
+    assert all(m.engine == engine and m.deterministic for m in convolutions)
+    assert {m.spec().engine for m in convolutions} == {engine}
+
+
 def test_algorithm_cache_is_saved_with_checkpoints_and_loaded_on_resume(cpu_backend, tiny, tmp_path, monkeypatch):
     events = []
     build_model = builders.build_model

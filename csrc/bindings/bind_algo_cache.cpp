@@ -37,6 +37,7 @@ py::dict choice_to_dict(const ConvParams& params, const AlgoChoice& c) {
   d["workspace"] = c.workspace;
   d["time_ms"] = c.time_ms < 0 ? py::object(py::none()) : py::object(py::float_(c.time_ms));
   d["fused_path"] = c.fused_path;
+  d["search_ms"] = c.search_ms;
   return d;
 }
 

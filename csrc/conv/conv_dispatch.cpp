@@ -1,5 +1,6 @@
 #include "conv_dispatch.h"
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -65,7 +66,9 @@ AlgoCache::Entry cached_or_chosen(const ConvParams& params, const ConvOperands& 
         "run this convolution once before capturing, or load an algorithm cache: " +
         params.to_string());
   }
+  const auto searching = std::chrono::steady_clock::now();
   AlgoChoice choice = choose_with_engine(params, ops, allow_fusion, handle, stream);
+  choice.search_ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - searching).count();
   if (engine != ConvEngineKind::Auto && static_cast<AlgoMode>(choice.mode) == AlgoMode::Find) cache.count_find();
   if (legacy && params.epilogue != kEpilogueNone && !cache.peek(plain)) {
     AlgoChoice for_plain = choice;

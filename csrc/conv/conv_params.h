@@ -84,6 +84,8 @@ struct AlgoChoice {
   std::string knobs;       // graph: knob choices
   uint64_t workspace = 0;  // bytes needed
   float time_ms = -1.0f;   // measured by Find; -1 when not timed
+  float search_ms = 0.0f;  // host wall time spent choosing (the search, 'auto''s timing of both engines); 0 when
+                           // loaded from a file
   std::string fused_path;  // which path ran for fused ops ("fused", "unfused: <why>")
 };
 

@@ -12,14 +12,17 @@ keeping the logits exact (strict fp32 math, no TF32). The weight and bias are us
 import numpy as np
 
 from .. import conv, kernels
-from ..names import whole_number
+from ..names import ENGINES, choice, whole_number
 from .module import Module
 
 
 class Linear(Module):
-    def __init__(self, in_features, out_features, *, deterministic=False, rng=None):
+    def __init__(self, in_features, out_features, *, engine=None, deterministic=False, rng=None):
         super().__init__()
-        self.deterministic = bool(deterministic)  # only deterministic cuDNN algorithms (read at first use)
+        # Both read at first use: the convolution engine (None: conv.default_engine() then) and whether only
+        # deterministic cuDNN algorithms may run.
+        self.engine = None if engine is None else choice("engine", engine, ENGINES)
+        self.deterministic = bool(deterministic)
         self.in_features = whole_number("in_features", in_features, 1)
         self.out_features = whole_number("out_features", out_features, 1)
         rng = rng if rng is not None else np.random.default_rng()
@@ -31,7 +34,8 @@ class Linear(Module):
 
     def spec(self):
         if self._spec is None:
-            self._spec = conv.ConvSpec(layout="NHWC", precision="fp32", algo="find", engine=conv.default_engine(),
+            engine = conv.default_engine() if self.engine is None else self.engine
+            self._spec = conv.ConvSpec(layout="NHWC", precision="fp32", algo="find", engine=engine,
                                        deterministic=self.deterministic)
         return self._spec
 

@@ -21,21 +21,27 @@ def partial_batch_search(batch: int, full_batch: int):
     return untimed_search() if batch < full_batch else contextlib.nullcontext()
 
 
-def make_deterministic(model) -> None:
-    """Make every convolution (Conv2d, and Linear, which runs as one) pick only deterministic algorithms
-    (bit-reproducible runs, e.g. to check --resume). They build their ConvSpec lazily on first use: call this
-    before the first forward."""
+def _convolutions(model) -> list:
+    """The model's convolutions: Conv2d, and Linear, which runs as one. They build their ConvSpec lazily on first
+    use, so what is set on them before the first forward holds."""
     from ..layers.conv2d import Conv2d
     from ..layers.linear import Linear
 
-    for _, m in model.named_modules():
-        if isinstance(m, Conv2d | Linear):
-            m.deterministic = True
+    return [m for _, m in model.named_modules() if isinstance(m, Conv2d | Linear)]
+
+
+def make_deterministic(model) -> None:
+    """Make every convolution pick only deterministic algorithms (bit-reproducible runs, e.g. to check --resume).
+    Call it before the first forward."""
+    for m in _convolutions(model):
+        m.deterministic = True
 
 
 def build_model(cfg: TrainConfig):
-    """The recipe's network, seeded, on the GPU."""
+    """The recipe's network, seeded, on the GPU, its convolutions on the recipe's engine."""
     model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed)
+    for m in _convolutions(model):
+        m.engine = cfg.engine
     if cfg.deterministic:
         make_deterministic(model)
     model.cuda()

@@ -41,6 +41,8 @@ OVERRIDES = (
     ("--lr", "optimizer.lr", "(peak) learning rate"),
     ("--weight-decay", "optimizer.weight_decay", "weight decay"),
     ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
+    ("--engine", "engine", "convolution engine: graph (cuDNN 9's graph API), legacy, or auto (both timed per "
+                           "problem; the recipes: graph)"),
     ("--deterministic", "deterministic",
      "only deterministic convolution algorithms (bit-reproducible runs; may be slower)"),
     ("--cuda-graph", "cuda_graph", "capture the training step in a CUDA graph and replay it (recipe: on)"),

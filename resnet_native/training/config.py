@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
-from ..names import LAYOUTS, PRECISIONS
+from ..names import ENGINES, LAYOUTS, PRECISIONS
 from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of, section, text, variant
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent.parent / "recipes"
@@ -61,7 +61,9 @@ class AugmentSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
-    deterministic: only deterministic convolution algorithms; cuda_graph: capture the training step and replay it;
+    engine: the convolutions' engine ('graph': cuDNN 9's graph API; 'legacy'; 'auto': both searched and timed,
+    the faster kept per problem); deterministic: only deterministic convolution algorithms; cuda_graph: capture the
+    training step and replay it;
     eval_cuda_graph: capture the per-epoch evaluation and replay it; eval_every: evaluate on the test set after
     every this many epochs and after the last (the epochs between log no test figures);
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
@@ -81,6 +83,7 @@ class TrainConfig(Settings):
     seed: int = integer(0, minimum=0)
     subset: int | None = integer(None, minimum=1, optional=True)
     label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
+    engine: str = one_of("auto", ENGINES)
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
     eval_cuda_graph: bool = flag(True)

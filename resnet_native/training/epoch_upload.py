@@ -17,6 +17,8 @@ the fallback path too: the wait does not rely on how cupy stages a pageable copy
 
 from __future__ import annotations
 
+import threading
+
 
 class EpochUpload:
     """upload(epoch, end_epoch) -> epoch's images on the GPU, and the workers started on epoch + 1 (when it is
@@ -32,22 +34,43 @@ class EpochUpload:
         # The device buffers, one per slot, allocated here: an allocation in the loop would synchronise the device.
         self._device = [cupy.empty(view.shape, view.dtype) for view in aa.slots()]
         self._readers_done = {}  # slot -> an event after the last work that may read its device buffer
+        # Page-locking faults in and pins every page of both buffers (about half a second for CIFAR-10): on a
+        # thread, beside the rest of the trainer's set-up. The first upload waits for it.
+        self._registering = threading.Thread(target=self._register, args=(aa.slots(), cupy.cuda.Device().id),
+                                             name="upload-register", daemon=True)
+        self._register_error = None
+        self._registering.start()
+
+    def _register(self, views, device) -> None:
+        import cupy
+
         try:
-            for view in aa.slots():
-                cupy.cuda.runtime.hostRegister(view.ctypes.data, view.nbytes, 0)
-                self._registered.append(view.ctypes.data)
+            with cupy.cuda.Device(device):
+                for view in views:
+                    cupy.cuda.runtime.hostRegister(view.ctypes.data, view.nbytes, 0)
+                    self._registered.append(view.ctypes.data)
         except cupy.cuda.runtime.CUDARuntimeError:
             # Page-locking can be refused (a locked-memory limit): a copy from pageable memory, staged by the
             # driver, is then the fallback, correct and only slower.
-            self._release(quiet=True)
+            self._unregister(errors=[])
+        except BaseException as e:  # raised where the upload waits for the registration
+            self._register_error = e
+
+    def _registration_done(self) -> None:
+        self._registering.join()
+        if self._register_error is not None:
+            error, self._register_error = self._register_error, None
+            raise error
 
     @property
     def pinned(self) -> bool:
+        self._registration_done()
         return bool(self._registered)
 
     def __call__(self, epoch: int, end_epoch: int):
         import cupy
 
+        self._registration_done()
         host = self.aa.result(epoch)
         stream, slot = cupy.cuda.get_current_stream(), epoch % 2
         # Everything queued so far (epoch-1's steps included) comes before the next upload into the other slot.
@@ -71,19 +94,28 @@ class EpochUpload:
         import cupy
 
         errors = []
+        try:
+            self._registration_done()
+        except Exception as e:
+            errors.append(e)
         for event in self._copies.values():
             try:
                 event.synchronize()
             except cupy.cuda.runtime.CUDARuntimeError as e:
                 errors.append(e)
         self._copies.clear()
+        self._unregister(errors)
+        if errors and not quiet:
+            raise errors[0]
+
+    def _unregister(self, errors: list) -> None:
+        import cupy
+
         while self._registered:
             try:
                 cupy.cuda.runtime.hostUnregister(self._registered.pop())
             except cupy.cuda.runtime.CUDARuntimeError as e:
                 errors.append(e)
-        if errors and not quiet:
-            raise errors[0]
 
     def __enter__(self):
         return self

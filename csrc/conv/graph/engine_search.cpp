@@ -159,8 +159,10 @@ SearchResult search_plan(const ConvParams& params, const std::shared_ptr<ConvOpG
   const bool scratch_output = ops.beta != 0.0f || ((params.epilogue & kEpilogueResidual) && ops.z.data == ops.y.data);
   SearchResult best;
   int execution_failures = 0;
-  for (const auto& plan : valid) {
-    const float ms = time_plan(*plan, ops, handle, stream, kFindRuns, output, scratch_output);
+  const std::vector<float> times = time_plans(valid, ops, handle, stream, kFindRuns, output, scratch_output);
+  for (size_t i = 0; i < valid.size(); ++i) {
+    const std::shared_ptr<ExecutionPlan>& plan = valid[i];
+    const float ms = times[i];
     if (ms < 0.0f) {
       ++why.by_execution;
       execution_failures += ms != -1.0f;

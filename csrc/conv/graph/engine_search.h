@@ -19,7 +19,7 @@
 namespace rn::graph {
 
 constexpr int kFindCandidates = 8;  // valid candidates timed by Find
-constexpr int kFindRuns = 3;        // timed runs per candidate (after one warm-up); the median counts
+constexpr int kFindRuns = 5;        // timed runs per candidate (after one warm-up), interleaved; the median counts
 
 // "" when an engine with these numerical notes may run a problem of this precision and determinism setting, else
 // why not: TF32 (tensor cores on fp32 data) in strict fp32, inputs down-converted, reduced-precision accumulation

@@ -1,11 +1,14 @@
 #include "plan_execution.h"
 
+#include <algorithm>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "../../core/cuda_event.h"
 #include "../../core/error.h"
+#include "../../core/host_gate.h"
 #include "../../core/workspace.h"
 #include "backend_attr.h"
 
@@ -74,30 +77,103 @@ void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandl
   RN_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan->get(), last.pack->get()));
 }
 
+namespace {
+
+constexpr size_t align256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+// The operands a timed run writes to: `ops` with the output moved to `scratch` when the real one must survive.
+ConvOperands timed_operands(const ConvOperands& ops, int64_t output, void* scratch) {
+  ConvOperands timed = ops;
+  if (scratch) (output == kUidX ? timed.x : output == kUidW ? timed.w : timed.y).data = scratch;
+  return timed;
+}
+
+size_t output_bytes(const ConvOperands& ops, int64_t output) {
+  return (output == kUidX ? ops.x : output == kUidW ? ops.w : ops.y).nbytes();
+}
+
+}  // namespace
+
 float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream, int runs,
                 int64_t output, bool scratch_output) {
   // One pool request holds the workspace and, after it (256-byte aligned), the scratch output if any.
-  const size_t workspace_bytes = (static_cast<size_t>(plan.workspace) + 255) / 256 * 256;
-  TensorView* out = nullptr;
-  ConvOperands timed = ops;
-  if (scratch_output) {
-    out = output == kUidX ? &timed.x : output == kUidW ? &timed.w : &timed.y;
-  }
-  const size_t total = workspace_bytes + (out ? out->nbytes() : 0);
+  const size_t workspace_bytes = align256(static_cast<size_t>(plan.workspace));
+  const size_t total = workspace_bytes + (scratch_output ? output_bytes(ops, output) : 0);
   void* base = nullptr;
   if (total > 0) {
     base = WorkspacePool::current().try_get_for_search(total, stream);
     if (!base) return -1.0f;
   }
-  if (out) out->data = static_cast<char*>(base) + workspace_bytes;
-  void* workspace = plan.workspace > 0 ? base : nullptr;
-  BackendDescriptor pack = make_variant_pack(plan, timed, workspace);
+  const ConvOperands timed =
+      timed_operands(ops, output, scratch_output ? static_cast<char*>(base) + workspace_bytes : nullptr);
+  BackendDescriptor pack = make_variant_pack(plan, timed, plan.workspace > 0 ? base : nullptr);
   // Warm-up: also the check that the engine accepts these operands at all.
   if (cudnnBackendExecute(handle, plan.plan->get(), pack.get()) != CUDNN_STATUS_SUCCESS) return -2.0f;
 
   const std::optional<float> ms = median_time_ms(
       stream, runs, [&] { return cudnnBackendExecute(handle, plan.plan->get(), pack.get()) == CUDNN_STATUS_SUCCESS; });
   return ms ? *ms : -2.0f;
+}
+
+std::vector<float> time_plans(const std::vector<std::shared_ptr<ExecutionPlan>>& plans, const ConvOperands& ops,
+                              cudnnHandle_t handle, cudaStream_t stream, int rounds, int64_t output,
+                              bool scratch_output) {
+  std::vector<float> ms(plans.size(), -2.0f);
+  // The runs are serialised on one stream, so one pool request serves every candidate: the largest workspace,
+  // then the scratch output.
+  size_t workspace_bytes = 0;
+  for (const auto& plan : plans) workspace_bytes = std::max(workspace_bytes, align256(plan->workspace));
+  const size_t total = workspace_bytes + (scratch_output ? output_bytes(ops, output) : 0);
+  void* base = total > 0 ? WorkspacePool::current().try_get_for_search(total, stream) : nullptr;
+  if (total > 0 && !base) {  // not all at once: each candidate alone, as far as memory goes
+    for (size_t i = 0; i < plans.size(); ++i)
+      ms[i] = time_plan(*plans[i], ops, handle, stream, rounds, output, scratch_output);
+    return ms;
+  }
+  const ConvOperands timed =
+      timed_operands(ops, output, scratch_output ? static_cast<char*>(base) + workspace_bytes : nullptr);
+  std::vector<size_t> runnable;
+  std::vector<BackendDescriptor> packs;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    BackendDescriptor pack = make_variant_pack(*plans[i], timed, plans[i]->workspace > 0 ? base : nullptr);
+    // Warm-up: also the check that the engine accepts these operands at all.
+    if (cudnnBackendExecute(handle, plans[i]->plan->get(), pack.get()) != CUDNN_STATUS_SUCCESS) continue;
+    runnable.push_back(i);
+    packs.push_back(std::move(pack));
+  }
+  if (runnable.empty()) return ms;
+  // Round-robin, back to back, one event between consecutive runs, one wait at the end: every candidate sees the
+  // same clocks (which still rise during a process's first searches) and runs as it would inside a step, not
+  // after an idle gap.
+  const size_t n = runnable.size();
+  const size_t runs = n * static_cast<size_t>(std::max(rounds, 1));
+  std::vector<CudaEvent> events(runs + 1);
+  std::vector<bool> failed(n, false);
+  {
+    HostGate gate(stream);  // the runs start once all are queued: host gaps stay out of the times
+    RN_CUDA_CHECK(cudaEventRecord(events[0].get(), stream));
+    for (size_t r = 0; r < runs; ++r) {
+      const size_t k = r % n;
+      failed[k] = failed[k] ||
+                  cudnnBackendExecute(handle, plans[runnable[k]]->plan->get(), packs[k].get()) != CUDNN_STATUS_SUCCESS;
+      RN_CUDA_CHECK(cudaEventRecord(events[r + 1].get(), stream));
+    }
+  }
+  RN_CUDA_CHECK(cudaEventSynchronize(events[runs].get()));
+  std::vector<std::vector<float>> times(n);
+  for (size_t r = 0; r < runs; ++r) {
+    float t = 0.0f;
+    RN_CUDA_CHECK(cudaEventElapsedTime(&t, events[r].get(), events[r + 1].get()));
+    times[r % n].push_back(t);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (failed[k]) continue;
+    std::sort(times[k].begin(), times[k].end());
+    ms[runnable[k]] = times[k][times[k].size() / 2];
+  }
+  return ms;
 }
 
 }  // namespace rn::graph

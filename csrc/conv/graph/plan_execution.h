@@ -6,6 +6,9 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <memory>
+#include <vector>
+
 #include "../conv_params.h"
 #include "plan_cache.h"
 
@@ -26,5 +29,13 @@ void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandl
 // instead of the real output, which must survive the search (gradient accumulation, y aliasing z).
 float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream, int runs,
                 int64_t output, bool scratch_output);
+
+// Times several candidates for one problem as time_plan does (each: one warm-up, then the median of `rounds`
+// runs; the same negative codes), but interleaved: `rounds` rounds of one run of each candidate, held behind a
+// HostGate until all are queued, so they run back to back, and waited for once. Falls back to time_plan per candidate
+// when the largest workspace and the scratch output cannot be had at once.
+std::vector<float> time_plans(const std::vector<std::shared_ptr<ExecutionPlan>>& plans, const ConvOperands& ops,
+                              cudnnHandle_t handle, cudaStream_t stream, int rounds, int64_t output,
+                              bool scratch_output);
 
 }  // namespace rn::graph
