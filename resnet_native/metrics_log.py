@@ -61,8 +61,8 @@ class MetricsLog:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.out_dir / "metrics.csv"
         self.rows = [dict(r) for r in (rows or [])]
-        # The event writer is made at first use: tensorboard's import takes about 0.3 s, which the trainer's first
-        # log spends while the GPU is an epoch ahead, not before its first step.
+        # The event writer is made at first use: tensorboard's import is slow, and the trainer's first log runs
+        # while the GPU is an epoch ahead, not before its first step.
         self._tb_wanted, self._tb = tensorboard, None
         if self.rows:
             self._write_csv()

@@ -80,12 +80,9 @@ def main() -> None:
                 times.append(cupy.cuda.get_elapsed_time(start, end))
     out["step_ms"] = statistics.median(times)
 
-    def engine_of_key(key: str) -> str:
-        return dict(f.split("=", 1) for f in key.split()[1:]).get("engine", "?")
-
-    by_engine: dict = {}
+    by_engine: dict = {}  # by the engine each key asked for ('auto' included), not the one chosen
     for e in entries:
-        by_engine.setdefault(engine_of_key(e["key"]), []).append(e)
+        by_engine.setdefault(rn.conv._key_fields(e["key"])["engine"], []).append(e)
     for engine, group in sorted(by_engine.items()):
         out[f"{engine}_problems"] = len(group)
         out[f"{engine}_search_s"] = sum(e["search_ms"] for e in group) / 1e3

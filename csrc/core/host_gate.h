@@ -20,7 +20,6 @@ class HostGate {
   HostGate& operator=(const HostGate&) = delete;
 
   void release();
-  bool holding() const { return slot_ >= 0; }
 
   static constexpr uint64_t kMaxHoldNs = 50'000'000;
 

@@ -32,11 +32,12 @@ class EpochUpload:
         self._registered = []
         self._copies = {}  # slot -> the event after the last copy that read it
         # The device buffers, one per slot, allocated here: an allocation in the loop would synchronise the device.
-        self._device = [cupy.empty(view.shape, view.dtype) for view in aa.slots()]
+        views = aa.slots()
+        self._device = [cupy.empty(view.shape, view.dtype) for view in views]
         self._readers_done = {}  # slot -> an event after the last work that may read its device buffer
-        # Page-locking faults in and pins every page of both buffers (about half a second for CIFAR-10): on a
-        # thread, beside the rest of the trainer's set-up. The first upload waits for it.
-        self._registering = threading.Thread(target=self._register, args=(aa.slots(), cupy.cuda.Device().id),
+        # Page-locking faults in and pins every page of both buffers, which takes a while: on a thread, beside the
+        # rest of the trainer's set-up. The first upload waits for it.
+        self._registering = threading.Thread(target=self._register, args=(views, cupy.cuda.Device().id),
                                              name="upload-register", daemon=True)
         self._register_error = None
         self._registering.start()
