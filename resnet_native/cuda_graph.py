@@ -7,7 +7,9 @@ expected: every output is preallocated) is then never handed to other arrays whi
 pool's usage before and after is compared, and the difference returned. fn must already have run eagerly with the
 same arrays: algorithm searches synchronise, and are refused during capture. A capture that fails (fn, ending the
 capture, or uploading the graph) leaves capture mode, clears the CUDA error it leaves behind (the next launch would
-report it otherwise) and raises; when fn failed, fn's error is the one raised.
+report it otherwise) and raises; when fn failed, fn's error is the one raised. The native core ends the capture and
+instantiates the graph (resnet_native._C.CapturedGraph: launch(stream) and upload(stream) take cupy streams), its
+memset nodes first made kernel nodes while MEMSETS_AS_KERNELS holds.
 
 While any captured graph lives, the cuDNN workspace pool must keep its buffers (a growth retires the old buffer
 instead of freeing it, and release_workspace refuses): a WorkspaceHold is one such hold. A replay is one of the
@@ -23,6 +25,10 @@ import weakref
 from typing import Any, NamedTuple
 
 from ._loader import _C
+
+# Memset nodes (cuDNN zeroes small buffers inside its calls) become kernel nodes before instantiation: a memset
+# node leaves the GPU idle around it, a kernel node follows the kernel before it (csrc/core/captured_graph.h).
+MEMSETS_AS_KERNELS = True
 
 
 class WorkspaceHold:
@@ -55,7 +61,7 @@ def graph_buffers(model, *others) -> list:
 
 
 class CapturedGraph(NamedTuple):
-    graph: Any  # the uploaded cupy.cuda.Graph
+    graph: Any  # the uploaded graph (resnet_native._C.CapturedGraph: launch(stream), upload(stream))
     result: Any  # what fn returned during the capture (arrays the replays write)
     allocated_bytes: int  # allocated from the pool during the capture
 
@@ -75,7 +81,7 @@ def capture_graph(fn, stream, pool) -> CapturedGraph:
                 with contextlib.suppress(Exception):  # leave capture mode; fn's error is the one to report
                     stream.end_capture()
                 raise
-            graph = stream.end_capture()
+            graph = _C._end_capture(stream.ptr, MEMSETS_AS_KERNELS)
             allocated = pool.used_bytes() - before
         graph.upload(stream)
     except BaseException:

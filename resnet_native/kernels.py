@@ -1,4 +1,5 @@
-"""Custom CUDA kernels for the residual blocks: add, add + ReLU, ReLU and their backward, dtype conversion.
+"""Custom CUDA kernels for the residual blocks: add, add + ReLU, ReLU and their backward, dtype conversion (and
+conversion added into an array: a gradient accumulated into its master).
 
 Every function takes cupy arrays (or any __cuda_array_interface__ / DLPack device array), C-contiguous, of one
 shape, and runs on cupy's current stream. Storage dtypes are fp32, fp16 and bf16 (a uint16 array holding bf16
@@ -16,6 +17,7 @@ import numpy as np
 from . import reference
 from ._loader import _C
 from ._runtime import op_stream
+from .names import flag
 
 # The stream every op wrapper passes (conv.py's too): cupy's current stream, 0 without a GPU.
 stream = op_stream
@@ -58,12 +60,14 @@ def add_tensor_cudnn(a, b, *, out=None, layout="NCHW", dtype=None):
     return _C.add_tensor_cudnn(a, b, out, layout, dtype, stream())
 
 
-def cast(x, out):
+def cast(x, out, *, accumulate=False):
     """out = x converted to out's dtype (fp32 <-> fp16 <-> bf16, rounding to nearest even). uint16 arrays are
-    bf16 here. Same shape; returns out."""
+    bf16 here. Same shape; returns out. accumulate: out += x instead, the sum taken in fp32 and rounded once to
+    out's dtype (a low-precision gradient added into its fp32 master in one pass)."""
+    accumulate = flag("accumulate", accumulate)
     if isinstance(x, np.ndarray) and isinstance(out, np.ndarray):  # host arrays: the float64 reference
-        return reference.kernels.cast(x, out)
-    return _C.cast(x, out, stream())
+        return reference.kernels.cast(x, out, accumulate=accumulate)
+    return _C.cast(x, out, accumulate, stream())
 
 
 __all__ = ["add", "add_relu", "add_relu_backward", "add_tensor_cudnn", "cast", "relu", "relu_backward"]

@@ -22,7 +22,6 @@ class Parameter:
         self.grad = None
         self.low = None
         self.arena = None  # the ParameterArena it lives in once placed
-        self._cast_buffer = None  # master-dtype scratch for gradients that arrive in fp16/bf16
 
     @property
     def placement(self):
@@ -55,17 +54,11 @@ class Parameter:
 
     def accumulate_grad(self, g) -> None:
         """grad += g, where g has the parameter's shape, in the master dtype or (from low-precision ops)
-        fp16/bf16."""
-        xp = self.arena.xp
-        if g.dtype != self.grad.dtype:
-            if self._cast_buffer is None:
-                self._cast_buffer = xp.empty(self.shape, dtype=self.grad.dtype)
-            kernels.cast(g, self._cast_buffer)
-            g = self._cast_buffer
-        if isinstance(self.grad, np.ndarray):
+        fp16/bf16: one kernel (kernels.cast with accumulate), the sum in fp32."""
+        if isinstance(self.grad, np.ndarray) and g.dtype == self.grad.dtype:
             np.add(self.grad, g, out=self.grad)
-        else:  # the extension's add: no cupy kernel to compile at start-up, one launch per parameter
-            kernels.add(self.grad, g, out=self.grad)
+        else:
+            kernels.cast(g, self.grad, accumulate=True)
 
     def __repr__(self):
         where = "unplaced" if self.arena is None else str(self.arena.placement)

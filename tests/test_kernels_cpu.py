@@ -99,6 +99,18 @@ def test_cast_validates_shapes_dtypes_and_overlap():
     x, out = distinct(((6, 7), "float32"), ((6, 7), "uint16"))
     with expect_device_stage():
         kernels.cast(x, out)  # uint16 is bf16 for cast
+    with pytest.raises(TypeError, match="accumulate: expected True or False"):
+        kernels.cast(x, out, accumulate=1)
+
+
+def test_cast_accumulate_on_the_host_adds_and_rounds_once():
+    grad = np.array([1.0, -2.0, 65504.0], np.float16)
+    master = np.array([0.5, 0.25, 1.0], np.float32)
+    assert kernels.cast(grad, master, accumulate=True) is master
+    assert master.tolist() == [1.5, -1.75, 65505.0]
+    low = np.array([2048.0], np.float16)
+    kernels.cast(np.array([1.0], np.float32), low, accumulate=True)  # 2049 rounds to even in fp16
+    assert low.tolist() == [2048.0]
 
 
 def test_add_tensor_cudnn_needs_4d_arrays_and_a_layout():

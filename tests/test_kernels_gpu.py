@@ -171,6 +171,34 @@ def test_cast_of_misaligned_views(src, dst, rng):
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dst", DTYPES)
+@pytest.mark.parametrize("src", DTYPES)
+def test_cast_accumulate_adds_in_fp32_and_rounds_once(src, dst, n, rng):
+    """out += x: both operands' exact values summed in fp32, then rounded to out's dtype (round to nearest even),
+    the same bits as NumPy's float32 sum converted to out's storage."""
+    dx, _ = to_device(rng.standard_normal(n) * 3.0, src)
+    dout, _ = to_device(rng.standard_normal(n) * 100.0, dst)
+    x32 = reference.storage.decode(cp.asnumpy(dx), src).astype(np.float32)
+    out32 = reference.storage.decode(cp.asnumpy(dout), dst).astype(np.float32)
+    want = cast_expected(x32 + out32, dst)
+    assert kernels.cast(dx, dout, accumulate=True) is dout
+    got = cp.asnumpy(dout)
+    differ = np.count_nonzero(got.view(np.uint8) != want.view(np.uint8))
+    assert differ == 0, f"{src} into {dst}: {differ} bytes differ"
+
+
+@pytest.mark.parametrize("dst", DTYPES)
+def test_cast_accumulate_of_misaligned_views(dst, rng):
+    n = 100_001
+    dx, _ = to_device(rng.standard_normal(n + 1), "fp16")
+    dout, _ = to_device(rng.standard_normal(n + 1), dst)
+    want = cast_expected(reference.storage.decode(cp.asnumpy(dx)[1:], "fp16").astype(np.float32)
+                         + reference.storage.decode(cp.asnumpy(dout)[1:], dst).astype(np.float32), dst)
+    kernels.cast(dx[1:], dout[1:], accumulate=True)
+    assert np.array_equal(cp.asnumpy(dout[1:]).view(np.uint8), want.view(np.uint8))
+
+
 def test_cast_in_place_same_dtype_is_a_no_op(rng):
     dx, hx = to_device(rng.standard_normal(1001), "fp16")
     kernels.cast(dx, dx)

@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <memory>
 #include <string>
 
+#include "../core/captured_graph.h"
 #include "../core/descriptor.h"
 #include "../core/device.h"
 #include "../core/error.h"
@@ -223,6 +225,26 @@ void bind_core(py::module_& m) {
         return err == cudaSuccess ? py::object(py::none()) : py::object(py::str(cudaGetErrorName(err)));
       },
       "Clear the CUDA runtime's last (non-sticky) error, e.g. after an abandoned stream capture; returns its name.");
+  // Streams as cupy gives them (an object with .ptr) or as raw pointers, as cupy's own Graph takes them.
+  const auto stream_of = [](py::handle s) {
+    return stream_arg(py::hasattr(s, "ptr") ? s.attr("ptr").cast<uintptr_t>() : s.cast<uintptr_t>());
+  };
+  py::class_<CapturedGraph>(m, "CapturedGraph", "An ended stream capture, instantiated (resnet_native.cuda_graph).")
+      .def(
+          "upload", [stream_of](CapturedGraph& g, py::handle stream) { g.upload(stream_of(stream)); },
+          py::arg("stream"))
+      .def(
+          "launch", [stream_of](CapturedGraph& g, py::handle stream) { g.launch(stream_of(stream)); },
+          py::arg("stream"))
+      .def_property_readonly("memset_kernels", &CapturedGraph::memset_kernels,
+                             "Memset nodes replaced by kernel nodes before instantiation.");
+  m.def(
+      "_end_capture",
+      [](uintptr_t stream, bool memsets_as_kernels) {
+        return std::make_unique<CapturedGraph>(stream_arg(stream), memsets_as_kernels);
+      },
+      py::arg("stream"), py::arg("memsets_as_kernels"),
+      "End the capture in progress on `stream` and instantiate it (memset nodes first made kernel nodes).");
   m.def(
       "set_workspace_limit",
       [](py::object bytes) { set_workspace_limit(bytes.is_none() ? SIZE_MAX : bytes.cast<size_t>()); },

@@ -77,13 +77,13 @@ py::object relu_op(py::handle x_obj, py::handle out_obj, py::handle dtype_obj, u
 }
 
 // Both dtypes inferred, a 16-bit integer array meaning bf16 (cast's only use of one).
-py::object cast_op(py::handle x_obj, py::handle out_obj, uintptr_t stream) {
+py::object cast_op(py::handle x_obj, py::handle out_obj, bool accumulate, uintptr_t stream) {
   OpArgs args("cast");
   const TensorView& x = args.input(x_obj, "x", DTypeRequest::infer(/*uint16_is_bf16=*/true));
   TensorArgOptions writable;
   writable.writable = true;
   const TensorView& out = args.input(out_obj, "out", DTypeRequest::infer(/*uint16_is_bf16=*/true), writable);
-  return finish_unary(args, x, out, [&] { kernels::cast(x, out, stream_arg(stream)); });
+  return finish_unary(args, x, out, [&] { kernels::cast(x, out, accumulate, stream_arg(stream)); });
 }
 
 py::object add_tensor_cudnn_op(py::handle a_obj, py::handle b_obj, py::handle out_obj, py::handle layout_obj,
@@ -127,8 +127,8 @@ void bind_kernels(py::module_& m) {
   def_binary(m, "relu_backward", Binary::ReluBackward, "out = dy * (y > 0); returns out");
   m.def("relu", &relu_op, py::arg("x"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
         "out = max(x, 0); returns out");
-  m.def("cast", &cast_op, py::arg("x"), py::arg("out"), py::arg("stream"),
-        "out = x converted to out's dtype (round to nearest even); returns out");
+  m.def("cast", &cast_op, py::arg("x"), py::arg("out"), py::arg("accumulate"), py::arg("stream"),
+        "out = x converted to out's dtype, or out += x (accumulate), rounded to nearest even; returns out");
   m.def("add_tensor_cudnn", &add_tensor_cudnn_op, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("layout"),
         py::arg("dtype"), py::arg("stream"), "out = a + b through cudnnAddTensor; returns out");
 }

@@ -8,8 +8,9 @@
 
 namespace rn::kernels {
 
-// out[i] = in[i] converted to out's dtype. Same element count (checked by the caller); no overlap unless
-// `in` and `out` are the same array of one dtype (then a no-op copy).
-void cast(const TensorView& in, const TensorView& out, cudaStream_t stream);
+// out[i] = in[i] converted to out's dtype, or with `accumulate` out[i] += in[i] (the sum in fp32, rounded once to
+// out's dtype: a low-precision gradient added into its fp32 master in one pass). Same element count (checked by
+// the caller); no overlap unless `in` and `out` are the same array of one dtype.
+void cast(const TensorView& in, const TensorView& out, bool accumulate, cudaStream_t stream);
 
 }  // namespace rn::kernels

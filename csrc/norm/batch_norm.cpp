@@ -105,25 +105,24 @@ cudnnStatus_t plain_forward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, con
       a.beta.data, a.momentum, a.running_mean.data, a.running_var.data, a.eps, a.save_mean.data, a.save_invstd.data);
 }
 
-// Where a backward call writes dgamma / dbeta: the caller's arrays, or (to accumulate) scratch that is then
-// added into them by the add kernel. cuDNN's own blending (betaParamDiff) is not relied on: whether every
-// kernel behind these calls honours it is not documented.
-struct ParamGrads {
-  TensorView dgamma, dbeta;
-};
+// The blend of dgamma / dbeta with what the arrays hold (betaParamDiff): 1 adds into them (accumulate), in the
+// call's own kernels, with no scratch and no add kernels of ours.
+const void* param_beta(const BatchNormBackwardArgs& a) {
+  return a.accumulate ? &kOne : &kZero;
+}
 
 // dy: the gradient the call takes (a.dy with fused ops; with BN ops, dy already masked by the ReLU).
 cudnnStatus_t ex_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
-                          const BatchNormBackwardArgs& a, const TensorView& dy, const ParamGrads& g, void* workspace,
-                          size_t workspace_bytes, const std::array<int, 4>& d) {
+                          const BatchNormBackwardArgs& a, const TensorView& dy, void* workspace, size_t workspace_bytes,
+                          const std::array<int, 4>& d) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
   const ActivationDescriptor act = make_relu();
   const void* y = ops == CUDNN_BATCHNORM_OPS_BN ? nullptr : a.y.data;  // the ReLU mask's source; BN alone needs none
   void* dz = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION ? a.dz.data : nullptr;
-  return cudnnBatchNormalizationBackwardEx(handle, mode, ops, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data,
-                                           desc.data.get(), y, desc.data.get(), dy.data, desc.data.get(), dz,
+  return cudnnBatchNormalizationBackwardEx(handle, mode, ops, &kOne, &kZero, &kOne, param_beta(a), desc.data.get(),
+                                           a.x.data, desc.data.get(), y, desc.data.get(), dy.data, desc.data.get(), dz,
                                            desc.data.get(), a.dx.data, desc.param.get(), a.gamma.data, a.beta.data,
-                                           g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data, a.save_invstd.data,
+                                           a.dgamma.data, a.dbeta.data, a.eps, a.save_mean.data, a.save_invstd.data,
                                            act.get(), workspace, workspace_bytes, a.reserve.data, a.reserve.nbytes());
 }
 
@@ -137,11 +136,11 @@ cudnnStatus_t ex_backward_workspace(cudnnHandle_t handle, cudnnBatchNormMode_t m
 }
 
 cudnnStatus_t plain_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, const BatchNormBackwardArgs& a,
-                             const TensorView& dy, const ParamGrads& g, const std::array<int, 4>& d) {
+                             const TensorView& dy, const std::array<int, 4>& d) {
   const BnDescriptors desc = make_descriptors(a.layout, a.x.dtype, d, mode);
-  return cudnnBatchNormalizationBackward(handle, mode, &kOne, &kZero, &kOne, &kZero, desc.data.get(), a.x.data,
+  return cudnnBatchNormalizationBackward(handle, mode, &kOne, &kZero, &kOne, param_beta(a), desc.data.get(), a.x.data,
                                          desc.data.get(), dy.data, desc.data.get(), a.dx.data, desc.param.get(),
-                                         a.gamma.data, g.dgamma.data, g.dbeta.data, a.eps, a.save_mean.data,
+                                         a.gamma.data, a.dgamma.data, a.dbeta.data, a.eps, a.save_mean.data,
                                          a.save_invstd.data);
 }
 
@@ -149,22 +148,20 @@ size_t align_up(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// One workspace-pool buffer carved into: [cuDNN workspace | masked dy | dgamma scratch | dbeta scratch], each
-// part present only when needed. Only the cuDNN workspace is bounded by the pool's limit (the *Ex path checks
-// it and the plain call needs none); the other parts are required by either path.
+// One workspace-pool buffer carved into: [cuDNN workspace | masked dy], each part present only when needed.
+// Only the cuDNN workspace is bounded by the pool's limit (the *Ex path checks it and the plain call needs
+// none); the masked dy is required by either path.
 struct BackwardScratch {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   TensorView masked_dy;
-  ParamGrads grads;
 };
 
 BackwardScratch carve_scratch(const BatchNormBackwardArgs& a, size_t workspace_bytes, bool need_masked_dy,
                               cudaStream_t stream) {
   const size_t masked_bytes = need_masked_dy ? align_up(a.dy.nbytes()) : 0;
-  const size_t param_bytes = a.accumulate ? align_up(a.dgamma.nbytes()) : 0;
   workspace_bytes = workspace_bytes ? align_up(workspace_bytes) : 0;
-  const size_t total = workspace_bytes + masked_bytes + 2 * param_bytes;
+  const size_t total = workspace_bytes + masked_bytes;
   auto* base = static_cast<unsigned char*>(total ? WorkspacePool::current().get_required(total, stream) : nullptr);
   BackwardScratch s;
   s.workspace = workspace_bytes ? base : nullptr;
@@ -173,19 +170,7 @@ BackwardScratch carve_scratch(const BatchNormBackwardArgs& a, size_t workspace_b
     s.masked_dy = a.dy;
     s.masked_dy.data = base + workspace_bytes;
   }
-  s.grads = {a.dgamma, a.dbeta};
-  if (a.accumulate) {
-    s.grads.dgamma.data = base + workspace_bytes + masked_bytes;
-    s.grads.dbeta.data = base + workspace_bytes + masked_bytes + param_bytes;
-  }
   return s;
-}
-
-// dgamma += scratch, dbeta += scratch when accumulating.
-void finish_param_grads(const BatchNormBackwardArgs& a, const ParamGrads& g, cudaStream_t stream) {
-  if (!a.accumulate) return;
-  kernels::add(a.dgamma, g.dgamma, a.dgamma, false, stream);
-  kernels::add(a.dbeta, g.dbeta, a.dbeta, false, stream);
 }
 
 // Runs `call(mode)`; a persistent call cuDNN refuses is retried in spatial mode. Throws on failure.
@@ -320,8 +305,7 @@ bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d
   if (status == CUDNN_STATUS_SUCCESS) {
     const BackwardScratch scratch = carve_scratch(a, workspace_bytes, masks, stream);
     const TensorView grad = fused ? a.dy : unfused_epilogue_grad(a, scratch.masked_dy, stream, &detail);
-    status = ex_backward(handle, mode, ops, a, grad, scratch.grads, scratch.workspace, scratch.workspace_bytes, d);
-    if (status == CUDNN_STATUS_SUCCESS) finish_param_grads(a, scratch.grads, stream);
+    status = ex_backward(handle, mode, ops, a, grad, scratch.workspace, scratch.workspace_bytes, d);
   }
   if (status != CUDNN_STATUS_SUCCESS) {
     if (!is_refusal(status)) throw_cudnn_error(status, "cudnnBatchNormalizationBackwardEx", __FILE__, __LINE__);
@@ -330,7 +314,7 @@ bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d
     return false;
   }
   detail += std::string("cudnnBatchNormalizationBackwardEx(") + ops_name(ops) + ")";
-  if (a.accumulate) detail += " + add kernels (accumulate)";
+  if (a.accumulate) detail += " (accumulating dgamma, dbeta)";
   if (!fused) {
     const std::string why =
         decision.why_not.empty() ? "the forward left the add and ReLU to the elementwise kernels" : decision.why_not;
@@ -353,12 +337,11 @@ void batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
   std::string detail;
   const TensorView grad = unfused_epilogue_grad(a, scratch.masked_dy, stream, &detail);
   const cudnnHandle_t handle = cudnn_handle(stream);
-  const cudnnBatchNormMode_t ran = run_with_mode_fallback(
-      mode, "cudnnBatchNormalizationBackward",
-      [&](cudnnBatchNormMode_t m) { return plain_backward(handle, m, a, grad, scratch.grads, d); });
-  finish_param_grads(a, scratch.grads, stream);
+  const cudnnBatchNormMode_t ran =
+      run_with_mode_fallback(mode, "cudnnBatchNormalizationBackward",
+                             [&](cudnnBatchNormMode_t m) { return plain_backward(handle, m, a, grad, d); });
   detail += "cudnnBatchNormalizationBackward";
-  if (a.accumulate) detail += " + add kernels (accumulate)";
+  if (a.accumulate) detail += " (accumulating dgamma, dbeta)";
   t_last_path = {"backward", false, false, mode_name(ran), detail + " (unfused: " + why_not + ")"};
 }
 

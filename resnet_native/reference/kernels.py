@@ -48,13 +48,16 @@ def add_relu_backward(dy, y, *, out=None, dtype=None):
     return relu_backward(dy, y, out=out, dtype=dtype)
 
 
-def cast(x, out):
+def cast(x, out, *, accumulate=False):
     """out = x converted to out's dtype (fp32 <-> fp16 <-> bf16, rounding to nearest even; uint16 arrays are bf16
-    here). Same shape; returns out."""
+    here), or with accumulate out = out + x, rounded once. Same shape; returns out."""
     x_dtype = storage.dtype_of(x, "x", uint16_is_bf16=True)
     out_dtype = storage.dtype_of(out, "out", uint16_is_bf16=True)
     storage.same_shape(out, "out", x, "x")
-    return storage.write(out, storage.decode(x, x_dtype), out_dtype)
+    result = storage.decode(x, x_dtype)
+    if accumulate:
+        result = result + storage.decode(out, out_dtype)
+    return storage.write(out, result, out_dtype)
 
 
 __all__ = ["add", "add_relu", "add_relu_backward", "cast", "relu", "relu_backward"]
