@@ -135,6 +135,13 @@ def cast_expected(source, dst):
     return reference.kernels.cast(source, np.empty(source.shape, ARRAY_DTYPES[dst]))
 
 
+def accumulate_expected(x, src, out, dst):
+    """What cast(x, out, accumulate=True) must leave in out, bit for bit: NumPy's float32 sum of the two host
+    storage arrays' values, converted to dtype `dst`."""
+    as32 = [reference.storage.decode(a, d).astype(np.float32) for a, d in ((x, src), (out, dst))]
+    return cast_expected(as32[0] + as32[1], dst)
+
+
 def cast_source(n, rng):
     v = rng.standard_normal(n) * 50.0
     specials = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 65520.0, 1e5, -1e5, 6e-8, 1e-9, 3.0e38, np.inf, -np.inf,
@@ -179,9 +186,7 @@ def test_cast_accumulate_adds_in_fp32_and_rounds_once(src, dst, n, rng):
     the same bits as NumPy's float32 sum converted to out's storage."""
     dx, _ = to_device(rng.standard_normal(n) * 3.0, src)
     dout, _ = to_device(rng.standard_normal(n) * 100.0, dst)
-    x32 = reference.storage.decode(cp.asnumpy(dx), src).astype(np.float32)
-    out32 = reference.storage.decode(cp.asnumpy(dout), dst).astype(np.float32)
-    want = cast_expected(x32 + out32, dst)
+    want = accumulate_expected(cp.asnumpy(dx), src, cp.asnumpy(dout), dst)
     assert kernels.cast(dx, dout, accumulate=True) is dout
     got = cp.asnumpy(dout)
     differ = np.count_nonzero(got.view(np.uint8) != want.view(np.uint8))
@@ -193,8 +198,7 @@ def test_cast_accumulate_of_misaligned_views(dst, rng):
     n = 100_001
     dx, _ = to_device(rng.standard_normal(n + 1), "fp16")
     dout, _ = to_device(rng.standard_normal(n + 1), dst)
-    want = cast_expected(reference.storage.decode(cp.asnumpy(dx)[1:], "fp16").astype(np.float32)
-                         + reference.storage.decode(cp.asnumpy(dout)[1:], dst).astype(np.float32), dst)
+    want = accumulate_expected(cp.asnumpy(dx)[1:], "fp16", cp.asnumpy(dout)[1:], dst)
     kernels.cast(dx[1:], dout[1:], accumulate=True)
     assert np.array_equal(cp.asnumpy(dout[1:]).view(np.uint8), want.view(np.uint8))
 

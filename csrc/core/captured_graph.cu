@@ -117,8 +117,8 @@ bool replace_memset(cudaGraph_t graph, cudaGraphNode_t node) {
   return true;
 }
 
-}  // namespace
-
+// Replaces every memset node of `graph` (whose edges are plain) by a kernel node writing the same values, with
+// the same dependencies and dependents. Returns the number replaced.
 int memsets_to_kernels(cudaGraph_t graph) {
   int replaced = 0;
   for (cudaGraphNode_t node : nodes_of(graph)) {
@@ -128,6 +128,8 @@ int memsets_to_kernels(cudaGraph_t graph) {
   }
   return replaced;
 }
+
+}  // namespace
 
 void CapturedGraph::GraphDeleter::operator()(cudaGraph_t g) const {
   cudaGraphDestroy(g);  // a destructor: nothing to report a failure to

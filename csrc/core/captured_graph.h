@@ -36,8 +36,4 @@ class CapturedGraph {
   int memset_kernels_ = 0;
 };
 
-// Replaces every memset node of `graph` by a kernel node writing the same values, with the same dependencies
-// and dependents. Returns the number replaced.
-int memsets_to_kernels(cudaGraph_t graph);
-
 }  // namespace rn

@@ -24,6 +24,12 @@
 
 namespace rn {
 
+// A part's size when one pool request is carved into several parts (workspace, scratch): rounded up to 256 bytes,
+// so every part starts aligned for any dtype and for cuDNN.
+constexpr size_t workspace_part_bytes(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
 struct WorkspaceStats {
   size_t size = 0;           // bytes currently allocated
   size_t peak_request = 0;   // largest request seen (algorithm searches included)

@@ -144,10 +144,6 @@ cudnnStatus_t plain_backward(cudnnHandle_t handle, cudnnBatchNormMode_t mode, co
                                          a.save_invstd.data);
 }
 
-size_t align_up(size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
 // One workspace-pool buffer carved into: [cuDNN workspace | masked dy], each part present only when needed.
 // Only the cuDNN workspace is bounded by the pool's limit (the *Ex path checks it and the plain call needs
 // none); the masked dy is required by either path.
@@ -159,8 +155,8 @@ struct BackwardScratch {
 
 BackwardScratch carve_scratch(const BatchNormBackwardArgs& a, size_t workspace_bytes, bool need_masked_dy,
                               cudaStream_t stream) {
-  const size_t masked_bytes = need_masked_dy ? align_up(a.dy.nbytes()) : 0;
-  workspace_bytes = workspace_bytes ? align_up(workspace_bytes) : 0;
+  const size_t masked_bytes = need_masked_dy ? workspace_part_bytes(a.dy.nbytes()) : 0;
+  workspace_bytes = workspace_bytes ? workspace_part_bytes(workspace_bytes) : 0;
   const size_t total = workspace_bytes + masked_bytes;
   auto* base = static_cast<unsigned char*>(total ? WorkspacePool::current().get_required(total, stream) : nullptr);
   BackwardScratch s;
@@ -297,7 +293,7 @@ bool try_ex_backward(const BatchNormBackwardArgs& a, const std::array<int, 4>& d
   cudnnStatus_t status = ex_backward_workspace(handle, mode, ops, a, d, &workspace_bytes);
   workspace_bytes = std::max(workspace_bytes, kMinWorkspace);
   const bool masks = !fused && a.relu && !a.has_z;
-  if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(align_up(workspace_bytes))) {
+  if (status == CUDNN_STATUS_SUCCESS && !WorkspacePool::current().within_limit(workspace_part_bytes(workspace_bytes))) {
     *why_not = "workspace over the limit";
     return false;
   }

@@ -79,10 +79,6 @@ void execute_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandl
 
 namespace {
 
-constexpr size_t align256(size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
 // The operands a timed run writes to: `ops` with the output moved to `scratch` when the real one must survive.
 ConvOperands timed_operands(const ConvOperands& ops, int64_t output, void* scratch) {
   ConvOperands timed = ops;
@@ -99,7 +95,7 @@ size_t output_bytes(const ConvOperands& ops, int64_t output) {
 float time_plan(const ExecutionPlan& plan, const ConvOperands& ops, cudnnHandle_t handle, cudaStream_t stream, int runs,
                 int64_t output, bool scratch_output) {
   // One pool request holds the workspace and, after it (256-byte aligned), the scratch output if any.
-  const size_t workspace_bytes = align256(static_cast<size_t>(plan.workspace));
+  const size_t workspace_bytes = workspace_part_bytes(static_cast<size_t>(plan.workspace));
   const size_t total = workspace_bytes + (scratch_output ? output_bytes(ops, output) : 0);
   void* base = nullptr;
   if (total > 0) {
@@ -124,7 +120,7 @@ std::vector<float> time_plans(const std::vector<std::shared_ptr<ExecutionPlan>>&
   // The runs are serialised on one stream, so one pool request serves every candidate: the largest workspace,
   // then the scratch output.
   size_t workspace_bytes = 0;
-  for (const auto& plan : plans) workspace_bytes = std::max(workspace_bytes, align256(plan->workspace));
+  for (const auto& plan : plans) workspace_bytes = std::max(workspace_bytes, workspace_part_bytes(plan->workspace));
   const size_t total = workspace_bytes + (scratch_output ? output_bytes(ops, output) : 0);
   void* base = total > 0 ? WorkspacePool::current().try_get_for_search(total, stream) : nullptr;
   if (total > 0 && !base) {  // not all at once: each candidate alone, as far as memory goes
