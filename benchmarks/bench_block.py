@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     budget = Budget(args.budget_s if args.budget_s is not None else (0 if args.quick else 150))
 
     import resnet_native as rn
-    from resnet_native import conv
+    from resnet_native.ops import conv
 
     if not rn.cuda_available():
         print(f"bench_block.py needs a CUDA GPU: {rn._C.device_unavailable_reason()}", file=sys.stderr)

@@ -132,7 +132,7 @@ def _storage_batch(rng, n, dtype):
     """A normalised-looking NHWC batch on the device in the storage dtype (bf16: uint16 bits)."""
     import cupy as cp
 
-    from resnet_native import kernels
+    from resnet_native.ops import kernels
 
     x32 = cp.asarray(rng.standard_normal((n, 32, 32, 3), dtype=np.float32))
     out = cp.empty(x32.shape, dtype=cp.float16 if dtype == "fp16" else cp.uint16)
@@ -147,7 +147,7 @@ def build_ours(name, dtype, batches, algo_cache):
     model = getattr(rn, MODELS[name])(num_classes=10, stem="cifar", layout="NHWC", precision=dtype, seed=0)
     model.cuda().eval()
     start = time.perf_counter()
-    engine = InferenceEngine(model, batch_sizes=batches, dtype=dtype, algorithm_cache=algo_cache)
+    engine = InferenceEngine(model, batch_sizes=batches, precision=dtype, algorithm_cache=algo_cache)
     return model, engine, time.perf_counter() - start
 
 
@@ -158,7 +158,7 @@ def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem")
     import resnet_native as rn
     from resnet_native.data.augment import normalize_on_host
     from resnet_native.inference import InferenceEngine
-    from resnet_native.quantization import calibrate
+    from resnet_native.inference.simulate import calibrate
 
     model = getattr(rn, MODELS[name])(num_classes=10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
     state = {k: np.asarray(v) for k, v in model.state_dict().items()}
@@ -166,7 +166,7 @@ def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem")
     start = time.perf_counter()
     calibration = calibrate(state, normalize_on_host(pixels, layout="NCHW", dtype="fp32"), "max", dtype=dtype)
     calibrated = time.perf_counter()
-    engine = InferenceEngine(model, batch_sizes=batches, dtype=dtype, calibration=calibration,
+    engine = InferenceEngine(model, batch_sizes=batches, precision=dtype, calibration=calibration,
                              algorithm_cache=algo_cache, quantize_from=quantize_from)
     return engine, time.perf_counter() - calibrated, calibrated - start
 
@@ -290,7 +290,7 @@ def logits_error(torch, engine, reference_model, x) -> float:
     """max |engine(x) - PyTorch fp32(x)| / max |PyTorch fp32(x)| on one storage-dtype batch x."""
     import cupy as cp
 
-    from resnet_native import kernels
+    from resnet_native.ops import kernels
 
     ours = cp.asnumpy(engine(x))
     x32 = kernels.cast(x, cp.empty(x.shape, dtype=cp.float32))
@@ -453,7 +453,7 @@ def main(argv=None) -> int:
                                                       for k, v in vars(args).items()},
                "engines": engines, "rows": rows, "skipped": skipped, "wall_s": budget.elapsed()}
     write_json(args.json, payload)
-    from resnet_native.checkpoint import atomic_write_text
+    from resnet_native._core.files import atomic_write_text
 
     atomic_write_text(args.markdown, markdown_table(rows))
     if skipped:

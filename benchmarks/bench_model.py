@@ -67,7 +67,7 @@ def build_ours(config):
     import cupy as cp
 
     import resnet_native as rn
-    from resnet_native import kernels
+    from resnet_native.ops import kernels
 
     model = getattr(rn, MODELS[config["model"]])(num_classes=config["classes"], stem=config["stem"], layout="NHWC",
                                                   precision=config["dtype"], seed=0)
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         except ImportError as e:
             print(f"torch rival skipped: {e}", file=sys.stderr)
     if args.bn_fuse_bf16:
-        from resnet_native import norm
+        from resnet_native.ops import norm
 
         norm.set_fuse_bf16(args.bn_fuse_bf16 == "on")
     rows = []

@@ -40,7 +40,7 @@ def _short(path: dict) -> str:
 def time_ours(shape, dtype, relu, has_z):
     import cupy as cp
 
-    from resnet_native import kernels, norm
+    from resnet_native.ops import kernels, norm
 
     n, c, h, w = shape
     store = {"fp32": cp.float32, "fp16": cp.float16, "bf16": cp.uint16}[dtype]
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
             import torch
         except ImportError as e:
             print(f"torch rival skipped: {e}", file=sys.stderr)
-    from resnet_native import norm
+    from resnet_native.ops import norm
 
     rows = []
     for text in args.shapes.split(","):

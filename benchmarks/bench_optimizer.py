@@ -31,7 +31,7 @@ COLUMNS = [("model", "model"), ("chunk", "chunk"), ("op", "op"), ("elements", "e
 
 
 def parameter_shapes(model_name: str) -> list:
-    from resnet_native.models.registry import create_model
+    from resnet_native.nn.models.registry import create_model
 
     model = create_model(model_name, layout="NHWC", precision="fp16", seed=0)
     return [tuple(p.shape) for p in model.parameters()]
@@ -55,7 +55,7 @@ def time_ours(shapes, chunk) -> dict:
     import cupy as cp
     import numpy as np
 
-    from resnet_native import multi_tensor as mt
+    from resnet_native.ops import multi_tensor as mt
 
     rng = np.random.default_rng(0)
 
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    from resnet_native import multi_tensor as mt
+    from resnet_native.ops import multi_tensor as mt
 
     copy_gbs = copy_rate_gbs()
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")

@@ -236,7 +236,7 @@ def load_engine(args):
 
         model = getattr(rn, SERVE_MODELS[args.model])(num_classes=10, stem="cifar", layout="NHWC",
                                                       precision="fp16", seed=0)
-        engine = InferenceEngine(model.cuda().eval(), batch_sizes=args.engine_batches, dtype="fp16")
+        engine = InferenceEngine(model.cuda().eval(), batch_sizes=args.engine_batches, precision="fp16")
         return engine, tuple(str(i) for i in range(10)), f"{args.model} (untrained), {engine!r}"
     from resnet_native.serve.cli import load_model
 

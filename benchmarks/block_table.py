@@ -35,7 +35,7 @@ class OurBlock:
         self.specs = {}
 
     def spec(self, c: ConvShape, algo: str, engine: str):
-        from resnet_native.conv import ConvSpec
+        from resnet_native.ops.conv import ConvSpec
 
         key = (c.name, algo, engine)
         if key not in self.specs:
@@ -44,7 +44,7 @@ class OurBlock:
         return self.specs[key]
 
     def forward(self, variant: str, algo: str, engine: str):
-        from resnet_native import conv
+        from resnet_native.ops import conv
 
         *head, last = [c for c in self.convs if c.name != "proj"]
         shortcut = self.x
@@ -61,12 +61,12 @@ class OurBlock:
         if variant in ("fused", "unfused"):
             conv.conv2d(h, self.w[last.name], spec, bias=self.b[last.name], z=shortcut, activation="relu", out=y)
         elif variant == "add_relu_kernel":
-            from resnet_native import kernels  # written separately: imported only where used
+            from resnet_native.ops import kernels  # written separately: imported only where used
 
             conv.conv2d(h, self.w[last.name], spec, bias=self.b[last.name], out=y)
             kernels.add_relu(y, shortcut, out=y, dtype=KERNEL_DTYPES[self.precision])
         elif variant == "add_tensor_cudnn":
-            from resnet_native import kernels
+            from resnet_native.ops import kernels
 
             conv.conv2d(h, self.w[last.name], spec, bias=self.b[last.name], out=y)
             kernels.add_tensor_cudnn(y, shortcut, out=y, layout=self.layout, dtype=KERNEL_DTYPES[self.precision])
@@ -76,12 +76,12 @@ class OurBlock:
         return y
 
     def runner(self, variant: str, algo: str, engine: str):
-        from resnet_native import conv
+        from resnet_native.ops import conv
 
         if variant == "unfused":
 
             def run():
-                with conv._fusion_disabled():
+                with conv.fusion_disabled():
                     return self.forward(variant, algo, engine)
 
             return run
@@ -89,7 +89,7 @@ class OurBlock:
 
     def fused_paths(self, variant: str, algo: str, engine: str) -> dict:
         """Which path each conv's fused call took (as the algorithm cache records it)."""
-        from resnet_native import conv
+        from resnet_native.ops import conv
 
         paths = {}
         for c in self.convs:
@@ -248,7 +248,7 @@ def run_block_variant(args, ours, variant, algo, engine, torch_row, torch_y):
 
 def kernels_available() -> bool:
     try:
-        from resnet_native import kernels
+        from resnet_native.ops import kernels
 
         return hasattr(kernels, "add_relu") and hasattr(kernels, "add_tensor_cudnn") and hasattr(kernels, "relu")
     except ImportError:

@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from resnet_native.checkpoint import atomic_write_text
+from resnet_native._core.files import atomic_write_text
 
 # Aim for at least this much GPU time between a pair of events.
 _MIN_SAMPLE_MS = 0.5

@@ -41,7 +41,7 @@ def per_conv_section(args, blocks, engines, torch, budget, report):
 
 def conv_ops(spec, x, w, dy, y, dx, dw) -> dict:
     """The three directions of one convolution, writing into preallocated outputs."""
-    from resnet_native import conv
+    from resnet_native.ops import conv
 
     return {
         "forward": lambda: conv.conv2d(x, w, spec, out=y),
@@ -54,8 +54,8 @@ def conv_rows(args, shape, c, layout, precision, engines, torch, rng) -> list:
     """Rows of one conv of a block: forward, backward-data, backward-filter; each engine (algo find) and torch."""
     import cupy as cp
 
-    from resnet_native import conv
-    from resnet_native.conv import ConvSpec
+    from resnet_native.ops import conv
+    from resnet_native.ops.conv import ConvSpec
 
     x_host = rng.standard_normal((shape.n, c.c_in, c.hw_in, c.hw_in)).astype(np.float32)
     w_host = (rng.standard_normal((c.c_out, c.c_in, c.kernel, c.kernel)) * 0.1).astype(np.float32)
@@ -142,7 +142,7 @@ def host_overhead_section(args, engines, torch, report):
     replay), and the same for PyTorch. A call's cost minus its device time is host time."""
     import cupy as cp
 
-    from resnet_native.conv import ConvSpec
+    from resnet_native.ops.conv import ConvSpec
 
     p = HOST_PROBE
     rng = np.random.default_rng(2)
@@ -177,7 +177,7 @@ def bare_conv_ops(spec, x, w, dy, y, dx, dw) -> dict:
     """conv_ops without the Python wrapper: the _C bindings called with the native specs and the stream computed
     once (private API, for this measurement only)."""
     import resnet_native as rn
-    from resnet_native import conv
+    from resnet_native.ops import conv
 
     C, stream = rn._C, rn.current_stream()
     fwd, bwd_data, bwd_filter = (conv._native_spec(spec, d) for d in ("forward", "backward_data", "backward_filter"))

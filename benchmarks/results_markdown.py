@@ -1,8 +1,8 @@
-"""Render benchmark JSON (bench_block.py, bench_model.py) as the Markdown tables kept in RESULTS.md.
+"""Render benchmark JSON (bench_block.py, bench_model.py) as the Markdown tables kept in docs/lab-notes/RESULTS.md.
 
-    python benchmarks/results_markdown.py benchmarks/results/2026-11-30-h200
+    python benchmarks/results_markdown.py docs/lab-notes/results/2026-11-30-h200
 
-Numbers are copied from the JSON, never typed: RESULTS.md quotes this script's output.
+Numbers are copied from the JSON, never typed: docs/lab-notes/RESULTS.md quotes this script's output.
 """
 
 import json

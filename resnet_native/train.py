@@ -1,8 +1,6 @@
 """Train a ResNet on CIFAR-10 from a YAML recipe: `python -m resnet_native.train --recipe A|B [options]`.
 
-The command's entry point. The trainer itself is the package resnet_native.training: config.py (the recipe's
-settings), builders.py (network, optimizer, schedule, scaler, step), loop.py (Trainer, the run folder),
-checkpoint_writer.py, and cli.py (this command's options).
+The command's entry point; the trainer is the package resnet_native.training (its __init__ lists the modules).
 """
 
 from .training.builders import make_deterministic

@@ -1,7 +1,7 @@
 """What the process's algorithm cache holds, per batch size: the modes ('find', 'heuristic', 'fixed') its
 convolutions' choices were made in."""
 
-from resnet_native import conv
+from resnet_native.ops import conv
 
 
 def modes_by_batch() -> dict:

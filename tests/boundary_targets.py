@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from fake_arrays import fake
 
-from resnet_native import _C, conv, kernels, norm, pool
-from resnet_native import multi_tensor as mt
+from resnet_native import _C
+from resnet_native.ops import conv, kernels, norm, pool
+from resnet_native.ops import multi_tensor as mt
 
 # ---- the arguments under test ------------------------------------------------------------------------------------
 S = (2, 3, 4, 5)  # elementwise operands
@@ -64,7 +65,7 @@ OUT = dict(optional=True, writable=True)
 
 
 def _targets():
-    t = [Target("_parse_tensor:x", "x", lambda b: _C._parse_tensor(b, "x", "fp32", check_device=False))]
+    t = [Target("_parse_tensor:x", "x", lambda b: _C._testing.parse_tensor(b, "x", "fp32", check_device=False))]
     # kernels (dtype fp32 named: every operand must be float32)
     for op in ("add", "add_relu"):
         fn = getattr(kernels, op)

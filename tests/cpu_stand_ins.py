@@ -1,4 +1,4 @@
-"""The CPU stand-ins under which the trainer runs without a GPU (tests/test_train_dryrun.py's cpu_backend fixture,
+"""The CPU stand-ins under which the trainer runs without a GPU (tests/test_train_dryrun_cpu.py's cpu_backend fixture,
 and the ranks of tests/test_train_dp_cpu.py): the slice of cupy the trainer and augmenter use, on NumPy, the
 augmentation kernel replaced by its NumPy reference, and a tiny data set."""
 

@@ -23,7 +23,7 @@ import itertools
 
 import numpy as np
 
-from resnet_native.names import PRECISION_STORAGE
+from resnet_native._core.names import PRECISION_STORAGE
 
 # Fakes live far above any real allocation, 4 GiB apart: distinct fakes never overlap.
 FAKE_BASE = 1 << 44

@@ -11,8 +11,8 @@ import pytest
 from device_values import check_close, poisoned, rounded, shape_in, to_device
 
 import resnet_native as rn
-from resnet_native import conv
-from resnet_native.conv import ConvSpec
+from resnet_native.ops import conv
+from resnet_native.ops.conv import ConvSpec
 
 
 @contextlib.contextmanager

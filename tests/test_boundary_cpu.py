@@ -22,12 +22,13 @@ from fake_arrays import (
 )
 
 import resnet_native as rn
-from resnet_native import _C, conv, kernels, norm, pool
-from resnet_native import multi_tensor as mt
+from resnet_native import _C
+from resnet_native.ops import conv, kernels, norm, pool
+from resnet_native.ops import multi_tensor as mt
 
 
 def parse(obj, name="x", dtype="fp32", ndim=-1):
-    return _C._parse_tensor(obj, name, dtype, ndim=ndim, check_device=False)
+    return _C._testing.parse_tensor(obj, name, dtype, ndim=ndim, check_device=False)
 
 
 # Every op reaches arrays through the same parser: a bad array must be refused by each, naming it.

@@ -44,8 +44,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from resnet_native import kernels, pool
-from resnet_native import multi_tensor as mt
+from resnet_native.ops import kernels, pool
+from resnet_native.ops import multi_tensor as mt
 
 SEED = (int(os.environ["RESNET_NATIVE_FUZZ_SEED"]) if os.environ.get("RESNET_NATIVE_FUZZ_SEED")
         else random.SystemRandom().getrandbits(32))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import resnet_native as rn
-from resnet_native import conv
+from resnet_native.ops import algo_cache as cache_module
+from resnet_native.ops import conv
 
 C = rn._C
 
@@ -63,7 +64,7 @@ def plan_cache():
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    monkeypatch.setattr(conv, "_device_identity", lambda: ("Fake GPU 9000", 91900, 0))
+    monkeypatch.setattr(cache_module, "_device_identity", lambda: ("Fake GPU 9000", 91900, 0))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -96,8 +97,8 @@ def test_a_lookup_promotes_and_inspection_does_not(algo_cache):
     conv.set_algorithm_cache_capacity(3)
     insert(1, 2, 3)
     before = conv.algorithm_cache_stats()
-    assert C._algo_cache_touch(key(1))  # as a convolution looks its problem up: 1 is now the most recent
-    assert not C._algo_cache_touch(key(99))
+    assert C._testing.algo_cache_touch(key(1))  # as a convolution looks its problem up: 1 is now the most recent
+    assert not C._testing.algo_cache_touch(key(99))
     after = conv.algorithm_cache_stats()
     assert (after["hits"], after["misses"]) == (before["hits"] + 1, before["misses"] + 1)
     assert cached_keys() == [key(n) for n in (2, 3, 1)]
@@ -121,7 +122,7 @@ def test_replacing_an_entry_promotes_it_and_evicts_nothing(algo_cache):
 def test_shrinking_the_capacity_evicts_at_once_and_growing_keeps_everything(algo_cache):
     conv.set_algorithm_cache_capacity(10)
     insert(*range(1, 9))
-    C._algo_cache_touch(key(2))
+    C._testing.algo_cache_touch(key(2))
     evictions = conv.algorithm_cache_stats()["evictions"]
     conv.set_algorithm_cache_capacity(3)
     assert cached_keys() == [key(n) for n in (7, 8, 2)]
@@ -188,7 +189,7 @@ def test_numpy_integers_are_capacities_and_the_native_setters_check_too(algo_cac
 
 def test_a_file_round_trip_restores_the_order(algo_cache, fake_gpu, tmp_path):
     insert(1, 2, 3, 4)
-    C._algo_cache_touch(key(2))
+    C._testing.algo_cache_touch(key(2))
     order = cached_keys()
     assert order == [key(n) for n in (1, 3, 4, 2)]
     path = tmp_path / "algos.json"
@@ -201,7 +202,7 @@ def test_a_file_round_trip_restores_the_order(algo_cache, fake_gpu, tmp_path):
 
 def test_a_file_longer_than_the_capacity_leaves_its_most_recent_entries(algo_cache, fake_gpu, tmp_path):
     insert(*range(1, 7))
-    C._algo_cache_touch(key(1))  # order now 2, 3, 4, 5, 6, 1
+    C._testing.algo_cache_touch(key(1))  # order now 2, 3, 4, 5, 6, 1
     path = tmp_path / "algos.json"
     conv.save_algorithm_cache(path)
     conv.clear_algorithm_cache()
@@ -223,7 +224,7 @@ def plan_stats():
 
 
 def add(n, pin=False):
-    return C._graph_plan_cache_add_placeholder(key(n), -1, "", pin)
+    return C._testing.graph_plan_cache_add_placeholder(key(n), -1, "", pin)
 
 
 def test_plan_cache_evicts_the_least_recently_used(plan_cache):
@@ -231,17 +232,17 @@ def test_plan_cache_evicts_the_least_recently_used(plan_cache):
     evictions = plan_stats()["evictions"]
     for n in (1, 2, 3):
         assert add(n)
-    assert C._graph_plan_cache_find(key(1), -1)  # 1 is now the most recently used
+    assert C._testing.graph_plan_cache_find(key(1), -1)  # 1 is now the most recently used
     assert add(4)  # evicts 2
     stats = plan_stats()
     assert stats["plans"] == 3 and C.graph_num_plans() == 3
     assert stats["evictions"] == evictions + 1
-    assert not C._graph_plan_cache_find(key(2), -1)
-    assert all(C._graph_plan_cache_find(key(n), -1) for n in (3, 1, 4))
+    assert not C._testing.graph_plan_cache_find(key(2), -1)
+    assert all(C._testing.graph_plan_cache_find(key(n), -1) for n in (3, 1, 4))
     # Keys differ by knobs and engine id too.
-    assert C._graph_plan_cache_add_placeholder(key(4), -1, "TILE_K=2")
-    assert C._graph_plan_cache_add_placeholder(key(4), -2)
-    assert not C._graph_plan_cache_find(key(3), -1) and not C._graph_plan_cache_find(key(1), -1)
+    assert C._testing.graph_plan_cache_add_placeholder(key(4), -1, "TILE_K=2")
+    assert C._testing.graph_plan_cache_add_placeholder(key(4), -2)
+    assert not C._testing.graph_plan_cache_find(key(3), -1) and not C._testing.graph_plan_cache_find(key(1), -1)
     assert plan_stats()["evictions"] == evictions + 3
 
 
@@ -250,7 +251,7 @@ def test_a_cached_plan_of_the_same_key_is_kept(plan_cache):
     assert add(1) and add(2)
     assert not add(1)  # kept, not replaced (a captured graph may launch it), and now the most recently used
     assert add(3)  # evicts 2
-    assert C._graph_plan_cache_find(key(1), -1) and not C._graph_plan_cache_find(key(2), -1)
+    assert C._testing.graph_plan_cache_find(key(1), -1) and not C._testing.graph_plan_cache_find(key(2), -1)
     assert plan_stats()["plans"] == 2
 
 
@@ -258,16 +259,16 @@ def test_pinned_plans_are_never_evicted(plan_cache):
     conv.set_plan_cache_capacity(2)
     assert add(1, pin=True)  # cached during a capture
     assert add(2)
-    assert C._graph_plan_cache_find(key(2), -1, "", True)  # found during a capture: pinned too
+    assert C._testing.graph_plan_cache_find(key(2), -1, "", True)  # found during a capture: pinned too
     assert add(2) is False and plan_stats()["pinned"] == 2  # pinned once
     for n in range(3, 8):
         assert add(n)
     stats = plan_stats()
     # The two pinned plans stay beyond the capacity, beside the most recently used plan.
     assert stats["pinned"] == 2 and stats["plans"] == 3
-    assert C._graph_plan_cache_find(key(1), -1) and C._graph_plan_cache_find(key(2), -1)
-    assert C._graph_plan_cache_find(key(7), -1)
-    assert not any(C._graph_plan_cache_find(key(n), -1) for n in range(3, 7))
+    assert C._testing.graph_plan_cache_find(key(1), -1) and C._testing.graph_plan_cache_find(key(2), -1)
+    assert C._testing.graph_plan_cache_find(key(7), -1)
+    assert not any(C._testing.graph_plan_cache_find(key(n), -1) for n in range(3, 7))
     # Shrinking skips them too; clearing drops them.
     conv.set_plan_cache_capacity(1)
     assert plan_stats()["plans"] == 3
@@ -282,14 +283,14 @@ def test_shrinking_the_plan_capacity_evicts_at_once(plan_cache):
     evictions = plan_stats()["evictions"]
     conv.set_plan_cache_capacity(2)
     assert plan_stats()["plans"] == 2 and plan_stats()["evictions"] == evictions + 4
-    assert C._graph_plan_cache_find(key(5), -1) and C._graph_plan_cache_find(key(6), -1)
+    assert C._testing.graph_plan_cache_find(key(5), -1) and C._testing.graph_plan_cache_find(key(6), -1)
     rn._drop_cached_descriptors()  # drops plans too, keeping the capacity
     assert plan_stats()["plans"] == 0 and plan_stats()["capacity"] == 2
 
 
 def test_placeholders_take_negative_engine_ids_only(plan_cache):
     with pytest.raises(ValueError, match="^engine_id: placeholder plans take negative engine ids, got 0"):
-        C._graph_plan_cache_add_placeholder(key(1), 0)
+        C._testing.graph_plan_cache_add_placeholder(key(1), 0)
     with pytest.raises(ValueError, match="engine_id"):
-        C._graph_plan_cache_find(key(1), 17)
+        C._testing.graph_plan_cache_find(key(1), 17)
     assert plan_stats()["plans"] == 0

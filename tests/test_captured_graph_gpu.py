@@ -7,8 +7,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from resnet_native import cuda_graph
-from resnet_native._loader import _C
+from resnet_native._core import capture as cuda_graph
+from resnet_native._core.loader import _C
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

@@ -17,8 +17,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from resnet_native import checkpoint
-from resnet_native.checkpoint import FORMAT, atomic_write_text, load_checkpoint, save_checkpoint
+from resnet_native._core.files import atomic_write_text
+from resnet_native.formats import checkpoint
+from resnet_native.formats.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from resnet_native.training import checkpoint_writer
 from resnet_native.training.checkpoint_writer import CheckpointWriter, remove_stale_temporaries
 

@@ -10,9 +10,9 @@ import pytest
 from quant_helpers import tiny_resnet18_state
 from test_conv_cache_cpu import comparable, insert_samples
 
-from resnet_native import conv
 from resnet_native.inference import build_plan
 from resnet_native.inference import choice_cache as cc
+from resnet_native.ops import conv
 from resnet_native.quantization.prefix import QUANTIZE_FROM
 
 PLAN = build_plan(tiny_resnet18_state(), "cifar", "fp32")

@@ -12,10 +12,11 @@ from PIL import Image
 from test_release_cpu import make_fake_run
 
 import resnet_native as rn
-from resnet_native import release
-from resnet_native.classifier import CIFAR10Classifier, load_weights, softmax, to_batch
 from resnet_native.data.augment import normalize_on_host
 from resnet_native.data.cifar10 import CLASSES
+from resnet_native.formats.release_folder import load_weights
+from resnet_native.release import build as release
+from resnet_native.release.classifier import CIFAR10Classifier, softmax, to_batch
 
 
 class StubNet:
@@ -158,9 +159,9 @@ def test_on_a_gpu_the_engine_gets_the_algorithm_cache(release_dir, tmp_path, mon
             built.append(kwargs)
             self.quantize_from = "layer2" if kwargs.get("quantize_from") == "auto" else kwargs.get("quantize_from")
 
-    monkeypatch.setattr(rn, "cuda_available", lambda: True)
-    monkeypatch.setattr(resnet_native.inference, "InferenceEngine", FakeEngine)
-    monkeypatch.setattr(resnet_native.inference.source, "release_calibration", lambda *a: "calibration")
+    monkeypatch.setattr(resnet_native.release.classifier, "cuda_available", lambda: True)
+    monkeypatch.setattr(resnet_native.release.classifier, "InferenceEngine", FakeEngine)
+    monkeypatch.setattr(resnet_native.release.classifier, "release_calibration", lambda *a: "calibration")
     path = tmp_path / "algos.json"
     extra = {} if dtype is None else {"dtype": dtype, "quantize_from": "auto"}
     clf = CIFAR10Classifier(release_dir, algorithm_cache=path, **extra)
@@ -172,12 +173,13 @@ def test_on_a_gpu_the_engine_gets_the_algorithm_cache(release_dir, tmp_path, mon
     assert built[-1]["algorithm_cache"] is None
 
 
-def test_serving_does_not_import_the_trainer(tmp_path):
+def test_serving_does_not_import_the_trainer_or_the_release_builder(tmp_path):
     from conftest import run_child
 
     script = ("import sys, resnet_native\n"
-              "from resnet_native.classifier import CIFAR10Classifier\n"
-              "print(sorted(m for m in sys.modules if m.startswith(('resnet_native.train', 'resnet_native.release'))))")
+              "from resnet_native.release.classifier import CIFAR10Classifier\n"
+              "print(sorted(m for m in sys.modules\n"
+              "             if m.startswith(('resnet_native.train', 'resnet_native.release.build'))))")
     stdout = run_child(script, tmp_path)
     assert stdout.strip() == "[]"
 

@@ -11,8 +11,8 @@ import re
 import pytest
 
 import resnet_native as rn
-from resnet_native import conv
-from resnet_native.conv import ConvSpec
+from resnet_native.ops import conv
+from resnet_native.ops.conv import ConvSpec
 
 C = rn._C
 SPEC = ConvSpec(stride=1, padding=1)
@@ -68,9 +68,9 @@ def with_field(key, name, value):
 
 
 def test_key_round_trips():
-    assert C._conv_params_roundtrip(BASE_KEY) == BASE_KEY
-    assert C._conv_params_equal(BASE_KEY, BASE_KEY)
-    assert C._conv_params_hash(BASE_KEY) == C._conv_params_hash(C._conv_params_roundtrip(BASE_KEY))
+    assert C._testing.conv_params_roundtrip(BASE_KEY) == BASE_KEY
+    assert C._testing.conv_params_equal(BASE_KEY, BASE_KEY)
+    assert C._testing.conv_params_hash(BASE_KEY) == C._testing.conv_params_hash(C._testing.conv_params_roundtrip(BASE_KEY))
 
 
 def test_every_field_is_covered_by_the_variants():
@@ -82,9 +82,9 @@ def test_every_field_is_covered_by_the_variants():
 )
 def test_key_differs_on_every_field(name, value):
     variant = with_field(BASE_KEY, name, value)
-    assert C._conv_params_roundtrip(variant) == variant
-    assert not C._conv_params_equal(BASE_KEY, variant)
-    assert C._conv_params_hash(BASE_KEY) != C._conv_params_hash(variant)
+    assert C._testing.conv_params_roundtrip(variant) == variant
+    assert not C._testing.conv_params_equal(BASE_KEY, variant)
+    assert C._testing.conv_params_hash(BASE_KEY) != C._testing.conv_params_hash(variant)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_key_differs_on_every_field(name, value):
 )
 def test_malformed_keys_raise_value_error(bad):
     with pytest.raises(ValueError):
-        C._conv_params_roundtrip(bad)
+        C._testing.conv_params_roundtrip(bad)
 
 
 def test_key_of_an_nhwc_call_uses_logical_dims():
@@ -123,7 +123,7 @@ def test_key_of_an_nhwc_call_uses_logical_dims():
     assert "x=8,64,32,32" in key and "w=128,64,3,3" in key and "y=8,128,16,16" in key
     assert "prec=bf16" in key and "layout=NHWC" in key and "mode=heuristic" in key and "det=1" in key
     assert "epi=bias+relu" in key and "dir=fwd" in key
-    assert C._conv_params_roundtrip(key) == key
+    assert C._testing.conv_params_roundtrip(key) == key
 
 
 def test_fixed_algorithm_is_part_of_the_key():
@@ -437,26 +437,26 @@ def test_half_built_descriptor_groups_leak_nothing(bad, error):
     before = live()
     for _ in range(3):
         with pytest.raises(error):
-            C._build_legacy_descriptors(bad)
+            C._testing.build_legacy_descriptors(bad)
         with pytest.raises(error):
-            C._build_legacy_descriptors(bad, cached=True)
+            C._testing.build_legacy_descriptors(bad, cached=True)
     assert live() == before
 
 
 def test_descriptor_groups_are_cached_and_droppable():
     rn._drop_cached_descriptors()
     before = live()
-    C._build_legacy_descriptors(GOOD_KEY)  # uncached: destroyed on return
+    C._testing.build_legacy_descriptors(GOOD_KEY)  # uncached: destroyed on return
     assert live() == before
-    C._build_legacy_descriptors(GOOD_KEY, cached=True)
-    C._build_legacy_descriptors(GOOD_KEY, cached=True)  # the same group
+    C._testing.build_legacy_descriptors(GOOD_KEY, cached=True)
+    C._testing.build_legacy_descriptors(GOOD_KEY, cached=True)  # the same group
     grown = live()
-    assert C._legacy_descriptor_cache_size() == 1
+    assert C._testing.legacy_descriptor_cache_size() == 1
     assert grown["tensor"] == before.get("tensor", 0) + 3 and grown["filter"] == before.get("filter", 0) + 1
     assert grown["convolution"] == before.get("convolution", 0) + 1
     assert grown["activation"] == before.get("activation", 0) + 2
-    C._build_legacy_descriptors(GOOD_KEY.replace("prec=fp32", "prec=fp16"), cached=True)
-    assert C._legacy_descriptor_cache_size() == 2
+    C._testing.build_legacy_descriptors(GOOD_KEY.replace("prec=fp32", "prec=fp16"), cached=True)
+    assert C._testing.legacy_descriptor_cache_size() == 2
     rn._drop_cached_descriptors()
-    assert C._legacy_descriptor_cache_size() == 0
+    assert C._testing.legacy_descriptor_cache_size() == 0
     assert live() == before

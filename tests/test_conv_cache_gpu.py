@@ -12,7 +12,7 @@ from device_values import host_values
 from legacy_conv_problems import EPILOGUES, Problem, no_workspace_cap, problem, run_epilogue  # noqa: F401 (autouse)
 
 import resnet_native as rn
-from resnet_native import conv
+from resnet_native.ops import conv
 
 pytestmark = pytest.mark.gpu
 
@@ -165,7 +165,7 @@ def test_ops_run_on_cupys_current_stream(rng):
         conv.conv2d(x, w, p.spec, out=y)
         dw = p.poisoned(p.w.shape)
         conv.conv2d_backward_filter(x, dy, p.spec, p.w_shape, out=dw)
-        assert rn._C._handle_stream(stream.ptr) == stream.ptr
+        assert rn._C._testing.handle_stream(stream.ptr) == stream.ptr
     stream.synchronize()
     p.check(y, p.forward_ref(), "forward on a side stream")
     p.check(dw, p.backward_filter_ref(), "backward-filter on a side stream")

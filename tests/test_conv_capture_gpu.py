@@ -20,7 +20,7 @@ from device_values import check_close, host_values, poisoned, random_device, sha
 from fake_arrays import InterfaceOnly
 
 import resnet_native as rn
-from resnet_native import conv as rconv
+from resnet_native.ops import conv as rconv
 
 pytestmark = pytest.mark.gpu
 
@@ -231,7 +231,7 @@ def test_capture_never_narrows_the_legacy_choice(rng):
 
 def outcome(obj, name, dtype, ndim):
     try:
-        return rn._C._parse_tensor(obj, name, dtype, ndim)
+        return rn._C._testing.parse_tensor(obj, name, dtype, ndim)
     except (TypeError, ValueError) as e:
         return type(e), str(e)
 

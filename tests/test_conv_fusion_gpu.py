@@ -6,7 +6,7 @@ both against the float64 reference; the path taken is recorded with the cached a
 import pytest
 from legacy_conv_problems import EPILOGUES, no_workspace_cap, run_epilogue, unsupported_is_xfail  # noqa: F401
 
-from resnet_native import conv
+from resnet_native.ops import conv
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ def test_unfused_epilogue_when_fusion_is_disabled(rng, layout, precision):
     case = EPILOGUES[1]
     with unsupported_is_xfail((layout, precision) in STRICT_FIXED):
         p, path = run_epilogue(rng, precision, layout, case)
-        with conv._fusion_disabled():
+        with conv.fusion_disabled():
             p2, path2 = run_epilogue(rng, precision, layout, case)  # checked against the reference inside
         assert path2 == path  # running unfused on request is not recorded as cuDNN refusing
 
@@ -68,7 +68,7 @@ def test_relu_propagates_nan_on_both_paths(rng, fusion):
     x[1, 3, 4, 4] = np.nan
     w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
     bias = np.zeros(16, np.float32)
-    with contextlib.nullcontext() if fusion else conv._fusion_disabled():
+    with contextlib.nullcontext() if fusion else conv.fusion_disabled():
         y = conv.conv2d(cp.asarray(x), cp.asarray(w), spec, bias=cp.asarray(bias), activation="relu").get()
     assert np.isnan(y[1, :, 3:6, 3:6]).all()  # every output whose window holds the NaN
     assert np.isfinite(y[0]).all() and (y[0] >= 0).all()

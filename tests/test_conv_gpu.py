@@ -19,7 +19,7 @@ import pytest
 from device_values import TOLERANCE, check_close, host_values, poisoned, rounded, to_device
 from legacy_conv_problems import SHAPES, no_workspace_cap, problem, unsupported_is_xfail  # noqa: F401 (autouse)
 
-from resnet_native import conv
+from resnet_native.ops import conv
 
 pytestmark = pytest.mark.gpu
 

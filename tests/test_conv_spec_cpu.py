@@ -11,8 +11,9 @@ import pickle
 import pytest
 
 import resnet_native as rn
-from resnet_native import conv, names
-from resnet_native.conv import ConvSpec
+from resnet_native._core import names
+from resnet_native.ops import conv
+from resnet_native.ops.conv import ConvSpec
 
 C = rn._C
 INT32_MAX = 2**31 - 1

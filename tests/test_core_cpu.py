@@ -14,78 +14,78 @@ def test_import_and_versions():
     assert rn.CUDNN_LIBRARY is None or rn.CUDNN_LIBRARY.endswith(".so.9")
 
 
-@pytest.mark.parametrize("kind", _C.descriptor_kinds())
+@pytest.mark.parametrize("kind", _C._testing.descriptor_kinds())
 def test_create_destroy_10k_returns_to_baseline(kind):
     before = rn.live_descriptors().get(kind, 0)
-    _C._create_destroy(kind, 10_000)
+    _C._testing.create_destroy(kind, 10_000)
     assert rn.live_descriptors()[kind] == before
 
 
 def test_every_kind_is_counted_while_alive():
     # The counters must move: a create/destroy loop that never counted would also "return to baseline".
-    kinds = set(_C.descriptor_kinds())
+    kinds = set(_C._testing.descriptor_kinds())
     assert {"tensor", "filter", "convolution", "activation", "backend.OPERATIONGRAPH"} <= kinds
     assert all(name in rn.live_descriptors() for name in kinds)
 
 
 def test_unknown_kind_is_a_value_error():
     with pytest.raises(ValueError, match="unknown descriptor kind 'nope'"):
-        _C._create_destroy("nope", 1)
+        _C._testing.create_destroy("nope", 1)
 
 
 def test_exception_mid_construction_leaks_nothing_and_names_the_failure():
     before = rn.live_descriptors()
     with pytest.raises(rn.CudnnError) as info:
-        _C._failing_construction()
+        _C._testing.failing_construction()
     err = info.value
     assert isinstance(err, RuntimeError)
     assert err.status == "CUDNN_STATUS_BAD_PARAM" and err.code == 2000
     text = str(err)
-    assert "cudnnSetFilter4dDescriptor" in text and "bind_core.cpp:" in text and "cuDNN says:" in text
+    assert "cudnnSetFilter4dDescriptor" in text and "bind_testing.cpp:" in text and "cuDNN says:" in text
     after = rn.live_descriptors()
     assert {k: v for k, v in after.items() if v != before.get(k, 0)} == {}
 
 
 def test_numpy_array_is_rejected_naming_the_argument():
     with pytest.raises(TypeError, match=r"^x: expected a CUDA array.*host memory"):
-        _C._parse_tensor(np.zeros((2, 3), np.float32), "x", "fp32", check_device=False)
+        _C._testing.parse_tensor(np.zeros((2, 3), np.float32), "x", "fp32", check_device=False)
 
 
 def test_none_and_plain_objects_are_rejected():
     with pytest.raises(TypeError, match="^w: expected a CUDA array, got None"):
-        _C._parse_tensor(None, "w", "fp32")
+        _C._testing.parse_tensor(None, "w", "fp32")
     with pytest.raises(TypeError, match="^w: expected a CUDA array.*got list"):
-        _C._parse_tensor([1.0, 2.0], "w", "fp32")
+        _C._testing.parse_tensor([1.0, 2.0], "w", "fp32")
 
 
 def test_wrong_dtype_is_a_type_error():
     with pytest.raises(TypeError, match="^x: expected a float16 array, got float32"):
-        _C._parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "fp16", check_device=False)
+        _C._testing.parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "fp16", check_device=False)
     with pytest.raises(TypeError, match="bfloat16 is passed as uint16"):
-        _C._parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "bf16", check_device=False)
+        _C._testing.parse_tensor(FakeCudaArray((2, 3), "float32"), "x", "bf16", check_device=False)
 
 
 def test_bf16_accepts_uint16_bit_patterns():
-    ptr, dtype, shape = _C._parse_tensor(FakeCudaArray((4, 5), "uint16", ptr=0x10000), "x", "bf16",
+    ptr, dtype, shape = _C._testing.parse_tensor(FakeCudaArray((4, 5), "uint16", ptr=0x10000), "x", "bf16",
                                          check_device=False)
     assert (ptr, dtype, shape) == (0x10000, "bfloat16", (4, 5))
 
 
 def test_rank_empty_and_strides():
     with pytest.raises(ValueError, match=r"^x: expected a 4-D array, got shape \(2, 3\)"):
-        _C._parse_tensor(FakeCudaArray((2, 3)), "x", "fp32", ndim=4, check_device=False)
+        _C._testing.parse_tensor(FakeCudaArray((2, 3)), "x", "fp32", ndim=4, check_device=False)
     with pytest.raises(ValueError, match=r"^x: empty arrays are not supported \(shape \(0, 3\)\)"):
-        _C._parse_tensor(FakeCudaArray((0, 3)), "x", "fp32", check_device=False)
+        _C._testing.parse_tensor(FakeCudaArray((0, 3)), "x", "fp32", check_device=False)
     with pytest.raises(ValueError, match="^dy: expected a C-contiguous array"):
-        _C._parse_tensor(transposed((4, 6)), "dy", "fp32", check_device=False)
+        _C._testing.parse_tensor(transposed((4, 6)), "dy", "fp32", check_device=False)
     # Explicit C-contiguous strides are fine; size-1 dimensions may carry any stride.
     ok = FakeCudaArray((4, 1, 6), strides=(24, 999, 4))
-    assert _C._parse_tensor(ok, "x", "fp32", check_device=False)[2] == (4, 1, 6)
+    assert _C._testing.parse_tensor(ok, "x", "fp32", check_device=False)[2] == (4, 1, 6)
 
 
 def test_string_arguments_are_validated():
     with pytest.raises(ValueError, match="dtype: expected one of"):
-        _C._parse_tensor(FakeCudaArray((2,)), "x", "fp64", check_device=False)
+        _C._testing.parse_tensor(FakeCudaArray((2,)), "x", "fp64", check_device=False)
 
 
 def test_workspace_limit_validation_and_roundtrip():
@@ -129,7 +129,7 @@ def test_gpu_ops_without_gpu_raise_a_clear_error():
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
         rn.trim_workspace()
     with pytest.raises(rn.NoGPUError, match="needs a CUDA GPU"):
-        _C._parse_tensor(FakeCudaArray((2,)), "x", "fp32")  # valid, then the device check
+        _C._testing.parse_tensor(FakeCudaArray((2,)), "x", "fp32")  # valid, then the device check
 
 
 def test_release_handles_drops_cached_plans_first_and_leaks_nothing():
@@ -139,3 +139,22 @@ def test_release_handles_drops_cached_plans_first_and_leaks_nothing():
     after = rn.live_descriptors()
     assert all(after.get(k, 0) <= v for k, v in before.items())
     assert after.get("handle", 0) == 0
+
+
+def test_test_hooks_live_in_the_testing_submodule():
+    assert _C._testing.__name__ == "resnet_native._C._testing"
+    for name in ("parse_tensor", "create_destroy", "workspace_get", "graph_build_operations", "conv_params_hash",
+                 "probe_legacy_int8x32"):
+        assert callable(getattr(_C._testing, name))
+        assert not hasattr(_C, "_" + name) and not hasattr(_C, name)
+
+
+def test_timing_arguments_are_checked_and_a_gate_needs_no_gpu():
+    with pytest.raises(ValueError, match="^runs: expected runs >= 1"):
+        _C.device_time_ms(lambda: None, 0, runs=0)
+    with pytest.raises(ValueError, match="^runs: .*warmup >= 0"):
+        _C.device_time_ms(lambda: None, 0, runs=3, warmup=-1)
+    assert _C.HostGate.MAX_HOLD_NS > 0
+    with _C.HostGate(0) as gate:  # without page-locked memory (no GPU) there is no gate: nothing waits
+        gate.release()
+    gate.release()  # idempotent

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import child_env
 
-import resnet_native as rn
+import resnet_native._core.runtime
 from resnet_native.distributed import launch
 from resnet_native.distributed.launch import without_option
 from resnet_native.training import cli
@@ -152,7 +152,7 @@ def test_cli_refusals_of_a_job(tmp_path, monkeypatch, capsys):
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(cli, "locate_data", lambda args, parser: None)  # nothing found: a rank must not download
-    monkeypatch.setattr(rn, "require_gpu", lambda: None)
+    monkeypatch.setattr(resnet_native._core.runtime, "require_gpu", lambda: None)
     with pytest.raises(SystemExit):
         cli.main([])
     assert "rank 1 of 2: no CIFAR-10 found, and the ranks of a job do not download" in capsys.readouterr().err

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from cpu_stand_ins import tiny_cifar
 
-from resnet_native import checkpoint
 from resnet_native.distributed import World, rendezvous
 from resnet_native.distributed.launch import free_port
 from resnet_native.distributed.rank import use_local_gpu
-from resnet_native.models import ResNet18
+from resnet_native.formats import checkpoint
+from resnet_native.nn.models import ResNet18
 from resnet_native.optim import SGD, GradScaler
-from resnet_native.step import TrainStep
+from resnet_native.optim.step import TrainStep
 from resnet_native.train import make_deterministic
 from resnet_native.training import cli, loop
 

@@ -7,9 +7,9 @@ import pytest
 
 from resnet_native.distributed.allreduce import GradientAllReduce
 from resnet_native.distributed.overlap import DeferredOverlap
-from resnet_native.models import ResNet18
+from resnet_native.nn.models import ResNet18
 from resnet_native.optim import SGD
-from resnet_native.step import TrainStep
+from resnet_native.optim.step import TrainStep
 
 
 class RecordingAllReduce(GradientAllReduce):

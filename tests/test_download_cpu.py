@@ -10,7 +10,7 @@ import tarfile
 import threading
 
 import pytest
-from test_data_formats import archive_of_python_batches, assert_same, fake_arrays
+from test_data_formats_cpu import archive_of_python_batches, assert_same, fake_arrays
 
 from resnet_native.data import cifar10
 from resnet_native.data.cifar10 import load_cifar10

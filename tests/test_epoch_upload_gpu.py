@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
+from stream_spin import spin_kernel as _spin_kernel
 
-from resnet_native.data import autoaugment as aa
+from resnet_native.data import autoaugment_workers as aa
 from resnet_native.data.autoaugment import sample_autoaugment
-from resnet_native.inference.tuning import _spin_kernel
 from resnet_native.training.epoch_upload import EpochUpload
 
 pytestmark = pytest.mark.gpu

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from algorithm_modes import modes_by_batch
 
-from resnet_native.models import ResNet18
+from resnet_native.nn.models import ResNet18
 from resnet_native.optim import SGD
-from resnet_native.step import TrainStep
+from resnet_native.optim.step import TrainStep
 from resnet_native.training.evaluation import Evaluation, evaluate
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_the_captured_evaluation_replays_what_the_eager_one_computes(rng):
 
 def test_the_last_partial_batch_takes_heuristic_algorithms(rng):
     """Full batches search; the partial one, evaluated once per evaluation, takes cuDNN's heuristic choices."""
-    from resnet_native import conv
+    from resnet_native.ops import conv
 
     model = ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=0)
     x_all = cp.asarray(rng.standard_normal((70, 32, 32, 3)).astype(np.float16))  # batches of 32, 32, 6

@@ -13,7 +13,7 @@ import pytest
 from device_values import check_close, poisoned, random_device, shape_in
 
 import resnet_native as rn
-from resnet_native import conv as rconv
+from resnet_native.ops import conv as rconv
 
 pytestmark = pytest.mark.gpu
 

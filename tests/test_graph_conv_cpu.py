@@ -12,7 +12,7 @@ import functools
 import pytest
 
 import resnet_native as rn
-from resnet_native import conv
+from resnet_native.ops import conv
 
 C = rn._C
 
@@ -69,7 +69,7 @@ def assert_flat(before, context=""):
 def backend_finalize_error():
     """None when backend descriptors finalize here, else the CudnnError status explaining why not."""
     try:
-        C._graph_build_operations(key("forward", "fp32", "NCHW", X, W, pad=(1, 1)))
+        C._testing.graph_build_operations(key("forward", "fp32", "NCHW", X, W, pad=(1, 1)))
     except rn.CudnnError as e:
         return e.status
     return None
@@ -95,13 +95,13 @@ def test_backend_finalize_works_or_fails_cleanly():
     before = backend_live()
     status = backend_finalize_error()
     if status is None:
-        built = C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
+        built = C._testing.graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
         assert built["num_operations"] == 1
     else:
         # Only a missing driver library is an acceptable reason on a CPU-only machine.
         assert status == "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED"
         with pytest.raises(rn.CudnnError, match="graph conv forward fp16 NHWC x=\\(2, 8, 9, 9\\)"):
-            C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
+            C._testing.graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)))
     assert_flat(before)
 
 
@@ -111,7 +111,7 @@ def test_backend_finalize_works_or_fails_cleanly():
 def test_build_single_convolution(direction, layout, precision):
     needs_backend_finalize()
     before = backend_live()
-    built = C._graph_build_operations(key(direction, precision, layout, X, W, pad=(1, 1), stride=(2, 2)))
+    built = C._testing.graph_build_operations(key(direction, precision, layout, X, W, pad=(1, 1), stride=(2, 2)))
     assert built["parts"] == {"tensor": 3, "convolution": 1, OP_KIND[direction]: 1}
     assert built["num_operations"] == 1
     assert built["io_uids"] == [UID_X, UID_W, UID_Y]
@@ -134,7 +134,7 @@ def test_build_single_convolution(direction, layout, precision):
 def test_build_fused_epilogues(epilogue, tensors, pointwise_descs, pointwise_ops, io_uids):
     # Tensors: x, w, y (+ z, bias) + one virtual fp32 intermediate per operation before the last.
     needs_backend_finalize()
-    built = C._graph_build_operations(
+    built = C._testing.graph_build_operations(
         key("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue=epilogue), alpha1=0.5, alpha2=2.0
     )
     assert built["parts"] == {
@@ -160,7 +160,7 @@ def test_build_fused_epilogues(epilogue, tensors, pointwise_descs, pointwise_ops
 def test_build_groups_dilation_strides(x, w, kwargs, y):
     needs_backend_finalize()
     for direction in DIRECTIONS:
-        built = C._graph_build_operations(key(direction, "fp32", "NHWC", x, w, **kwargs))
+        built = C._testing.graph_build_operations(key(direction, "fp32", "NHWC", x, w, **kwargs))
         assert f"y={y}" in built["problem"]
         assert built["parts"]["tensor"] == 3
 
@@ -169,11 +169,11 @@ def test_half_built_graph_is_released_at_every_point():
     needs_backend_finalize()
     before = backend_live()
     problem = key("forward", "bf16", "NHWC", X, W, pad=(1, 1), epilogue="bias+residual+relu")
-    total = C._graph_build_operations(problem)["num_parts"]
+    total = C._testing.graph_build_operations(problem)["num_parts"]
     assert total == 15
     for n in range(total + 1):
         with pytest.raises(rn.CudnnError, match=f"injected failure after {n} parts"):
-            C._graph_build_operations(problem, fail_after_parts=n)
+            C._testing.graph_build_operations(problem, fail_after_parts=n)
         assert_flat(before, f"after failing at part {n} ")
 
 
@@ -183,7 +183,7 @@ def test_cudnn_rejection_mid_build_names_the_shape_and_leaks_nothing():
     needs_backend_finalize()
     before = backend_live()
     with pytest.raises(rn.CudnnError) as info:
-        C._graph_build_operations(with_fields(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)), y=(2, 16, 4, 4)),
+        C._testing.graph_build_operations(with_fields(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)), y=(2, 16, 4, 4)),
                                   validate=False)
     assert info.value.status in ("CUDNN_STATUS_BAD_PARAM", "CUDNN_STATUS_NOT_SUPPORTED")
     assert "y=(2, 16, 4, 4)" in str(info.value) and "cudnnBackendFinalize" in str(info.value)
@@ -194,8 +194,8 @@ def test_repeated_builds_keep_counts_flat():
     needs_backend_finalize()
     before = backend_live()
     for _ in range(50):
-        C._graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue="bias+relu"))
-        C._graph_build_operations(key("backward_filter", "fp32", "NCHW", X, W, pad=(1, 1)), beta=1.0)
+        C._testing.graph_build_operations(key("forward", "fp16", "NHWC", X, W, pad=(1, 1), epilogue="bias+relu"))
+        C._testing.graph_build_operations(key("backward_filter", "fp32", "NCHW", X, W, pad=(1, 1)), beta=1.0)
     assert_flat(before)
 
 
@@ -222,7 +222,7 @@ def test_invalid_problems_raise_value_error_naming_the_shape(fields, kwargs, mes
     problem = with_fields(key("forward", "fp16", "NHWC", X, W), **fields)
     before = backend_live()
     with pytest.raises(ValueError, match=message) as info:
-        C._graph_build_operations(problem, **kwargs)
+        C._testing.graph_build_operations(problem, **kwargs)
     assert f"x={x}" in str(info.value) and f"w={w}" in str(info.value)
     assert_flat(before)
 
@@ -230,17 +230,17 @@ def test_invalid_problems_raise_value_error_naming_the_shape(fields, kwargs, mes
 def test_bad_fields_raise_value_error():
     good = key("forward", "fp16", "NHWC", X, W)
     with pytest.raises(ValueError, match="direction"):
-        C._graph_build_operations(with_fields(good, dir="sideways"))
+        C._testing.graph_build_operations(with_fields(good, dir="sideways"))
     with pytest.raises(ValueError, match="epilogue: unknown part 'gelu'"):
-        C._graph_build_operations(with_fields(good, epi="bias+gelu"))
+        C._testing.graph_build_operations(with_fields(good, epi="bias+gelu"))
     with pytest.raises(ValueError):
-        C._graph_build_operations(with_fields(good, prec="fp64"))
+        C._testing.graph_build_operations(with_fields(good, prec="fp64"))
     with pytest.raises(ValueError):
-        C._graph_build_operations(with_fields(good, layout="CHWN"))
+        C._testing.graph_build_operations(with_fields(good, layout="CHWN"))
 
 
 def test_describe_problem():
-    text = C._graph_describe_problem(
+    text = C._testing.graph_describe_problem(
         key(
             "forward",
             "bf16",
@@ -258,28 +258,28 @@ def test_describe_problem():
         "graph conv forward bf16 NHWC x=(4, 64, 32, 32) w=(128, 32, 3, 3) y=(4, 128, 16, 16) pad=(1, 1) "
         "stride=(2, 2) dilation=(1, 1) groups=2 epilogue=bias+residual+relu deterministic"
     )
-    text = C._graph_describe_problem(key("backward_filter", "fp32", "NCHW", X, W))
+    text = C._testing.graph_describe_problem(key("backward_filter", "fp32", "NCHW", X, W))
     assert text.startswith("graph conv backward-filter fp32 NCHW") and "epilogue" not in text
 
 
 def test_knobs_round_trip():
     knobs = [(3, 1), (17, 0), (25, -2), (0, 123456789012)]
-    text = C._graph_format_knobs(knobs)
+    text = C._testing.graph_format_knobs(knobs)
     assert text == "3=1;17=0;25=-2;0=123456789012"
-    assert C._graph_parse_knobs(text) == knobs
-    assert C._graph_parse_knobs("") == []
-    assert C._graph_format_knobs([]) == ""
+    assert C._testing.graph_parse_knobs(text) == knobs
+    assert C._testing.graph_parse_knobs("") == []
+    assert C._testing.graph_format_knobs([]) == ""
 
 
 @pytest.mark.parametrize("text", ["3", "=1", "3=", "a=1", "3=1;;", "3=1x", "-1=2", "3=1;4"])
 def test_malformed_knobs_raise_value_error(text):
     with pytest.raises(ValueError, match="knobs: malformed"):
-        C._graph_parse_knobs(text)
+        C._testing.graph_parse_knobs(text)
 
 
 def test_numerical_note_filter():
     def forbidden(precision, deterministic, notes):
-        return C._graph_forbidden_notes(getattr(C.Precision, precision), deterministic, notes)
+        return C._testing.graph_forbidden_notes(getattr(C.Precision, precision), deterministic, notes)
 
     # Tensor cores on fp32 data mean TF32: only strict fp32 forbids them.
     assert "TF32" in forbidden("fp32", False, [TENSOR_CORE])

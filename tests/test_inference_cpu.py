@@ -126,9 +126,9 @@ def test_engine_with_valid_arguments_gets_to_the_device(tmp_path):
     with pytest.raises(TypeError, match="model_or_release"):
         InferenceEngine(object())
     with _expect_device_stage():
-        InferenceEngine(model, batch_sizes=(8, 1, 8), dtype="bf16", layout="NCHW")
+        InferenceEngine(model, batch_sizes=(8, 1, 8), precision="bf16", layout="NCHW")
     with _expect_device_stage():
-        InferenceEngine(_release_folder(tmp_path, model), dtype="tf32", algorithm_cache=tmp_path / "algos.json")
+        InferenceEngine(_release_folder(tmp_path, model), precision="tf32", algorithm_cache=tmp_path / "algos.json")
 
 
 def test_normalize_u8_validates_images_table_and_output():

@@ -15,9 +15,9 @@ from fake_arrays import DLPackOnly
 from test_inference_plan_cpu import randomized_state
 
 import resnet_native as rn
-from resnet_native import conv
 from resnet_native.data.augment import normalization_lut, normalize_on_gpu
 from resnet_native.inference import InferenceEngine, normalize_u8, tuning
+from resnet_native.ops import conv
 
 pytestmark = pytest.mark.gpu
 
@@ -70,7 +70,7 @@ def _assert_captured(engine):
 def test_engine_equals_the_eval_graph_at_every_captured_batch_size(rng, dtype, stem):
     model = _model(rng, stem=stem, dtype=dtype)
     size = IMAGE_SIZE[stem]
-    with InferenceEngine(model, batch_sizes=(1, 8, 32), dtype=dtype, image_size=size) as engine:
+    with InferenceEngine(model, batch_sizes=(1, 8, 32), precision=dtype, image_size=size) as engine:
         _assert_captured(engine)
         for n in engine.batch_sizes:
             x = _batch(rng, n, size, "NHWC", dtype)
@@ -124,7 +124,7 @@ def test_uint8_images_give_the_normalised_inputs_bit_for_bit(rng, dtype, layout)
     cp.testing.assert_array_equal(out.view(cp.uint8), expected.view(cp.uint8))
 
     model = _model(rng, dtype=dtype, layout=layout)
-    with InferenceEngine(model, batch_sizes=(8,), dtype=dtype, layout=layout, deterministic=True) as engine:
+    with InferenceEngine(model, batch_sizes=(8,), precision=dtype, layout=layout, deterministic=True) as engine:
         cp.testing.assert_array_equal(engine(images), engine(expected))
         cp.testing.assert_array_equal(engine(cp.asnumpy(images)), engine(expected))  # host pixels are uploaded
 

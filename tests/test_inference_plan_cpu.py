@@ -8,7 +8,8 @@ import pytest
 from device_values import to_layout
 
 import resnet_native as rn
-from resnet_native import conv, reference
+from resnet_native import reference
+from resnet_native._core.names import ARRAY_DTYPES, DTYPE_ALIASES
 from resnet_native.inference import (
     assign_buffers,
     build_plan,
@@ -19,7 +20,7 @@ from resnet_native.inference import (
 )
 from resnet_native.inference.fold import BN_EPS, conv_step_params, fold_from_state
 from resnet_native.inference.runner import bind_forward
-from resnet_native.names import ARRAY_DTYPES, DTYPE_ALIASES
+from resnet_native.ops import conv
 
 
 def randomized_state(model, rng) -> dict:

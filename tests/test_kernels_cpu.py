@@ -6,7 +6,7 @@ import pytest
 from fake_arrays import FakeCudaArray, expect_device_stage, fake, transposed
 
 import resnet_native as rn
-from resnet_native import kernels
+from resnet_native.ops import kernels
 
 BINARY = [kernels.add, kernels.add_relu, kernels.relu_backward, kernels.add_relu_backward]
 FIRST_NAME = {kernels.add: "a", kernels.add_relu: "a", kernels.relu_backward: "dy", kernels.add_relu_backward: "dy"}

@@ -8,8 +8,9 @@ from device_values import check_close, host_values, poisoned, to_device
 from fake_arrays import DLPackOnly
 
 import resnet_native as rn
-from resnet_native import kernels, reference
-from resnet_native.names import ARRAY_DTYPES
+from resnet_native import reference
+from resnet_native._core.names import ARRAY_DTYPES
+from resnet_native.ops import kernels
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

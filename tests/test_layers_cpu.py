@@ -5,11 +5,20 @@ accumulation, buffers, validation) is checked without a GPU."""
 import numpy as np
 import pytest
 
-from resnet_native import conv
 from resnet_native import reference as ref
-from resnet_native.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
-from resnet_native.layers.placement import host
-from resnet_native.params import Parameter, ParameterArena
+from resnet_native._core.placement import host
+from resnet_native.nn.layers import (
+    Add,
+    BatchNorm2d,
+    Conv2d,
+    GlobalAvgPool,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    SoftmaxCrossEntropy,
+)
+from resnet_native.nn.params import Parameter, ParameterArena
+from resnet_native.ops import conv
 
 
 def _act(rng, layout, n, c, h, w):

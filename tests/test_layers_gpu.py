@@ -12,8 +12,17 @@ from device_values import TOLERANCE, check_close, host_values, to_device
 
 import resnet_native as rn
 from resnet_native import reference as ref
-from resnet_native.conv import ConvSpec
-from resnet_native.layers import Add, BatchNorm2d, Conv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
+from resnet_native.nn.layers import (
+    Add,
+    BatchNorm2d,
+    Conv2d,
+    GlobalAvgPool,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    SoftmaxCrossEntropy,
+)
+from resnet_native.ops.conv import ConvSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import pytest
 from fake_arrays import FakeCudaArray, expect_device_stage, fake
 
 from resnet_native import _C
-from resnet_native.losses import SoftmaxCrossEntropy
+from resnet_native.ops.losses import SoftmaxCrossEntropy
 from resnet_native.reference import loss as ref
 
 

@@ -7,7 +7,7 @@ import pytest
 from device_values import check_close
 
 from resnet_native import _C
-from resnet_native.losses import SoftmaxCrossEntropy
+from resnet_native.ops.losses import SoftmaxCrossEntropy
 from resnet_native.reference import loss as ref
 
 pytestmark = pytest.mark.gpu

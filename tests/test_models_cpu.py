@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import resnet_native as rn
-from resnet_native.models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
+from resnet_native.nn.models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
 
 CONSTRUCTORS = {18: ResNet18, 34: ResNet34, 50: ResNet50, 101: ResNet101, 152: ResNet152}
 # sum(p.numel() for p in torchvision.models.resnetXX().parameters()) (ImageNet stem, 1000 classes).
@@ -212,7 +212,7 @@ def test_a_block_backward_is_the_gradient_of_its_forward(rng, block, inplanes, p
     """The block's input gradient, whose two summands (main path and shortcut) the first convolution's
     backward-data adds (beta = 1), against a central difference of <forward(x), g> along a random direction; in
     float64 on the host (batch statistics included)."""
-    from resnet_native.models import blocks
+    from resnet_native.nn.models import blocks
 
     cls = getattr(blocks, block)
     b = cls(inplanes, planes, stride, layout="NHWC", fused_residual=fused_residual,

@@ -10,10 +10,10 @@ import pytest
 
 import resnet_native as rn
 from resnet_native import reference as ref
-from resnet_native.losses import SoftmaxCrossEntropy
-from resnet_native.models import ResNet18, ResNet50
+from resnet_native.nn.models import ResNet18, ResNet50
+from resnet_native.ops.losses import SoftmaxCrossEntropy
 from resnet_native.optim import SGD, GradScaler
-from resnet_native.step import TrainStep
+from resnet_native.optim.step import TrainStep
 
 pytestmark = pytest.mark.gpu
 

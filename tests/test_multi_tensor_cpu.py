@@ -5,7 +5,7 @@ import pytest
 from fake_arrays import expect_device_stage, fake, transposed
 
 from resnet_native import _C
-from resnet_native import multi_tensor as mt
+from resnet_native.ops import multi_tensor as mt
 
 
 def test_tensor_list_validates_every_entry_naming_its_index():
@@ -89,17 +89,17 @@ def test_found_inf_must_be_an_int32_device_array_of_one_element():
 
 
 def test_scalars_are_numbers_or_device_arrays():
-    assert _C._parse_scalar(3, "lr") == 3.0
-    assert _C._parse_scalar(np.float32(0.5), "lr") == 0.5
-    assert _C._parse_scalar(np.array(0.25), "lr") == 0.25  # host 0-d arrays are numbers
+    assert _C._testing.parse_scalar(3, "lr") == 3.0
+    assert _C._testing.parse_scalar(np.float32(0.5), "lr") == 0.5
+    assert _C._testing.parse_scalar(np.array(0.25), "lr") == 0.25  # host 0-d arrays are numbers
     device = fake((1,))
-    assert _C._parse_scalar(device, "lr") == device.ptr  # read by the kernel, on the device
+    assert _C._testing.parse_scalar(device, "lr") == device.ptr  # read by the kernel, on the device
     with pytest.raises(TypeError, match="lr: expected a number or a float32 device array"):
-        _C._parse_scalar("fast", "lr")
+        _C._testing.parse_scalar("fast", "lr")
     with pytest.raises(TypeError, match="lr: expected a number .* got a bool"):
-        _C._parse_scalar(True, "lr")
+        _C._testing.parse_scalar(True, "lr")
     with pytest.raises(ValueError, match=r"lr: expected shape \(1,\)"):
-        _C._parse_scalar(fake((2,)), "lr")
+        _C._testing.parse_scalar(fake((2,)), "lr")
     # The ops read their scalars the same way, before the lists.
     arrays = [fake((3,))]
     with pytest.raises(TypeError, match="lr: expected a number or a float32 device array"):

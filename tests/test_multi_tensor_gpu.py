@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from device_values import check_close, host_values, poisoned, to_device
 
-from resnet_native import multi_tensor as mt
 from resnet_native import reference
+from resnet_native.ops import multi_tensor as mt
 from resnet_native.reference import to_storage
 
 pytestmark = pytest.mark.gpu

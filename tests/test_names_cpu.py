@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import resnet_native as rn
-from resnet_native import names
+from resnet_native._core import names
 
 
 def test_native_enums_carry_the_python_names():
@@ -62,3 +62,13 @@ def test_flag_takes_python_and_numpy_bools_only():
     for bad in (1, 0, None, "yes", 1.0):
         with pytest.raises(TypeError, match=r"^split: expected True or False, got "):
             names.flag("split", bad)
+
+
+def test_precision_is_the_one_name_and_dtype_a_deprecated_alias():
+    from resnet_native._core.names import precision_argument
+
+    assert precision_argument("Engine", "bf16", None, default="fp16") == "bf16"
+    with pytest.warns(DeprecationWarning, match=r"Engine\(dtype=...\) is deprecated: the argument is now precision="):
+        assert precision_argument("Engine", "fp16", "int8", default="fp16") == "int8"
+    with pytest.raises(TypeError, match="give precision= only"):
+        precision_argument("Engine", "bf16", "int8", default="fp16")

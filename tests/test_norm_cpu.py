@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from fake_arrays import expect_device_stage, fake, transposed
 
-from resnet_native import norm
+from resnet_native.ops import norm
 
 
 def train_args(shape=(2, 8, 5, 5), layout="NCHW", dtype="float16", c=None):

@@ -14,10 +14,12 @@ from test_inference_plan_cpu import randomized_state
 from test_release_cpu import make_fake_run
 
 import resnet_native as rn
-from resnet_native import onnx_export, release
-from resnet_native.classifier import CLASSES, load_release_config, load_weights
+from resnet_native.formats.release_folder import load_release_config, load_weights
 from resnet_native.inference import build_plan
 from resnet_native.inference.fold import conv_step_params
+from resnet_native.release import build as release
+from resnet_native.release import onnx_export
+from resnet_native.release.classifier import CLASSES
 
 onnx = pytest.importorskip("onnx", reason='needs the onnx package (pip install "resnet_native[onnx]")')
 ort = pytest.importorskip("onnxruntime", reason='needs onnxruntime (pip install "resnet_native[onnx]")')

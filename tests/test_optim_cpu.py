@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from resnet_native import reference
-from resnet_native.layers.placement import host
+from resnet_native._core.placement import host
+from resnet_native.nn.params import Parameter, ParameterArena
 from resnet_native.optim import SGD, AdamW, CosineSchedule, GradScaler, OneCycleSchedule, WarmupSchedule
 from resnet_native.optim.grad_scaler import update_scale
-from resnet_native.params import Parameter, ParameterArena
 
 
 class _FakeOptimizer:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from resnet_native import reference as ref
+from resnet_native.nn.params import Parameter, ParameterArena
 from resnet_native.optim import SGD, AdamW, GradScaler
-from resnet_native.params import Parameter, ParameterArena
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ validation with fake device arrays."""
 import pytest
 from fake_arrays import expect_device_stage, fake
 
-from resnet_native import pool
+from resnet_native.ops import pool
 
 
 def floor_out(size, k, s, p):

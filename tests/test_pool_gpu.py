@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from device_values import check_close, host_values, poisoned, random_device, to_device
 
-from resnet_native import pool, reference
+from resnet_native import reference
+from resnet_native.ops import pool
 from resnet_native.reference.layout import shape_to_nchw
 
 pytestmark = pytest.mark.gpu

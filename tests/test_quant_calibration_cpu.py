@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 
 from resnet_native.quantization import Calibration, load_calibration, save_calibration
-from resnet_native.quantization.calibration import (
-    EntropyObserver,
-    MaxAbsObserver,
-    PercentileObserver,
-    make_observer,
-)
+from resnet_native.quantization.calibration import EntropyObserver, MaxAbsObserver, PercentileObserver, make_observer
 
 
 def _feed(observer, x, batches=4):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resnet_native import reference
-from resnet_native.conv import ConvSpec
+from resnet_native.ops.conv import ConvSpec
 from resnet_native.quantization.int8 import (
     INT8_MAX,
     dequantize_int8,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from quant_helpers import tiny_resnet18_state
 
-from resnet_native.inference import build_plan
+from resnet_native.inference import build_plan, simulate
 from resnet_native.inference.buffers import plan_buffers
 from resnet_native.inference.quantized import (
     INPUT_CHANNELS,
@@ -19,9 +19,15 @@ from resnet_native.inference.quantized import (
     quantized_plan,
     residual_scratch_elements,
 )
-from resnet_native.quantization import calibrate, float_logits, simulate, simulate_logits
+from resnet_native.inference.simulate import (
+    calibrate,
+    fake_quantize,
+    float_logits,
+    quantized_steps,
+    simulate_logits,
+    value_names,
+)
 from resnet_native.quantization.prefix import QUANTIZE_FROM, boundary_value, first_quantized_step
-from resnet_native.quantization.simulate import fake_quantize, quantized_steps, value_names
 
 PREFIXED = QUANTIZE_FROM[1:]  # 'layer1' ... 'layer4'
 

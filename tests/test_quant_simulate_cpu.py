@@ -12,8 +12,8 @@ import pytest
 from quant_helpers import assert_fp32_simulation_agrees, tiny_resnet18_state
 
 from resnet_native.inference import build_plan
-from resnet_native.quantization import calibrate, float_logits, load_calibration, save_calibration, simulate_logits
-from resnet_native.quantization.simulate import quantized_values, value_names
+from resnet_native.inference.simulate import calibrate, float_logits, quantized_values, simulate_logits, value_names
+from resnet_native.quantization import load_calibration, save_calibration
 
 HALF_STEP = {"int8": 1 / 254, "fp8": 2.0**-4}
 
@@ -66,7 +66,8 @@ def test_a_calibration_of_another_network_is_refused(problem):
 def test_one_shared_pass_calibrates_every_method_and_dtype_as_separate_passes_do(problem):
     """calibrate_many (one float forward watched by every method's observers) gives each (method, dtype) exactly
     the calibration of its own pass; choose_calibrations picks per dtype what choose_calibration picks alone."""
-    from resnet_native.quantization import calibrate_many, choose_calibration, choose_calibrations
+    from resnet_native.inference.calibration_choice import choose_calibration, choose_calibrations
+    from resnet_native.inference.simulate import calibrate_many
 
     state, images, _ = problem
     methods, dtypes = ("max", "percentile", "entropy"), ("int8", "fp8")
@@ -90,7 +91,7 @@ def test_one_shared_pass_calibrates_every_method_and_dtype_as_separate_passes_do
 def test_in_place_fake_quantisation_is_fake_quantize(rng, dtype):
     """The ufunc-only rounding the fp32 / GPU forward uses equals the float64 one on float64 values (ties, values
     past the saturation point and exact zeros included)."""
-    from resnet_native.quantization.simulate import fake_quantize, fake_quantize_in_place
+    from resnet_native.inference.simulate import fake_quantize, fake_quantize_in_place
 
     scale = 0.037
     x = np.concatenate([rng.standard_normal(5000) * 3, (np.arange(-300, 300) + 0.5) * scale, [0.0, -0.0, 1e6, -1e6]])
@@ -102,7 +103,7 @@ def test_in_place_fake_quantisation_is_fake_quantize(rng, dtype):
 def test_the_fp32_forward_agrees_with_float64(problem):
     """device='host-fp32' (the GPU path's code and arithmetic, on the host): float logits, every calibration's
     scales and the fake-quant logits within fp32 rounding of the float64 forward."""
-    from resnet_native.quantization import calibrate_many
+    from resnet_native.inference.simulate import calibrate_many
 
     state, images, f = problem
     rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731

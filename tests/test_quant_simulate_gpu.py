@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from quant_helpers import assert_fp32_simulation_agrees, tiny_resnet18_state
 
-from resnet_native.quantization import calibrate_many, choose_calibrations, float_logits, simulate_logits
+from resnet_native.inference.calibration_choice import choose_calibrations
+from resnet_native.inference.simulate import calibrate_many, float_logits, simulate_logits
 
 pytestmark = pytest.mark.gpu
 

@@ -6,13 +6,13 @@ import pytest
 from test_inference_plan_cpu import randomized_state
 
 import resnet_native as rn
-from resnet_native import quantized_conv
-from resnet_native.conv import ConvSpec
 from resnet_native.inference.plan import build_plan
 from resnet_native.inference.quantized import INPUT_CHANNELS, input_table, quantized_convs, quantized_plan
-from resnet_native.quantization import calibrate, dequantize_int8, quantize_int8
+from resnet_native.inference.simulate import calibrate, quantized_values, value_names
+from resnet_native.ops import quantized_conv
+from resnet_native.ops.conv import ConvSpec
+from resnet_native.quantization import dequantize_int8, quantize_int8
 from resnet_native.quantization.fp8 import decode_e4m3, encode_e4m3
-from resnet_native.quantization.simulate import quantized_values, value_names
 
 
 def test_the_reference_is_scale_times_the_exact_int_sum_plus_the_epilogue(rng):
@@ -105,4 +105,4 @@ def test_a_calibration_of_another_dtype_or_network_is_refused(rng):
 
 def test_the_legacy_int8x32_probe_checks_its_sizes_before_the_device():
     with pytest.raises(ValueError, match="c and k multiples of 32"):
-        rn._C._probe_legacy_int8x32(8, 16, 8, 8, 64, 3, 1, 1, True, 5)
+        rn._C._testing.probe_legacy_int8x32(8, 16, 8, 8, 64, 3, 1, 1, True, 5)

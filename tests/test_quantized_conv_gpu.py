@@ -16,8 +16,8 @@ import pytest
 from test_inference_plan_cpu import randomized_state
 
 import resnet_native as rn
-from resnet_native import quantized_conv
-from resnet_native.conv import ConvSpec
+from resnet_native.ops import quantized_conv
+from resnet_native.ops.conv import ConvSpec
 from resnet_native.quantization.fp8 import decode_e4m3, encode_e4m3
 
 pytestmark = pytest.mark.gpu
@@ -160,7 +160,7 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     fp32 rounding (an occasional code one step off, carried through the network), and the fp16 engine's within
     the quantisation error."""
     from resnet_native.inference import InferenceEngine
-    from resnet_native.quantization import calibrate, simulate_logits
+    from resnet_native.inference.simulate import calibrate, simulate_logits
 
     model = rn.ResNet(18, 10, layout="NHWC", precision="fp16", seed=0)
     model.load_state_dict(randomized_state(model, rng))
@@ -171,7 +171,7 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     images = normalize_on_host(pixels, layout="NCHW", dtype="fp32").astype(np.float64)
     calibration = calibrate(state, images, "max", dtype=dtype)
     want = simulate_logits(state, images, calibration)
-    with InferenceEngine(model, batch_sizes=(4,), dtype=dtype, calibration=calibration) as engine:
+    with InferenceEngine(model, batch_sizes=(4,), precision=dtype, calibration=calibration) as engine:
         got = engine(cp.asarray(pixels)).get().astype(np.float64)
         again = engine(cp.asarray(pixels)).get()
     assert np.array_equal(got, again), "replays of one input differ"
@@ -180,7 +180,7 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     print(f"{dtype}: engine vs simulation {err:.4f}")
     assert err <= (5e-2 if dtype == "int8" else 1e-1), err
-    with InferenceEngine(model, batch_sizes=(4,), dtype="fp16") as fp16:
+    with InferenceEngine(model, batch_sizes=(4,), precision="fp16") as fp16:
         ref = fp16(cp.asarray(pixels)).get().astype(np.float64)
     vs_fp16 = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     print(f"{dtype}: engine vs fp16 engine {vs_fp16:.4f}")
@@ -189,7 +189,7 @@ def test_the_quantized_engine_matches_the_host_simulation(rng, dtype):
 
 def _prefix_problem(rng):
     from resnet_native.data.augment import normalize_on_host
-    from resnet_native.quantization import calibrate
+    from resnet_native.inference.simulate import calibrate
 
     model = rn.ResNet(18, 10, layout="NHWC", precision="fp16", seed=0)
     model.load_state_dict(randomized_state(model, rng))
@@ -204,11 +204,11 @@ def test_a_float_prefix_engine_matches_the_simulation_of_that_prefix(rng, quanti
     """The fp16 prefix (2^-11 relative per value against the simulation's float64) moves a few boundary codes by
     one, as the residual steps' fp16 scratch does: held to the bound of quantize_from='stem' above."""
     from resnet_native.inference import InferenceEngine
-    from resnet_native.quantization import simulate_logits
+    from resnet_native.inference.simulate import simulate_logits
 
     model, state, pixels, images, calibration = _prefix_problem(rng)
     want = simulate_logits(state, images, calibration, quantize_from=quantize_from)
-    with InferenceEngine(model, batch_sizes=(4,), dtype="int8", calibration=calibration,
+    with InferenceEngine(model, batch_sizes=(4,), precision="int8", calibration=calibration,
                          quantize_from=quantize_from) as engine:
         assert engine.quantize_from == quantize_from and engine.quantize_from_times == {}
         assert [s.kind for s in engine.plan.steps].count("quantize") == 1
@@ -222,11 +222,11 @@ def test_a_float_prefix_engine_matches_the_simulation_of_that_prefix(rng, quanti
 
 def test_auto_keeps_the_fastest_candidate_and_records_every_time(rng):
     from resnet_native.inference import InferenceEngine
-    from resnet_native.quantization import simulate_logits
+    from resnet_native.inference.simulate import simulate_logits
     from resnet_native.quantization.prefix import QUANTIZE_FROM
 
     model, state, pixels, images, calibration = _prefix_problem(rng)
-    with InferenceEngine(model, batch_sizes=(1, 4), dtype="int8", calibration=calibration,
+    with InferenceEngine(model, batch_sizes=(1, 4), precision="int8", calibration=calibration,
                          quantize_from="auto") as engine:
         times = engine.quantize_from_times
         print(engine)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from resnet_native.data.cifar10 import CIFAR10Data
-from resnet_native.metrics_log import MetricsLog, read_metrics_csv
 from resnet_native.training import checkpoint_writer, cli, loop
+from resnet_native.training.metrics_log import MetricsLog, read_metrics_csv
 from resnet_native.training.queued_epoch import SNAPSHOTS_IN_FLIGHT, QueuedEpoch
 from resnet_native.training.snapshot import HostSnapshot
 

@@ -4,9 +4,9 @@ import time
 
 import numpy as np
 import pytest
+from stream_spin import spin_kernel as _spin_kernel
 
-from resnet_native.inference.tuning import _spin_kernel
-from resnet_native.readback import DeviceValues
+from resnet_native._core.readback import DeviceValues
 
 cp = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu

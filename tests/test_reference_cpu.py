@@ -6,8 +6,9 @@ hands NumPy arrays to its reference (the host path of the whole graph)."""
 import numpy as np
 import pytest
 
-from resnet_native import conv, kernels, multi_tensor, norm, pool, reference
-from resnet_native.conv import ConvSpec
+from resnet_native import reference
+from resnet_native.ops import conv, kernels, multi_tensor, norm, pool
+from resnet_native.ops.conv import ConvSpec
 from resnet_native.reference import bf16
 from resnet_native.reference.multi_tensor import TensorList
 

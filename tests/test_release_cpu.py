@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 import resnet_native as rn
-from resnet_native import checkpoint, release
-from resnet_native.classifier import load_weights
 from resnet_native.data.augment import MEAN, STD, normalize_on_host
 from resnet_native.data.cifar10 import CLASSES
+from resnet_native.formats import checkpoint
+from resnet_native.formats.release_folder import load_weights
+from resnet_native.release import build as release
 from resnet_native.training import cli, loop
 
 HAVE_ONNX = importlib.util.find_spec("onnx") is not None
@@ -120,7 +121,7 @@ def test_older_releases_and_runs_are_still_read(tmp_path):
     for k, v in weights.items():
         np.testing.assert_array_equal(w[k], v)
 
-    from resnet_native.classifier import CIFAR10Classifier
+    from resnet_native.release.classifier import CIFAR10Classifier
 
     clf = CIFAR10Classifier(old, model=object())
     assert clf.precision == "bf16" and clf.layout == "NHWC"
@@ -178,7 +179,7 @@ def test_the_release_folder_honours_the_umask(tmp_path, umask, mode):
 
 
 def test_damaged_release_files_are_named(tmp_path):
-    from resnet_native.classifier import load_release_config
+    from resnet_native.formats.release_folder import load_release_config
 
     make_fake_run(tmp_path / "run")
     folder = release.release(tmp_path / "run", "A", tmp_path / "models", benchmark=False).resolve()
@@ -201,7 +202,7 @@ def test_damaged_release_files_are_named(tmp_path):
 
 
 def test_release_replaces_without_a_window_and_fsyncs(tmp_path, monkeypatch):
-    from resnet_native.classifier import CIFAR10Classifier
+    from resnet_native.release.classifier import CIFAR10Classifier
 
     make_fake_run(tmp_path / "run")
     models = tmp_path / "models"
@@ -370,8 +371,9 @@ def _random_cifar(n_train: int):
 
 
 def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_path):
-    from resnet_native.classifier import CIFAR10Classifier
-    from resnet_native.quantization import load_calibration, simulate_logits
+    from resnet_native.inference.simulate import simulate_logits
+    from resnet_native.quantization import load_calibration
+    from resnet_native.release.classifier import CIFAR10Classifier
 
     make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
     data = _random_cifar(8)
@@ -395,35 +397,35 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
     x = normalize_on_host(images, layout="NCHW", dtype="fp32")
     want = simulate_logits(load_weights(path), x, cal)
     if rn.cuda_available():  # the int8 engine, whose arithmetic the simulation defines (test_quantized_conv_gpu)
-        clf = CIFAR10Classifier(path, dtype="int8")
+        clf = CIFAR10Classifier(path, precision="int8")
         assert clf.backend == "engine-int8"
         got = clf.logits(images)
         assert np.linalg.norm(got - want) <= 5e-2 * np.linalg.norm(want)
     else:
         with pytest.warns(RuntimeWarning, match="int8 arithmetic runs simulated on the host"):
-            clf = CIFAR10Classifier(path, dtype="int8")
+            clf = CIFAR10Classifier(path, precision="int8")
         assert clf.backend == "int8-simulated"
         np.testing.assert_allclose(clf.logits(images), want.astype(np.float32), rtol=0, atol=0)
     # A float prefix: the stem, layer1 and layer2 in float, then 8-bit, as the engine and the simulation agree.
     want = simulate_logits(load_weights(path), x, cal, quantize_from="layer3")
     if rn.cuda_available():
-        clf = CIFAR10Classifier(path, dtype="int8", quantize_from="layer3")
+        clf = CIFAR10Classifier(path, precision="int8", quantize_from="layer3")
         assert clf.engine.quantize_from == "layer3"
         assert np.linalg.norm(clf.logits(images) - want) <= 5e-2 * np.linalg.norm(want)
     else:
         with pytest.warns(RuntimeWarning, match="simulated"):
-            clf = CIFAR10Classifier(path, dtype="int8", quantize_from="layer3")
+            clf = CIFAR10Classifier(path, precision="int8", quantize_from="layer3")
         np.testing.assert_allclose(clf.logits(images), want.astype(np.float32), rtol=0, atol=0)
         with pytest.raises(ValueError, match="'auto' chooses by timing the GPU engine"):
-            CIFAR10Classifier(path, dtype="int8", quantize_from="auto")
+            CIFAR10Classifier(path, precision="int8", quantize_from="auto")
     with pytest.raises(ValueError, match="quantize_from: only an int8 / fp8 classifier"):
         CIFAR10Classifier(path, quantize_from="layer3")
     with pytest.raises(ValueError, match="quantize_from: expected one of"):
-        CIFAR10Classifier(path, dtype="int8", quantize_from="layer9")
+        CIFAR10Classifier(path, precision="int8", quantize_from="layer9")
     with pytest.raises(FileNotFoundError, match="this release has no fp8 calibration; make one with"):
-        CIFAR10Classifier(path, dtype="fp8")
+        CIFAR10Classifier(path, precision="fp8")
     with pytest.raises(ValueError, match="dtype: expected one of 'int8', 'fp8', got 'int4'"):
-        CIFAR10Classifier(path, dtype="int4")
+        CIFAR10Classifier(path, precision="int4")
 
 
 def test_release_quantize_arguments_are_checked(tmp_path, capsys):
@@ -443,11 +445,10 @@ def test_release_quantize_arguments_are_checked(tmp_path, capsys):
 
 @pytest.mark.parametrize("gpu", [False, True])
 def test_auto_calibrates_on_the_gpu_when_there_is_one(tmp_path, monkeypatch, gpu):
-    import resnet_native as rn
 
     make_fake_run(tmp_path / "run", precision="fp32", layout="NCHW")
     seen = []
-    monkeypatch.setattr(rn, "cuda_available", lambda: gpu)
+    monkeypatch.setattr(release, "cuda_available", lambda: gpu)
     monkeypatch.setattr(release, "calibrate_release", lambda *a: seen.append(a[-1]) or ({}, {}))
     release.release(tmp_path / "run", "Q", tmp_path / "models", benchmark=False, quantize=["int8"],
                     data=_random_cifar(8))

@@ -8,10 +8,11 @@ import pytest
 from PIL import Image
 from test_train_gpu import SHORT_RUN_ARGS, SHORT_RUN_MIN_TEST_ACC, cfg_from
 
-from resnet_native import checkpoint, release
-from resnet_native.classifier import CIFAR10Classifier, softmax
 from resnet_native.data.augment import normalize_on_gpu
 from resnet_native.data.cifar10 import load_cifar10
+from resnet_native.formats import checkpoint
+from resnet_native.release import build as release
+from resnet_native.release.classifier import CIFAR10Classifier, softmax
 from resnet_native.training import builders, loop
 from resnet_native.training.config import TrainConfig
 

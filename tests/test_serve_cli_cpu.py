@@ -18,8 +18,8 @@ from serve_helpers import encode, request
 from test_release_cpu import make_fake_run
 
 import resnet_native as rn
-from resnet_native import release
-from resnet_native.classifier import CIFAR10Classifier
+from resnet_native.release import build as release
+from resnet_native.release.classifier import CIFAR10Classifier
 
 pytest.importorskip("aiohttp")
 pytest.importorskip("prometheus_client")

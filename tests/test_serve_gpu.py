@@ -12,8 +12,8 @@ from test_inference_plan_cpu import randomized_state
 from test_release_cpu import make_fake_run
 
 import resnet_native as rn
-from resnet_native.classifier import softmax
 from resnet_native.inference import InferenceEngine
+from resnet_native.release.classifier import softmax
 from resnet_native.serve import Batcher
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +30,7 @@ def engine(rng):
     # Per test: the descriptor-leak fixture drops cached plans after each test, which a live engine still uses.
     model = rn.ResNet(18, 10, stem="cifar", layout="NHWC", precision="fp16", seed=0)
     model.load_state_dict(randomized_state(model, rng))
-    with InferenceEngine(model.cuda().eval(), batch_sizes=(1, 8, 32), dtype="fp16") as e:
+    with InferenceEngine(model.cuda().eval(), batch_sizes=(1, 8, 32), precision="fp16") as e:
         yield e
 
 
@@ -54,8 +54,8 @@ def test_batched_rows_match_single_image_calls(engine, rng):
 
 def test_server_answers_as_the_classifier(tmp_path, rng):
     pytest.importorskip("aiohttp")
-    from resnet_native.classifier import CIFAR10Classifier
-    from resnet_native.release import release
+    from resnet_native.release.build import release
+    from resnet_native.release.classifier import CIFAR10Classifier
     from resnet_native.serve import make_app
     from resnet_native.serve.server import ServerThread
 

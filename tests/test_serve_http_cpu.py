@@ -17,7 +17,7 @@ from serve_helpers import BAD, WAIT_S, GatedEngine, PickyEngine, encode, images,
 pytest.importorskip("aiohttp")
 pytest.importorskip("prometheus_client")
 
-from resnet_native.classifier import load_image, softmax  # noqa: E402
+from resnet_native.release.classifier import load_image, softmax  # noqa: E402
 from resnet_native.serve import Batcher, FakeEngine, make_app  # noqa: E402
 from resnet_native.serve.server import ServerThread  # noqa: E402
 

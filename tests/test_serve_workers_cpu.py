@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from serve_helpers import encode, images, multipart, request
 
-from resnet_native.classifier import softmax
-from resnet_native.release import CLASSES
+from resnet_native.release.build import CLASSES
+from resnet_native.release.classifier import softmax
 from resnet_native.serve import FakeEngine
 
 pytest.importorskip("aiohttp")

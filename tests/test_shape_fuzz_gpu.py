@@ -24,8 +24,9 @@ from test_norm_gpu import check_training_step
 from test_pool_gpu import distinct_planes
 
 import resnet_native as rn
-from resnet_native import pool, reference
-from resnet_native.conv import ConvSpec
+from resnet_native import reference
+from resnet_native.ops import pool
+from resnet_native.ops.conv import ConvSpec
 from resnet_native.reference.layout import shape_to_nchw
 
 pytestmark = pytest.mark.gpu

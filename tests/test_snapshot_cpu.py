@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import resnet_native as rn
-from resnet_native.models.registry import create_model
+from resnet_native.nn.models.registry import create_model
 from resnet_native.training.checkpoint_writer import AlgorithmCacheFile
 from resnet_native.training.snapshot import HostSnapshot
 

@@ -6,9 +6,9 @@ trainer's model and optimizer state equal to state_dict()."""
 import cupy as cp
 import numpy as np
 import pytest
+from stream_spin import spin_kernel as _spin_kernel
 
-from resnet_native.inference.tuning import _spin_kernel
-from resnet_native.models.registry import create_model
+from resnet_native.nn.models.registry import create_model
 from resnet_native.optim import SGD
 from resnet_native.training.snapshot import HostSnapshot
 
@@ -55,7 +55,7 @@ def test_the_trainers_state_equals_state_dict(rng):
     opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = cp.asarray(rng.standard_normal((8, 32, 32, 3)).astype(np.float16))
     y = cp.asarray(rng.integers(0, 10, 8).astype(np.int32))
-    from resnet_native.losses import SoftmaxCrossEntropy
+    from resnet_native.ops.losses import SoftmaxCrossEntropy
 
     loss = SoftmaxCrossEntropy()
     model.train()

@@ -8,9 +8,9 @@ import pytest
 
 import resnet_native as rn
 from resnet_native import _C
-from resnet_native.models import ResNet18
+from resnet_native.nn.models import ResNet18
 from resnet_native.optim import SGD, AdamW, GradScaler, OneCycleSchedule
-from resnet_native.step import TrainStep
+from resnet_native.optim.step import TrainStep
 from resnet_native.train import make_deterministic
 
 pytestmark = pytest.mark.gpu
@@ -131,7 +131,7 @@ def test_adamw_does_not_count_updates_the_scaler_skips(rng):
 
 
 def test_write_scalars_and_advance_step_on_the_device():
-    from resnet_native import multi_tensor as mt
+    from resnet_native.ops import multi_tensor as mt
 
     dst = cp.full((3,), np.nan, dtype=cp.float32)
     mt.write_scalars(dst, (0.25, -1.5, 7.0))
@@ -149,7 +149,7 @@ def test_write_scalars_and_advance_step_on_the_device():
 def test_fused_unscale_equals_a_separate_unscale_pass(rng):
     """GradScaler.step multiplies the gradients by 1/scale inside the optimizer kernel; unscale_() first (a
     separate pass over the gradients) must give the same parameters."""
-    from resnet_native.losses import SoftmaxCrossEntropy
+    from resnet_native.ops.losses import SoftmaxCrossEntropy
     from resnet_native.train import make_deterministic
 
     batches = _batches(rng, 5, 8, "NHWC", "fp16")

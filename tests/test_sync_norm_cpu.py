@@ -6,7 +6,7 @@ the ranks' shares)."""
 import numpy as np
 import pytest
 
-from resnet_native import norm
+from resnet_native.ops import norm
 
 EPS = 1e-5
 

@@ -8,7 +8,8 @@ import pytest
 from device_values import check_close, host_values, poisoned, random_device, to_device
 from test_norm_gpu import f32 as _f32
 
-from resnet_native import norm, reference
+from resnet_native import reference
+from resnet_native.ops import norm
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -90,10 +91,10 @@ def test_the_layer_with_a_one_rank_nccl_all_reduce_trains_like_per_gpu_batch_nor
     from resnet_native.distributed import World, rendezvous
     from resnet_native.distributed.allreduce import NcclAllReduce
     from resnet_native.distributed.launch import free_port
-    from resnet_native.layers import synchronize_batch_norms
-    from resnet_native.models import ResNet18
+    from resnet_native.nn.layers import synchronize_batch_norms
+    from resnet_native.nn.models import ResNet18
     from resnet_native.optim import SGD
-    from resnet_native.step import TrainStep
+    from resnet_native.optim.step import TrainStep
 
     batches = [(cp.asarray(rng.standard_normal((32, 16, 16, 3)).astype(np.float32)),
                 cp.asarray(rng.integers(0, 10, 32).astype(np.int32))) for _ in range(4)]

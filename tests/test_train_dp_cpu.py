@@ -1,5 +1,5 @@
 """Data-parallel training on the CPU: two real ranks (child Pythons on loopback) train the tiny 8x8 set of
-test_train_dryrun.py on the host backend, their gradients averaged by StoreAllReduce; the ranks' weights must
+test_train_dryrun_cpu.py on the host backend, their gradients averaged by StoreAllReduce; the ranks' weights must
 come out bit-identical, only rank 0 writes a run folder. Also the sharded augmenter and the trainer's refusals."""
 
 import json
@@ -11,14 +11,14 @@ import tempfile
 import numpy as np
 import pytest
 from conftest import child_env
-from test_train_dryrun import config, cpu_backend  # noqa: F401 (a fixture)
+from test_train_dryrun_cpu import config, cpu_backend  # noqa: F401 (a fixture)
 
 from resnet_native.data.augment import GpuAugmenter
 from resnet_native.distributed import World
 from resnet_native.distributed.launch import free_port
 from resnet_native.training import loop
 
-# One rank: the CPU stand-ins of test_train_dryrun.py's cpu_backend fixture, then a Trainer of that rank.
+# One rank: the CPU stand-ins of test_train_dryrun_cpu.py's cpu_backend fixture, then a Trainer of that rank.
 RANK_SCRIPT = r"""
 import json, pathlib, sys
 import numpy as np
@@ -95,7 +95,7 @@ def test_two_ranks_train_to_bit_identical_weights_and_only_rank_0_writes(tmp_pat
     assert s0["completed"] and s0["world_size"] == 2 and s0["rank"] == 0 and s1["rank"] == 1
     assert s0["epochs_done"] == 2 and 0.0 <= s0["test_acc"] <= 1.0
     assert np.isnan(s1["test_acc"])  # rank 1 does not evaluate
-    from resnet_native import checkpoint
+    from resnet_native.formats import checkpoint
 
     state = checkpoint.load_checkpoint(tmp_path / "run0" / "last.npz")
     rows = state["metrics"]["history"]

@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from resnet_native import checkpoint
 from resnet_native.data.cifar10 import load_cifar10
+from resnet_native.formats import checkpoint
 from resnet_native.training import cli, loop
 
 pytestmark = [pytest.mark.gpu, pytest.mark.data]
@@ -28,7 +28,7 @@ SUBSET_ARGS = [*SHORT_RUN_ARGS, "--deterministic", "--seed", "1"]
 
 # The test accuracy a short run must beat (chance is 0.10), set from the run's measured spread over seeds, never
 # from one run: test_short_run_accuracy_spread over seeds 0-4 on an H200 gave 0.458 to 0.483 (mean 0.471, standard
-# deviation 0.010; benchmarks/RESULTS.md). The bar sits below the lowest by more than five standard deviations.
+# deviation 0.010; docs/lab-notes/RESULTS.md). The bar sits below the lowest by more than five standard deviations.
 # Re-measure (see the module docstring) whenever SHORT_RUN_ARGS or the recipe changes.
 SHORT_RUN_MIN_TEST_ACC = 0.40
 
@@ -76,7 +76,7 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     assert sum(seconds.values()) == pytest.approx(summary["wall_time_s"], abs=0.01)
     for name in ("config.yaml", "metrics.csv", "last.npz", "best.npz", "algos.json", "curves.png", "summary.json"):
         assert (out / name).is_file(), name
-    from resnet_native.metrics_log import read_metrics_csv
+    from resnet_native.training.metrics_log import read_metrics_csv
 
     rows = read_metrics_csv(out / "metrics.csv")
     assert [r["epoch"] for r in rows] == [1, 2]

@@ -4,7 +4,7 @@ raised by the parent's own load."""
 
 import numpy as np
 import pytest
-from test_data_formats import assert_same, fake_arrays, write_image_folder, write_python_batches
+from test_data_formats_cpu import assert_same, fake_arrays, write_image_folder, write_python_batches
 
 from resnet_native.data import cifar10, image_decode
 from resnet_native.training import warm_start

@@ -8,9 +8,9 @@ import cupy
 import pytest
 from algorithm_modes import modes_by_batch
 
-from resnet_native import conv
 from resnet_native.data.augment import storage_dtype
-from resnet_native.step import TrainStep
+from resnet_native.ops import conv
+from resnet_native.optim.step import TrainStep
 from resnet_native.training.builders import build_model, build_optimizer, build_scaler, partial_batch_search
 from resnet_native.training.config import TrainConfig, load_recipe
 from resnet_native.training.warm_start import batch_shapes, prime_first_steps

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import resnet_native as rn
-from resnet_native import conv, norm
-from resnet_native.conv import ConvSpec
+from resnet_native.ops import conv, norm
+from resnet_native.ops.conv import ConvSpec
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -123,7 +123,7 @@ def test_batch_norm_training_on_two_streams_at_once_matches_one_stream(rng):
 
 def test_two_engines_replaying_on_two_streams_at_once_match_one_stream():
     models = [rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=s).cuda().eval() for s in (1, 2)]
-    engines = [rn.InferenceEngine(m, batch_sizes=(256,), dtype="fp16") for m in models]
+    engines = [rn.InferenceEngine(m, batch_sizes=(256,), precision="fp16") for m in models]
     x = cp.random.default_rng(0).integers(0, 256, (256, 32, 32, 3), dtype=np.uint8)
     want = [e(x).get() for e in engines]
     cp.cuda.Device().synchronize()

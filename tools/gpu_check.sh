@@ -6,6 +6,8 @@
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
 #   TRAIN_ARGS    extra trainer arguments; NORM_ARGS: bench_norm.py arguments; PROFILE_ARGS: profile_step.py's
+#   BASELINE_TAR  for the `baseline` stage: a `git archive` of the tree to compare with (built in /tmp/baseline);
+#                 BASELINE_RUNS alternating runs of each tree (default 2); BASELINE_MODEL_ARGS / BASELINE_INFER_ARGS
 #   RELEASE_ARGS  extra release arguments (quant-A, e.g. "--holdout-images 500"); ACCURACY_ARGS: quant_accuracy.py's
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +48,27 @@ for stage in "${stages[@]}"; do
       python3 benchmarks/bench_infer.py --json "$OUT/bench_infer.json" --markdown "$OUT/bench_infer.md" ${INFER_ARGS:-} \
         2>&1 | tee "$OUT/bench_infer.txt" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    baseline)
+      # bench_model.py and bench_infer.py on the baseline tree and this one, alternating, in this call; then the
+      # per-row ratio of the medians (tools/compare_trees.py). The baseline is built in place in /tmp/baseline
+      # and run with its own source first on PYTHONPATH.
+      rm -rf /tmp/baseline && mkdir -p /tmp/baseline && tar -xf "$BASELINE_TAR" -C /tmp/baseline
+      (cd /tmp/baseline && python3 setup.py build_ext --inplace >/tmp/rn_baseline_build.log 2>&1) \
+        || { tail -30 /tmp/rn_baseline_build.log; exit 1; }
+      model_args=${BASELINE_MODEL_ARGS:---models resnet18,resnet50 --batches 256,512 --dtypes fp16,bf16 --imagenet "" --no-torch}
+      infer_args=${BASELINE_INFER_ARGS:---models resnet18,resnet50 --batches 1,32,256,1024 --dtypes fp16 --quant-dtypes "" --no-torch --iters 100 --warmup 10}
+      for run in $(seq 1 "${BASELINE_RUNS:-2}"); do
+        for tree in baseline current; do
+          dir=$PWD; [ "$tree" = baseline ] && dir=/tmp/baseline
+          # shellcheck disable=SC2086
+          (cd "$dir" && PYTHONPATH=$dir eval python3 benchmarks/bench_model.py $model_args --json "$OUT/model_${tree}_$run.json") 2>&1 | tail -3
+          # shellcheck disable=SC2086
+          (cd "$dir" && PYTHONPATH=$dir eval python3 benchmarks/bench_infer.py $infer_args --json "$OUT/infer_${tree}_$run.json" --markdown /tmp/infer_${tree}_$run.md) 2>&1 | tail -3
+        done
+      done
+      python3 tools/compare_trees.py --baseline "$OUT"/model_baseline_*.json "$OUT"/infer_baseline_*.json \
+        --current "$OUT"/model_current_*.json "$OUT"/infer_current_*.json --json "$OUT/compare_trees.json" \
+        | tee "$OUT/compare_trees.txt" || status=1 ;;
     norm)
       # shellcheck disable=SC2086
       python3 benchmarks/bench_norm.py --json "$OUT/bench_norm.json" ${NORM_ARGS:-} 2>&1 | tee "$OUT/bench_norm.txt" | tail -30
@@ -68,7 +91,7 @@ for stage in "${stages[@]}"; do
     sanitize)
       # compute-sanitizer memcheck, racecheck and initcheck over the custom kernels' tests, and memcheck and
       # initcheck over a few captured training steps (one log per tool). Racecheck cannot run the step: cuDNN's own
-      # convolution kernels fault under it even when left out of its instrumentation (KNOWN_ISSUES 21).
+      # convolution kernels fault under it even when left out of its instrumentation (KNOWN_ISSUES 20).
       # SANITIZER_TESTS: the tests that launch our kernels (cast, elementwise, multi-tensor, pooling, the
       # augmenter, the loss, residual requantisation, sync-BN; the uint8 input stage is in the engine tests, too
       # slow here).

@@ -45,7 +45,7 @@ def median_ms(call, runs=20):
 def main(argv=None) -> int:
     import cupy as cp
 
-    from resnet_native import conv, quantized_conv
+    from resnet_native.ops import conv, quantized_conv
     from resnet_native.quantization.fp8 import encode_e4m3
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,14 +90,14 @@ def main(argv=None) -> int:
                 status = f"{row['ms']:.4f} ms  x{row['x_fp16']:.2f}" if "ms" in row else row["error"][:140]
                 print(f"{name:12s} {precision:4s} out={out_name:5s} {epilogue:26s} fp16 {fp16_ms:.4f} ms  {status}",
                       flush=True)
-    from resnet_native._loader import _C
+    from resnet_native._core.loader import _C
 
     for name, h, c, k, r, stride in SHAPES:
         row = dict(layer=name, precision="int8x32 legacy", out="int8", epilogue="bias+relu")
         if c % 32 or k % 32:
             row["error"] = "channels not a multiple of 32"
         else:
-            found = _C._probe_legacy_int8x32(BATCH, c, h, h, k, r, stride, r // 2, True, 20)
+            found = _C._testing.probe_legacy_int8x32(BATCH, c, h, h, k, r, stride, r // 2, True, 20)
             if found["supported"]:
                 fp16 = next(x["fp16_ms"] for x in rows if x["layer"] == name)
                 row.update(ms=found["ms"], x_fp16=fp16 / found["ms"])

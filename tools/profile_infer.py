@@ -17,7 +17,7 @@ import sys
 import cupy as cp
 
 import resnet_native as rn
-from resnet_native.cuda_graph import capture_graph
+from resnet_native._core.capture import capture_graph
 from resnet_native.inference import InferenceEngine
 
 
@@ -45,7 +45,7 @@ def conv_choice(forward, engine, step) -> str:
 def profile(model_name: str, batch: int, dtype: str, iters: int) -> dict:
     model = getattr(rn, model_name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC",
                                                                precision=dtype, seed=0)
-    engine = InferenceEngine(model, batch_sizes=(batch,), dtype=dtype)
+    engine = InferenceEngine(model, batch_sizes=(batch,), precision=dtype)
     forward = engine._forwards[batch]
     stream = cp.cuda.Stream(non_blocking=True)
     pool = cp.cuda.MemoryPool()

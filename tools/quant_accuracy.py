@@ -4,7 +4,7 @@
                                    [--dtypes int8,fp8] [--quantize-from stem,layer3] [--limit N]
                                    [--engine-batch-sizes 256] [--json PATH]
 
-Every backend is CIFAR10Classifier(release, dtype=...) on the CIFAR-10 test set (the first --limit images):
+Every backend is CIFAR10Classifier(release, precision=...) on the CIFAR-10 test set (the first --limit images):
 the release's own precision first (dtype=None), then each calibrated dtype the release carries
 (calibration_<dtype>.json, from `release --int8 / --fp8`), once per --quantize-from (where the 8-bit part begins,
 as InferenceEngine takes it; rows other than 'stem' are named <dtype>@<quantize_from>). Reported per row:
@@ -24,7 +24,7 @@ import numpy as np
 
 
 def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,), quantize_from=("stem",)) -> dict:
-    from resnet_native.classifier import CIFAR10Classifier
+    from resnet_native.release.classifier import CIFAR10Classifier
 
     images, labels = data.test_images, np.asarray(data.test_labels)
     if limit is not None:
@@ -34,7 +34,7 @@ def evaluate(release, data, dtypes, limit=None, engine_batch_sizes=(256,), quant
     for dtype, where in runs:
         name = "float" if dtype is None else dtype if where == "stem" else f"{dtype}@{where}"
         start = time.perf_counter()
-        clf = CIFAR10Classifier(release, dtype=dtype, engine_batch_sizes=engine_batch_sizes, quantize_from=where)
+        clf = CIFAR10Classifier(release, precision=dtype, engine_batch_sizes=engine_batch_sizes, quantize_from=where)
         built = time.perf_counter()
         predicted = clf.predict(images)
         row = {"backend": clf.backend, "quantize_from": clf.quantize_from,
@@ -69,13 +69,13 @@ def main(argv=None) -> int:
 
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     sizes = tuple(int(b) for b in args.engine_batch_sizes.split(",") if b)
-    from resnet_native.names import choice
+    from resnet_native._core.names import choice
     from resnet_native.quantization.prefix import AUTO, QUANTIZE_FROM
 
     where = tuple(choice("--quantize-from", q, QUANTIZE_FROM + (AUTO,)) for q in args.quantize_from.split(",") if q)
     report = evaluate(args.release, load_cifar10(args.data), dtypes, args.limit, sizes, where)
     if args.json:
-        from resnet_native.checkpoint import atomic_write_text
+        from resnet_native._core.files import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
     return 0

@@ -87,7 +87,7 @@ def soak(args) -> dict:
     per_model, t0 = [], time.perf_counter()
     for i in range(args.models):
         model = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp16", seed=i).cuda().eval()
-        engine = rn.InferenceEngine(model, batch_sizes=(32,), dtype="fp16")
+        engine = rn.InferenceEngine(model, batch_sizes=(32,), precision="fp16")
         engine(x).get()
         del model, engine
         if i % max(1, args.models // 50) == 0:
@@ -201,7 +201,7 @@ def final_accuracy(run: Path) -> float:
 
 def checkpoint_epoch(last: Path):
     """The epoch a resume from `last` starts at (None without a readable checkpoint)."""
-    from resnet_native.checkpoint import load_checkpoint
+    from resnet_native.formats.checkpoint import load_checkpoint
 
     try:
         return int(load_checkpoint(last)["rng"]["next_epoch"])

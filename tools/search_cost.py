@@ -41,7 +41,7 @@ def main() -> None:
 
     import resnet_native as rn
     from resnet_native.data.augment import storage_dtype
-    from resnet_native.step import TrainStep
+    from resnet_native.optim.step import TrainStep
     from resnet_native.training.builders import build_model, build_optimizer, build_scaler
     from resnet_native.training.config import TrainConfig, load_recipe
 
@@ -82,7 +82,7 @@ def main() -> None:
 
     by_engine: dict = {}  # by the engine each key asked for ('auto' included), not the one chosen
     for e in entries:
-        by_engine.setdefault(rn.conv._key_fields(e["key"])["engine"], []).append(e)
+        by_engine.setdefault(rn._C.parse_conv_key(e["key"])["engine"], []).append(e)
     for engine, group in sorted(by_engine.items()):
         out[f"{engine}_problems"] = len(group)
         out[f"{engine}_search_s"] = sum(e["search_ms"] for e in group) / 1e3

@@ -126,7 +126,7 @@ def resnet_native_batches(data, batch_size, recipe_b, cutout, seed):
     train_x, train_y = cp.asarray(data.train_images), cp.asarray(data.train_labels, dtype=cp.int32)
     aa = None
     if recipe_b:
-        from resnet_native.data.autoaugment import AutoAugmentWorkers
+        from resnet_native.data.autoaugment_workers import AutoAugmentWorkers
 
         aa = AutoAugmentWorkers(data.train_images, seed=seed, crop_padding=4, flip=True)
         aa.prefetch(0)

@@ -44,7 +44,7 @@ FLAVOURS = {
     13: Flavour(
         major=13,
         cupy="cupy-cuda13x>=13.6",
-        cudnn="nvidia-cudnn-cu13>=9.12,<10",
+        cudnn="nvidia-cudnn-cu13>=9.19,<9.28",  # the cuDNN versions the GPU suite has passed on (docs/building.md)
         toolkit_wheels=("nvidia-cuda-nvcc>=13,<14", "nvidia-cuda-runtime>=13,<14", "nvidia-cuda-cccl>=13,<14"),
         min_driver="580",
     ),

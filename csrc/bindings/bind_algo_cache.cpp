@@ -1,19 +1,20 @@
-// Python bindings of the process-wide algorithm cache (resnet_native.conv's cache functions and file I/O sit on
-// them), the drop of cached descriptors and plans, and test hooks of the ConvParams key and of legacy descriptor
-// groups.
+// Python bindings of the process-wide algorithm cache (resnet_native.ops.algo_cache and file I/O sit on
+// them: keys and entries are parsed and checked here, cache_entry.h) and the drop of cached descriptors and plans.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../conv/algo_cache.h"
 #include "../conv/conv_dispatch.h"
 #include "../conv/conv_geometry.h"
 #include "../conv/conv_params.h"
 #include "../conv/legacy_algo_names.h"
-#include "../conv/legacy_descriptors.h"
 #include "../core/error.h"
 #include "bindings.h"
+#include "cache_entry.h"
 
 namespace py = pybind11;
 
@@ -41,29 +42,33 @@ py::dict choice_to_dict(const ConvParams& params, const AlgoChoice& c) {
   return d;
 }
 
-template <class T>
-T required(const py::dict& d, const char* key) {
-  if (!d.contains(key)) throw ValueError(std::string("choice: missing field '") + key + "'");
-  try {
-    return d[key].cast<T>();
-  } catch (const py::cast_error&) {
-    throw ValueError(std::string("choice: field '") + key + "' has the wrong type");
+// Every entry of a cache file checked before any is inserted: a damaged file adds nothing.
+size_t insert_entries(py::handle entries, int device) {
+  if (!PyList_Check(entries.ptr())) throw ValueError("entries: expected a list of entries");
+  std::vector<std::pair<ConvParams, AlgoChoice>> checked;
+  const py::list list = py::reinterpret_borrow<py::list>(entries);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string where = "entry " + std::to_string(i);
+    py::handle e = list[i];
+    if (!PyDict_Check(e.ptr()) || !py::reinterpret_borrow<py::dict>(e).contains("key") ||
+        !PyUnicode_Check(py::reinterpret_borrow<py::dict>(e)["key"].ptr())) {
+      throw ValueError(where + " is not an object with a 'key'");
+    }
+    ConvParams params;
+    try {
+      params = checked_key(py::reinterpret_borrow<py::dict>(e)["key"].cast<std::string>(), false);
+    } catch (const ValueError& err) {
+      throw ValueError(where + ": 'key': " + err.what());
+    }
+    try {
+      checked.emplace_back(params, checked_choice(params, e));
+    } catch (const ValueError& err) {
+      throw ValueError(where + ": " + err.what());
+    }
+    if (device >= 0) checked.back().first.device = device;
   }
-}
-
-AlgoChoice choice_from_dict(const py::dict& d) {
-  AlgoChoice c;
-  c.engine = static_cast<uint8_t>(parse_engine(required<std::string>(d, "engine")));
-  c.mode = static_cast<uint8_t>(parse_algo_mode(required<std::string>(d, "mode")));
-  c.algo = required<int32_t>(d, "algo");
-  c.math_type = required<int32_t>(d, "math_type");
-  c.workspace = required<uint64_t>(d, "workspace");
-  if (static_cast<ConvEngineKind>(c.engine) == ConvEngineKind::Auto)
-    throw ValueError("choice: engine must be concrete");
-  if (d.contains("knobs")) c.knobs = required<std::string>(d, "knobs");
-  if (d.contains("fused_path")) c.fused_path = required<std::string>(d, "fused_path");
-  if (d.contains("time_ms") && !d["time_ms"].is_none()) c.time_ms = required<float>(d, "time_ms");
-  return c;
+  for (const auto& [params, choice] : checked) AlgoCache::global().insert(params, choice);
+  return checked.size();
 }
 
 py::dict stats_dict(const AlgoCacheStats& s) {
@@ -100,13 +105,27 @@ void bind_algo_cache(py::module_& m) {
       "Every cached (key, choice) pair.");
   m.def(
       "algo_cache_insert",
-      [](const std::string& key, const py::dict& choice, int device) {
-        ConvParams params = ConvParams::from_string(key);
+      [](const std::string& key, py::handle choice, int device) {
+        ConvParams params;
+        try {
+          params = checked_key(key, false);
+        } catch (const ValueError& e) {
+          throw ValueError(std::string("'key': ") + e.what());
+        }
+        const AlgoChoice checked = checked_choice(params, choice);
         if (device >= 0) params.device = device;
-        AlgoCache::global().insert(params, choice_from_dict(choice));
+        AlgoCache::global().insert(params, checked);
       },
       py::arg("key"), py::arg("choice"), py::arg("device") = -1,
-      "Insert or replace an entry (device >= 0 re-keys it to that device).");
+      "Insert or replace an entry (device >= 0 re-keys it to that device), after checking the key and every field "
+      "of the choice (ValueError naming the field).");
+  m.def("algo_cache_insert_entries", &insert_entries, py::arg("entries"), py::arg("device") = -1,
+        "Insert a cache file's entries (dicts with a 'key' and the choice's fields), every one checked first: "
+        "ValueError 'entry <i>: <what is wrong>' and nothing inserted. Returns how many were inserted.");
+  m.def(
+      "parse_conv_key", [](const std::string& key) { return key_fields(checked_key(key, true)); }, py::arg("key"),
+      "The fields of an algorithm-cache key, typed ({'dir': 'fwd', 'direction': 'forward', 'x': (8, 64, 32, 32), "
+      "'ws': None, ...}), after the checks every key gets; ValueError naming the key and the field otherwise.");
   m.def("algo_cache_clear", [] { AlgoCache::global().clear(); });
   m.def(
       "algo_cache_stats", [] { return stats_dict(AlgoCache::global().stats()); },
@@ -119,44 +138,9 @@ void bind_algo_cache(py::module_& m) {
       },
       py::arg("capacity"), "Keep at most this many entries (the least recently used are evicted, at once too).");
   m.def("algo_cache_capacity", [] { return AlgoCache::global().capacity(); });
-  m.def(
-      "_algo_cache_touch",
-      [](const std::string& key) { return AlgoCache::global().lookup(ConvParams::from_string(key)) != nullptr; },
-      py::arg("key"),
-      "Test hook: look a key up as a convolution does (counts a hit or a miss; a hit becomes the most recently "
-      "used entry). Returns whether it was cached.");
 
   m.def("drop_cached_descriptors", &drop_cached_descriptors,
         "Destroy every cached cuDNN descriptor and execution plan (both engines); they are rebuilt on demand.");
-  m.def("_legacy_descriptor_cache_size", &legacy::descriptor_cache_size);
-  m.def(
-      "_build_legacy_descriptors",
-      [](const std::string& key, bool cached) {
-        const ConvParams params = ConvParams::from_string(key);
-        const cudnnMathType_t math = cudnn_math_type(static_cast<Precision>(params.precision));
-        if (cached) {
-          legacy::descriptors(params, math);
-        } else {
-          legacy::ConvDescriptors group(params, math);
-        }
-      },
-      py::arg("key"), py::arg("cached") = false,
-      "Build the legacy descriptor group of a key (tests: a failure half-way must leak nothing).");
-  m.def(
-      "_conv_params_roundtrip", [](const std::string& key) { return ConvParams::from_string(key).to_string(); },
-      py::arg("key"));
-  m.def(
-      "_conv_key_check", [](const std::string& key) { check_key_geometry(ConvParams::from_string(key)); },
-      py::arg("key"), "ValueError unless the key parses and describes a convolution (conv_geometry.h).");
-  m.def(
-      "_conv_params_equal",
-      [](const std::string& a, const std::string& b) {
-        return ConvParams::from_string(a) == ConvParams::from_string(b);
-      },
-      py::arg("a"), py::arg("b"));
-  m.def(
-      "_conv_params_hash", [](const std::string& key) { return ConvParamsHash()(ConvParams::from_string(key)); },
-      py::arg("key"));
 }
 
 }  // namespace rn

@@ -1,8 +1,8 @@
 // Python bindings of the convolution engine (resnet_native/conv.py wraps them).
 //
 // Every op validates all of its arguments (types, dtypes, ranks, shapes, geometry, aliasing) before it touches
-// the device: arrays are first parsed without the device check, the output is allocated with cupy only when
-// the inputs are valid, and only then are pointers checked against the current device and the op run.
+// the device, through OpArgs (op_args.h) as every binding does: arrays parsed without the device check, then the
+// relations between them, then the device check and the allocation of a missing output, then the op.
 // Each array is parsed once per call (the device check runs on the parsed views): these ops are called per
 // layer and direction, and with small problems their host time is the step time.
 // A spec arrives as a _C.ConvSpec that conv.py built once per direction (its ranges checked then), and
@@ -26,118 +26,32 @@
 #include "../conv/conv_spec.h"
 #include "../conv/legacy_algo_names.h"
 #include "../conv/legacy_engine.h"
-#include "../conv/legacy_int8_probe.h"
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/workspace.h"
 #include "bindings.h"
-#include "output_alloc.h"
+#include "op_args.h"
 #include "tensor_arg.h"
+#include "value_args.h"
 
 namespace py = pybind11;
 
 namespace rn {
 namespace {
 
-// A Python int as int64 (TypeError for anything else, bool included; ValueError beyond int64).
-int64_t int_arg(py::handle obj, const char* name) {
-  if (!PyLong_Check(obj.ptr()) || PyBool_Check(obj.ptr())) {
-    throw TypeError(std::string(name) + ": expected an int, got " +
-                    std::string(py::str(py::type::of(obj).attr("__name__"))));
-  }
-  int overflow = 0;
-  const long long value = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
-  if (overflow != 0) throw ValueError(std::string(name) + ": " + std::string(py::repr(obj)) + " is out of range");
-  return value;
-}
-
-// A sequence of `n` ints (ValueError naming `name` otherwise).
-template <size_t N>
-std::array<int64_t, N> ints_arg(py::handle obj, const char* name) {
-  if (!py::isinstance<py::sequence>(obj) || py::isinstance<py::str>(obj) || py::len(obj) != N) {
-    throw ValueError(std::string(name) + ": expected a tuple of " + std::to_string(N) + " ints, got " +
-                     std::string(py::repr(obj)));
-  }
-  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
-  std::array<int64_t, N> values{};
-  for (size_t i = 0; i < N; ++i) values[i] = int_arg(seq[i], name);
-  return values;
-}
-
 Dims4 view_dims(const TensorView& v) {
   return {v.shape[0], v.shape[1], v.shape[2], v.shape[3]};
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 std::vector<int64_t> as_vector(const Dims4& d) {
   return {d[0], d[1], d[2], d[3]};
 }
 
-void check_shape_is(const TensorView& t, const char* name, const std::vector<int64_t>& expected, const char* what) {
-  const bool same =
-      t.ndim == static_cast<int>(expected.size()) && std::equal(expected.begin(), expected.end(), t.shape.begin());
-  if (!same) {
-    throw ValueError(std::string(name) + ": expected shape " + shape_str(expected) + " (" + what + "), got " +
-                     t.shape_str());
-  }
+TensorArgOptions rank(int ndim) {
+  TensorArgOptions options;
+  options.ndim = ndim;
+  return options;
 }
-
-struct NamedView {
-  const TensorView& view;
-  const char* name;
-};
-
-void check_no_overlap(const TensorView& out, const NamedView& in) {
-  if (!out.defined() || !in.view.defined()) return;
-  const auto* a = static_cast<const char*>(out.data);
-  const auto* b = static_cast<const char*>(in.view.data);
-  if (a < b + in.view.nbytes() && b < a + out.nbytes()) {
-    throw ValueError(std::string("out must not overlap ") + in.name + " (the op does not work in place)");
-  }
-}
-
-TensorArgOptions host_only(int ndim) {
-  return TensorArgOptions{ndim, false};
-}
-
-// An op's output argument. The constructor parses `out` when given and checks it against the expected shape and
-// the inputs (no overlap), before any device access; ready() then checks every view's device (the first device
-// access) and allocates `out` (output_alloc.h) when it was None.
-class OutputArg {
- public:
-  OutputArg(py::handle obj, DType dtype, std::vector<int64_t> shape, const char* what,
-            std::initializer_list<NamedView> inputs)
-      : obj_(obj), dtype_(dtype), shape_(std::move(shape)) {
-    if (obj.is_none()) return;
-    TensorArgOptions options = host_only(static_cast<int>(shape_.size()));
-    options.writable = true;
-    view_ = tensor_arg(obj, "out", dtype, options);
-    check_shape_is(view_, "out", shape_, what);
-    for (const NamedView& in : inputs) check_no_overlap(view_, in);
-  }
-
-  // The array to return; view() is valid after this.
-  py::object ready(std::initializer_list<NamedView> inputs) {
-    for (const NamedView& in : inputs) check_on_current_device(in.view, in.name);
-    check_on_current_device(view_, "out");
-    if (!obj_.is_none()) return py::reinterpret_borrow<py::object>(obj_);
-    py::object result = new_device_array(shape_, dtype_, "out");
-    view_ = tensor_arg(result, "out", dtype_, {static_cast<int>(shape_.size()), true});
-    return result;
-  }
-  const TensorView& view() const { return view_; }
-
- private:
-  py::handle obj_;
-  DType dtype_;
-  std::vector<int64_t> shape_;
-  TensorView view_;
-};
 
 // The per-call fields of the key: the device and the workspace cap in force (both need a GPU).
 void bind_to_current_device(ConvParams& p) {
@@ -146,15 +60,15 @@ void bind_to_current_device(ConvParams& p) {
   p.workspace_cap = limit == SIZE_MAX ? UINT64_MAX : static_cast<uint64_t>(limit);
 }
 
-// What the three convolution ops share once their inputs and key are validated: the output checked, the device
-// checked, the output bound to its operand slot (`ops.*slot`), the convolution run.
-py::object convolve(ConvParams params, ConvOperands ops, TensorView ConvOperands::* slot, OutputArg& out,
-                    std::initializer_list<NamedView> inputs, bool allow_fusion, uintptr_t stream) {
-  py::object result = out.ready(inputs);
-  ops.*slot = out.view();
+// What the three convolution ops share once every argument is validated: the device checked and a missing output
+// allocated (args.prepare_device), the output bound to its operand slot (`ops.*slot`), the convolution run.
+py::object convolve(ConvParams params, ConvOperands ops, TensorView ConvOperands::* slot, OpArgs& args,
+                    const TensorView& out, bool allow_fusion, uintptr_t stream) {
+  args.prepare_device();
+  ops.*slot = out;
   bind_to_current_device(params);
   convolution(params, ops, allow_fusion, stream_arg(stream));
-  return result;
+  return args.object(out);
 }
 
 uint8_t epilogue_flags(bool bias, bool z, const std::string& activation) {
@@ -168,8 +82,8 @@ uint8_t epilogue_flags(bool bias, bool z, const std::string& activation) {
 // A forward convolution's operands, once bias (one per output channel) and z (y's shape) fit the key.
 ConvOperands forward_operands(const ConvParams& params, const std::vector<int64_t>& y_shape, const TensorView& x,
                               const TensorView& w, const TensorView& bias, const TensorView& z) {
-  if (bias.defined()) check_shape_is(bias, "bias", {params.y[1]}, "one per output channel");
-  if (z.defined()) check_shape_is(z, "z", y_shape, "the output's shape");
+  if (bias.defined()) check_shape(bias, "bias", {params.y[1]}, "one per output channel");
+  if (z.defined()) check_shape(z, "z", y_shape, "the output's shape");
   ConvOperands ops;
   ops.x = x;
   ops.w = w;
@@ -191,20 +105,22 @@ py::object conv_forward(py::handle x_obj, py::handle w_obj, py::handle out_obj, 
                         const ConvSpec& spec, const std::string& activation, float alpha1, float alpha2,
                         bool allow_fusion, uintptr_t stream) {
   const DType dtype = float_storage(spec);
-  const TensorView x = tensor_arg(x_obj, "x", dtype, host_only(4));
-  const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
-  const TensorView bias = optional_tensor_arg(bias_obj, "bias", dtype, host_only(1));
-  const TensorView z = optional_tensor_arg(z_obj, "z", dtype, host_only(4));
+  OpArgs args("conv2d");
+  const TensorView& x = args.input(x_obj, "x", dtype, rank(4));
+  const TensorView& w = args.input(w_obj, "w", dtype, rank(4));
+  const TensorView& bias = args.optional_input(bias_obj, "bias", dtype, rank(1));
+  const TensorView& z = args.optional_input(z_obj, "z", dtype, rank(4));
   const uint8_t epilogue = epilogue_flags(bias.defined(), z.defined(), activation);
   const ConvParams params =
       make_conv_params(ConvDirection::Forward, spec, view_dims(x), view_dims(w), epilogue, "x", "w");
   const std::vector<int64_t> y_shape = as_vector(output_shape(params));
   ConvOperands ops = forward_operands(params, y_shape, x, w, bias, z);
-  OutputArg out(out_obj, dtype, y_shape, "the convolution's output", {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}});
+  const TensorView& out = args.output(out_obj, "out", dtype, y_shape, rank(4));
+  check_shape(out, "out", y_shape, "the convolution's output");
+  check_disjoint(out, "out", {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}});
   ops.alpha1 = alpha1;
   ops.alpha2 = alpha2;
-  return convolve(params, ops, &ConvOperands::y, out, {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}}, allow_fusion,
-                  stream);
+  return convolve(params, ops, &ConvOperands::y, args, out, allow_fusion, stream);
 }
 
 // The dtypes a quantised convolution may write y in, as the codes Python passes (ConvParams::out_dtype's).
@@ -236,84 +152,92 @@ py::object conv_forward_quantized(py::handle x_obj, py::handle w_obj, py::handle
                      precision_name(spec.precision) + " (code " + std::to_string(out_code) + ")");
   }
   if (!std::isfinite(gamma)) throw ValueError("gamma: expected a finite number");
-  const TensorView x = tensor_arg(x_obj, "x", dtype, host_only(4));
-  const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
-  const TensorView scale = tensor_arg(scale_obj, "scale", DType::F32, host_only(1));
-  const TensorView bias = optional_tensor_arg(bias_obj, "bias", DType::F32, host_only(1));
-  const TensorView z = optional_tensor_arg(z_obj, "z", dtype, host_only(4));
+  OpArgs args("conv2d_quantized");
+  const TensorView& x = args.input(x_obj, "x", dtype, rank(4));
+  const TensorView& w = args.input(w_obj, "w", dtype, rank(4));
+  const TensorView& scale = args.input(scale_obj, "scale", DType::F32, rank(1));
+  const TensorView& bias = args.optional_input(bias_obj, "bias", DType::F32, rank(1));
+  const TensorView& z = args.optional_input(z_obj, "z", dtype, rank(4));
   const uint8_t epilogue =
       static_cast<uint8_t>(kEpilogueScale | epilogue_flags(bias.defined(), z.defined(), relu ? "relu" : "identity"));
   ConvParams params = make_conv_params(ConvDirection::Forward, spec, view_dims(x), view_dims(w), epilogue, "x", "w");
   params.out_dtype = y_dtype == dtype ? 0 : out_dtype_code(y_dtype);
   const std::vector<int64_t> y_shape = as_vector(output_shape(params));
-  check_shape_is(scale, "scale", {params.y[1]}, "one per output channel");
+  check_shape(scale, "scale", {params.y[1]}, "one per output channel");
   ConvOperands ops = forward_operands(params, y_shape, x, w, bias, z);
-  const std::initializer_list<NamedView> inputs = {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}, {scale, "scale"}};
-  OutputArg out(out_obj, y_dtype, y_shape, "the convolution's output", inputs);
+  const TensorView& out = args.output(out_obj, "out", y_dtype, y_shape, rank(4));
+  check_shape(out, "out", y_shape, "the convolution's output");
+  check_disjoint(out, "out", {{x, "x"}, {w, "w"}, {z, "z"}, {bias, "bias"}, {scale, "scale"}});
   ops.scale = scale;
   ops.alpha2 = gamma;
-  return convolve(params, ops, &ConvOperands::y, out, inputs, true, stream);
+  return convolve(params, ops, &ConvOperands::y, args, out, true, stream);
 }
 
 py::object conv_backward_data(py::handle dy_obj, py::handle w_obj, py::handle out_obj, py::handle x_shape_obj,
                               bool accumulate, const ConvSpec& spec, uintptr_t stream) {
   const DType dtype = float_storage(spec);
-  const Dims4 x_shape = ints_arg<4>(x_shape_obj, "x_shape");
+  const Dims4 x_shape = int64s_arg<4>(x_shape_obj, "x_shape");
   if (accumulate && out_obj.is_none()) {
     throw ValueError("accumulate: accumulating into the input gradient needs out= (the gradient to add to)");
   }
-  const TensorView dy = tensor_arg(dy_obj, "dy", dtype, host_only(4));
-  const TensorView w = tensor_arg(w_obj, "w", dtype, host_only(4));
+  OpArgs args("conv2d_backward_data");
+  const TensorView& dy = args.input(dy_obj, "dy", dtype, rank(4));
+  const TensorView& w = args.input(w_obj, "w", dtype, rank(4));
   const ConvParams params =
       make_conv_params(ConvDirection::BackwardData, spec, x_shape, view_dims(w), kEpilogueNone, "x_shape", "w");
-  check_shape_is(dy, "dy", as_vector(output_shape(params)), "the convolution's output");
-  OutputArg out(out_obj, dtype, as_vector(x_shape), "x_shape", {{dy, "dy"}, {w, "w"}});
+  check_shape(dy, "dy", as_vector(output_shape(params)), "the convolution's output");
+  const TensorView& out = args.output(out_obj, "out", dtype, as_vector(x_shape), rank(4));
+  check_shape(out, "out", as_vector(x_shape), "x_shape");
+  check_disjoint(out, "out", {{dy, "dy"}, {w, "w"}});
   ConvOperands ops;
   ops.w = w;
   ops.y = dy;
   ops.beta = accumulate ? 1.0f : 0.0f;
-  return convolve(params, ops, &ConvOperands::x, out, {{dy, "dy"}, {w, "w"}}, true, stream);
+  return convolve(params, ops, &ConvOperands::x, args, out, true, stream);
 }
 
 py::object conv_backward_filter(py::handle x_obj, py::handle dy_obj, py::handle out_obj, py::handle w_shape_obj,
                                 bool accumulate, const ConvSpec& spec, uintptr_t stream) {
   const DType dtype = float_storage(spec);
-  const Dims4 w_shape = ints_arg<4>(w_shape_obj, "w_shape");
+  const Dims4 w_shape = int64s_arg<4>(w_shape_obj, "w_shape");
   if (accumulate && out_obj.is_none()) {
     throw ValueError("accumulate: accumulating into the gradient needs out= (the existing dw)");
   }
-  const TensorView x = tensor_arg(x_obj, "x", dtype, host_only(4));
-  const TensorView dy = tensor_arg(dy_obj, "dy", dtype, host_only(4));
+  OpArgs args("conv2d_backward_filter");
+  const TensorView& x = args.input(x_obj, "x", dtype, rank(4));
+  const TensorView& dy = args.input(dy_obj, "dy", dtype, rank(4));
   const ConvParams params =
       make_conv_params(ConvDirection::BackwardFilter, spec, view_dims(x), w_shape, kEpilogueNone, "x", "w_shape");
-  check_shape_is(dy, "dy", as_vector(output_shape(params)), "the convolution's output");
-  OutputArg out(out_obj, dtype, as_vector(w_shape), "w_shape", {{x, "x"}, {dy, "dy"}});
+  check_shape(dy, "dy", as_vector(output_shape(params)), "the convolution's output");
+  const TensorView& out = args.output(out_obj, "out", dtype, as_vector(w_shape), rank(4));
+  check_shape(out, "out", as_vector(w_shape), "w_shape");
+  check_disjoint(out, "out", {{x, "x"}, {dy, "dy"}});
   ConvOperands ops;
   ops.x = x;
   ops.y = dy;
   ops.beta = accumulate ? 1.0f : 0.0f;
-  return convolve(params, ops, &ConvOperands::w, out, {{x, "x"}, {dy, "dy"}}, true, stream);
-}
-
-std::string describe_backward_bias(const void* data) {
-  return "conv2d_backward_bias dy" + static_cast<const TensorView*>(data)->describe();
+  return convolve(params, ops, &ConvOperands::w, args, out, true, stream);
 }
 
 py::object conv_backward_bias(py::handle dy_obj, py::handle out_obj, Layout layout, DType dtype, uintptr_t stream) {
-  const TensorView dy = tensor_arg(dy_obj, "dy", dtype, host_only(4));
+  OpArgs args("conv2d_backward_bias");
+  const TensorView& dy = args.input(dy_obj, "dy", dtype, rank(4));
   check_int32_shape(view_dims(dy), "dy");
   const int64_t k = logical_dims(view_dims(dy), layout)[1];
-  OutputArg out(out_obj, dtype, {k}, "one per channel of dy", {{dy, "dy"}});
-  py::object result = out.ready({{dy, "dy"}});
-  OpContext context(&describe_backward_bias, &dy);
-  legacy::backward_bias(dy, out.view(), layout, cudnn_handle(stream_arg(stream)));
-  return result;
+  const TensorView& out = args.output(out_obj, "out", dtype, {k}, rank(1));
+  check_shape(out, "out", {k}, "one per channel of dy");
+  check_disjoint(out, "out", {{dy, "dy"}});
+  args.set_note(std::string("layout=") + layout_name(layout));
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  legacy::backward_bias(dy, out, layout, cudnn_handle(stream_arg(stream)));
+  return args.object(out);
 }
 
 py::tuple output_shape_of(py::handle x_shape_obj, py::handle w_shape_obj, const ConvSpec& spec) {
   const Dims4 y =
-      output_shape(make_conv_params(ConvDirection::Forward, spec, ints_arg<4>(x_shape_obj, "x_shape"),
-                                    ints_arg<4>(w_shape_obj, "w_shape"), kEpilogueNone, "x_shape", "w_shape"));
+      output_shape(make_conv_params(ConvDirection::Forward, spec, int64s_arg<4>(x_shape_obj, "x_shape"),
+                                    int64s_arg<4>(w_shape_obj, "w_shape"), kEpilogueNone, "x_shape", "w_shape"));
   return py::make_tuple(y[0], y[1], y[2], y[3]);
 }
 
@@ -324,8 +248,8 @@ std::string conv_key(ConvDirection direction, py::handle x_shape_obj, py::handle
   if (flags != kEpilogueNone && direction != ConvDirection::Forward) {
     throw ValueError("fused: only forward convolutions have an epilogue");
   }
-  ConvParams params = make_conv_params(direction, spec, ints_arg<4>(x_shape_obj, "x_shape"),
-                                       ints_arg<4>(w_shape_obj, "w_shape"), flags, "x_shape", "w_shape");
+  ConvParams params = make_conv_params(direction, spec, int64s_arg<4>(x_shape_obj, "x_shape"),
+                                       int64s_arg<4>(w_shape_obj, "w_shape"), flags, "x_shape", "w_shape");
   if (device_count() > 0) {
     bind_to_current_device(params);
   } else {
@@ -356,9 +280,9 @@ void bind_conv_spec(py::module_& m) {
       .def(py::init([](py::handle stride, py::handle padding, py::handle dilation, py::handle groups, Layout layout,
                        Precision precision, ConvEngineKind engine, AlgoMode algo_mode, py::handle fixed_algo,
                        bool deterministic) {
-             return ConvSpec::make(ints_arg<2>(stride, "stride"), ints_arg<2>(padding, "padding"),
-                                   ints_arg<2>(dilation, "dilation"), int_arg(groups, "groups"), layout, precision,
-                                   engine, algo_mode, int_arg(fixed_algo, "algo"), deterministic);
+             return ConvSpec::make(int64s_arg<2>(stride, "stride"), int64s_arg<2>(padding, "padding"),
+                                   int64s_arg<2>(dilation, "dilation"), int64_arg(groups, "groups"), layout, precision,
+                                   engine, algo_mode, int64_arg(fixed_algo, "algo"), deterministic);
            }),
            py::kw_only(), py::arg("stride") = py::make_tuple(1, 1), py::arg("padding") = py::make_tuple(0, 0),
            py::arg("dilation") = py::make_tuple(1, 1), py::arg("groups") = 1, py::arg("layout") = Layout::NCHW,
@@ -391,25 +315,6 @@ void bind_conv(py::module_& m) {
         py::arg("out_code"), py::arg("stream"),
         "y = [relu](scale * conv(x, w) + bias [+ gamma * z]) in int8 / fp8 (graph engine, NHWC); returns out.");
   m.def("quantized_out_codes", &quantized_out_codes, "{dtype name: code} of the dtypes a quantised conv writes.");
-  m.def(
-      "_probe_legacy_int8x32",
-      [](int n, int c, int h, int w, int k, int r, int stride, int pad, bool int8_out, int runs) {
-        if (n < 1 || c < 32 || c % 32 || k < 32 || k % 32 || h < 1 || w < 1 || r < 1 || stride < 1 || pad < 0 ||
-            runs < 1) {
-          throw ValueError("_probe_legacy_int8x32: expected positive sizes with c and k multiples of 32");
-        }
-        const legacy::Int8x32Probe p = legacy::probe_int8x32(n, c, h, w, k, r, stride, pad, int8_out, runs);
-        py::dict d;
-        d["supported"] = p.supported;
-        d["error"] = p.error;
-        d["ms"] = p.ms;
-        d["workspace"] = p.workspace;
-        return d;
-      },
-      py::arg("n"), py::arg("c"), py::arg("h"), py::arg("w"), py::arg("k"), py::arg("r"), py::arg("stride"),
-      py::arg("pad"), py::arg("int8_out"), py::arg("runs"),
-      "A measurement (tools/probe_quantized.py): the legacy INT8x32 conv + bias + ReLU on zeros, {supported, "
-      "error, ms, workspace}. Allocates and synchronises.");
   m.def("conv_backward_data", &conv_backward_data, py::arg("dy"), py::arg("w"), py::arg("out"), py::arg("x_shape"),
         py::arg("accumulate"), py::arg("spec"), py::arg("stream"),
         "dx of a convolution (added to out when accumulate); returns out (allocated when None).");

@@ -9,9 +9,11 @@
 #include <string>
 
 #include "../core/captured_graph.h"
+#include "../core/cuda_event.h"
 #include "../core/descriptor.h"
 #include "../core/device.h"
 #include "../core/error.h"
+#include "../core/host_gate.h"
 #include "../core/live_counts.h"
 #include "../core/workspace.h"
 #include "bindings.h"
@@ -22,82 +24,49 @@ namespace py = pybind11;
 namespace rn {
 namespace {
 
-// Creates and destroys `count` descriptors of one kind: the leak tests' workload, looped in C++ so that 10k
-// iterations take milliseconds.
-void create_destroy(const std::string& kind, int count) {
-  static const std::pair<const char*, cudnnBackendDescriptorType_t> kBackendKinds[] = {
-      {"backend.TENSOR", CUDNN_BACKEND_TENSOR_DESCRIPTOR},
-      {"backend.CONVOLUTION", CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR},
-      {"backend.POINTWISE", CUDNN_BACKEND_POINTWISE_DESCRIPTOR},
-      {"backend.OPERATION_CONVOLUTION_FORWARD", CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR},
-      {"backend.OPERATION_CONVOLUTION_BACKWARD_DATA", CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR},
-      {"backend.OPERATION_CONVOLUTION_BACKWARD_FILTER", CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR},
-      {"backend.OPERATION_POINTWISE", CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR},
-      {"backend.OPERATIONGRAPH", CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR},
-      {"backend.ENGINEHEUR", CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR},
-      {"backend.ENGINE", CUDNN_BACKEND_ENGINE_DESCRIPTOR},
-      {"backend.ENGINECFG", CUDNN_BACKEND_ENGINECFG_DESCRIPTOR},
-      {"backend.KNOB_CHOICE", CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR},
-      {"backend.EXECUTION_PLAN", CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR},
-      {"backend.VARIANT_PACK", CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR},
-  };
-  for (int i = 0; i < count; ++i) {
-    if (kind == "tensor") {
-      TensorDescriptor d;
-    } else if (kind == "filter") {
-      FilterDescriptor d;
-    } else if (kind == "convolution") {
-      ConvolutionDescriptor d;
-    } else if (kind == "activation") {
-      ActivationDescriptor d;
-    } else if (kind == "pooling") {
-      PoolingDescriptor d;
-    } else if (kind == "handle") {
-      Handle d;
-    } else {
-      bool found = false;
-      for (const auto& [name, type] : kBackendKinds) {
-        if (kind == name) {
-          BackendDescriptor d(type);
-          found = true;
-          break;
-        }
-      }
-      if (!found) throw ValueError("kind: unknown descriptor kind '" + kind + "'");
-    }
+// The median device time of fn(), which queues work on `stream`: `warmup` untimed calls, then `runs` calls back to
+// back behind a host gate (cuda_event.h), so neither the host's time nor its gaps count.
+float device_time_ms(const py::function& fn, uintptr_t stream_ptr, int runs, int warmup) {
+  if (runs < 1 || warmup < 0) {
+    throw ValueError("runs: expected runs >= 1 and warmup >= 0, got runs=" + std::to_string(runs) +
+                     ", warmup=" + std::to_string(warmup));
   }
+  const cudaStream_t stream = stream_arg(stream_ptr);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  RN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) throw ValueError("stream: cannot time work during a capture");
+  for (int i = 0; i < warmup; ++i) fn();
+  TimedRuns timed(stream, static_cast<size_t>(runs));
+  for (int i = 0; i < runs; ++i) {
+    fn();
+    timed.end_run();
+  }
+  return median_ms(timed.times_ms());
 }
 
-std::vector<std::string> descriptor_kinds() {
-  return {"tensor",
-          "filter",
-          "convolution",
-          "activation",
-          "pooling",
-          "backend.TENSOR",
-          "backend.CONVOLUTION",
-          "backend.POINTWISE",
-          "backend.OPERATION_CONVOLUTION_FORWARD",
-          "backend.OPERATION_CONVOLUTION_BACKWARD_DATA",
-          "backend.OPERATION_CONVOLUTION_BACKWARD_FILTER",
-          "backend.OPERATION_POINTWISE",
-          "backend.OPERATIONGRAPH",
-          "backend.ENGINEHEUR",
-          "backend.ENGINE",
-          "backend.ENGINECFG",
-          "backend.KNOB_CHOICE",
-          "backend.EXECUTION_PLAN",
-          "backend.VARIANT_PACK"};
-}
+// A HostGate for Python: `with _C.HostGate(stream): queue work` (the gate opens on leaving, or on release()).
+class PyHostGate {
+ public:
+  explicit PyHostGate(uintptr_t stream) : gate_(std::make_unique<HostGate>(stream_arg(stream))) {}
+  void release() { gate_.reset(); }
 
-// Builds a group of descriptors and fails while setting the last one: proves RAII cleans up a half-built
-// group.
-void failing_construction() {
-  TensorDescriptor x;
-  FilterDescriptor w;
-  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, 3, 8, 8));
-  BackendDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  RN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, -1, 3, 3, 3));
+ private:
+  std::unique_ptr<HostGate> gate_;
+};
+
+void bind_timing(py::module_& m) {
+  m.def("device_time_ms", &device_time_ms, py::arg("fn"), py::arg("stream"), py::arg("runs") = 5, py::arg("warmup") = 1,
+        "Median device milliseconds of one fn() call: fn queues its work on `stream` (an int, cupy's Stream.ptr) "
+        "and must not synchronise; `warmup` untimed calls first, then `runs` calls held behind a host gate until "
+        "all are queued, one CUDA event between consecutive calls. Synchronises once; refused during a capture.");
+  py::class_<PyHostGate>(m, "HostGate",
+                         "Holds `stream` (an int) until released, so work queued behind it runs back to back; opens "
+                         "on its own after HostGate.MAX_HOLD_NS. A context manager: released on leaving.")
+      .def(py::init<uintptr_t>(), py::arg("stream"))
+      .def("release", &PyHostGate::release, "Let the stream run (idempotent).")
+      .def("__enter__", [](PyHostGate& g) -> PyHostGate& { return g; })
+      .def("__exit__", [](PyHostGate& g, const py::args&) { g.release(); })
+      .def_property_readonly_static("MAX_HOLD_NS", [](py::handle) { return HostGate::kMaxHoldNs; });
 }
 
 py::dict stats_dict(const WorkspaceStats& s) {
@@ -164,6 +133,7 @@ void raise_with_status(const py::object& type, const std::string& message, const
 }  // namespace
 
 void bind_core(py::module_& m) {
+  bind_timing(m);
   g_cudnn_error =
       py::reinterpret_borrow<py::object>(py::exception<CudnnError>(m, "CudnnError", PyExc_RuntimeError).ptr());
   g_cuda_error = py::reinterpret_borrow<py::object>(py::exception<CudaError>(m, "CudaError", PyExc_RuntimeError).ptr());
@@ -203,20 +173,8 @@ void bind_core(py::module_& m) {
   m.def("device_unavailable_reason", &device_unavailable_reason);
   m.def("live_descriptors", &live_descriptor_counts,
         "{kind: live count} of every cuDNN object kind created so far, from the C++ counters.");
-  m.def("descriptor_kinds", &descriptor_kinds, "Kinds accepted by _create_destroy.");
-  m.def("_create_destroy", &create_destroy, py::arg("kind"), py::arg("count"));
-  m.def("_failing_construction", &failing_construction);
   m.def("_release_handles", &release_handles,
         "Destroy the per-device cuDNN handles. Use resnet_native.release_handles(), which drops cached plans first.");
-  m.def(
-      "_handle_stream",
-      [](uintptr_t stream) {
-        cudnnHandle_t handle = cudnn_handle(stream_arg(stream));
-        cudaStream_t bound = nullptr;
-        RN_CUDNN_CHECK(cudnnGetStream(handle, &bound));
-        return reinterpret_cast<uintptr_t>(bound);
-      },
-      py::arg("stream"), "Bind the current device's handle to `stream`; returns the stream cuDNN reports.");
 
   m.def(
       "_clear_cuda_error",
@@ -229,7 +187,7 @@ void bind_core(py::module_& m) {
   const auto stream_of = [](py::handle s) {
     return stream_arg(py::hasattr(s, "ptr") ? s.attr("ptr").cast<uintptr_t>() : s.cast<uintptr_t>());
   };
-  py::class_<CapturedGraph>(m, "CapturedGraph", "An ended stream capture, instantiated (resnet_native.cuda_graph).")
+  py::class_<CapturedGraph>(m, "CapturedGraph", "An ended stream capture, instantiated (resnet_native._core.capture).")
       .def(
           "upload", [stream_of](CapturedGraph& g, py::handle stream) { g.upload(stream_of(stream)); },
           py::arg("stream"))
@@ -296,14 +254,6 @@ void bind_core(py::module_& m) {
       "release_workspace", [] { WorkspacePool::current().release(); },
       "Free the current device's workspace buffer (it regrows on demand); refused while captured graphs hold it.");
   m.def(
-      "_workspace_get",
-      [](size_t bytes, uintptr_t stream, bool search) {
-        WorkspacePool& pool = WorkspacePool::current();
-        return reinterpret_cast<uintptr_t>(search ? pool.try_get_for_search(bytes, stream_arg(stream))
-                                                  : pool.get(bytes, stream_arg(stream)));
-      },
-      py::arg("bytes"), py::arg("stream") = 0, py::arg("search") = false);
-  m.def(
       "_set_out_of_memory_hook",
       [](py::object hook) {
         if (hook.is_none()) {
@@ -317,24 +267,6 @@ void bind_core(py::module_& m) {
         });
       },
       py::arg("hook"));
-  m.def(
-      "_parse_tensor",
-      [](py::handle obj, const std::string& name, const std::string& dtype, int ndim, bool check_device,
-         bool writable) {
-        // int32: found_inf and the other flags the cupy kernels of resnet_native.multi_tensor read
-        const DType want = dtype == "int32" ? DType::I32 : parse_dtype(dtype);
-        TensorArgOptions options;
-        options.ndim = ndim;
-        options.check_device = check_device;
-        options.writable = writable;
-        TensorView v = tensor_arg(obj, name.c_str(), want, options);
-        py::tuple shape(v.ndim);
-        for (int i = 0; i < v.ndim; ++i) shape[i] = v.shape[i];
-        return py::make_tuple(reinterpret_cast<uintptr_t>(v.data), dtype_name(v.dtype), shape);
-      },
-      py::arg("obj"), py::arg("name"), py::arg("dtype"), py::arg("ndim") = -1, py::arg("check_device") = true,
-      py::arg("writable") = false,
-      "Validate an array argument exactly as ops do (writable: as an output); returns (pointer, dtype, shape).");
 }
 
 }  // namespace rn

@@ -1,6 +1,6 @@
 // The native core's enums as typed Python enums (resnet_native._C.DType, Precision, Layout, Direction, Engine,
 // AlgoMode): ops take them instead of strings, so nothing is parsed per call. Their member names are the
-// package's names (resnet_native/names.py; tests check that the two agree); the convolution's come from its one
+// package's names (resnet_native/_core/names.py; tests check that the two agree); the convolution's come from its one
 // name table (conv/conv_names.h).
 #include <pybind11/pybind11.h>
 

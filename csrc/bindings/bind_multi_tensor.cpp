@@ -234,16 +234,6 @@ void bind_multi_tensor(py::module_& m) {
   m.def("multi_tensor_check_finite", &check_finite_op, py::arg("tensors"), py::arg("found_inf"), py::arg("stream"));
   m.def("multi_tensor_zero", &zero_op, py::arg("tensors"), py::arg("stream"));
   m.def("multi_tensor_scale", &scale_op, py::arg("tensors"), py::arg("factor"), py::arg("stream"));
-  m.def(
-      "_parse_scalar",
-      [](py::handle obj, const std::string& name) -> py::object {
-        OpArgs args("_parse_scalar");
-        const ScalarArg s = scalar_arg(args, obj, name.c_str());
-        if (s.ptr) return py::int_(reinterpret_cast<uintptr_t>(s.ptr));
-        return py::float_(s.value);
-      },
-      py::arg("obj"), py::arg("name"),
-      "How the optimizer ops read a scalar argument: its float value, or a device array's pointer (test hook).");
 }
 
 }  // namespace rn

@@ -60,15 +60,6 @@ std::vector<int64_t> stored_shape(const Nchw& nchw, Layout layout) {
   return {nchw[0], nchw[2], nchw[3], nchw[1]};
 }
 
-// ValueError unless `v` has `expected` shape; `what` says where the expectation comes from ("" for nothing).
-void check_shape_is(const TensorView& v, const char* name, const std::vector<int64_t>& expected,
-                    const std::string& what = "") {
-  if (shape_of(v) != expected) {
-    throw ValueError(std::string(name) + ": expected shape " + shape_text(expected.data(), int(expected.size())) +
-                     what + ", got " + v.shape_str());
-  }
-}
-
 std::string pool_note(Layout layout, const PoolWindow& w) {
   return std::string("layout=") + layout_name(layout) + ", kernel=(" + std::to_string(w.kernel[0]) + ", " +
          std::to_string(w.kernel[1]) + "), stride=(" + std::to_string(w.stride[0]) + ", " +
@@ -85,7 +76,7 @@ py::object max_pool2d_op(py::handle x_obj, py::handle out_obj, py::handle kernel
   const TensorView& x = args.input(x_obj, "x", request, activation_options(layout));
   const std::vector<int64_t> y_shape = stored_shape(pool_output_nchw(nchw_dims(x, layout), window), layout);
   const TensorView& out = args.output(out_obj, "out", x.dtype, y_shape, activation_options(layout));
-  check_shape_is(out, "out", y_shape);
+  check_shape(out, "out", y_shape);
   check_disjoint(out, "out", {{x, "x"}});
   args.set_note(pool_note(layout, window));
   args.prepare_device();
@@ -107,8 +98,8 @@ py::object max_pool2d_backward_op(py::handle dy_obj, py::handle x_obj, py::handl
   const TensorView& y = args.input(y_obj, "y", dy.dtype, activation);
   const TensorView& out = args.output(out_obj, "out", dy.dtype, shape_of(x), activation);
   const std::vector<int64_t> y_shape = stored_shape(pool_output_nchw(nchw_dims(x, layout), window), layout);
-  check_shape_is(y, "y", y_shape);
-  check_shape_is(dy, "dy", y_shape);
+  check_shape(y, "y", y_shape);
+  check_shape(dy, "dy", y_shape);
   check_same_shape(out, "out", x, "x");
   check_disjoint(out, "out", {{dy, "dy"}, {x, "x"}, {y, "y"}});
   args.set_note(pool_note(layout, window));
@@ -133,7 +124,7 @@ py::object global_avg_pool_op(py::handle x_obj, py::handle out_obj, py::handle l
   const TensorView& x = args.input(x_obj, "x", request, activation_options(layout));
   const Nchw d = nchw_dims(x, layout);
   const TensorView& out = args.output(out_obj, "out", x.dtype, {d[0], d[1]}, two_d());
-  check_shape_is(out, "out", {d[0], d[1]});
+  check_shape(out, "out", {d[0], d[1]});
   check_disjoint(out, "out", {{x, "x"}});
   args.set_note(std::string("layout=") + layout_name(layout));
   args.prepare_device();
@@ -150,9 +141,9 @@ py::object global_avg_pool_backward_op(py::handle dy_obj, py::handle x_shape_obj
   const TensorView& dy = args.input(dy_obj, "dy", request, two_d());
   const std::vector<int64_t> x_shape = shape_arg(x_shape_obj, "x_shape", 4, activation_dims(layout), true);
   const TensorView& out = args.output(out_obj, "out", dy.dtype, x_shape, activation_options(layout));
-  check_shape_is(out, "out", x_shape, " (x_shape)");
+  check_shape(out, "out", x_shape, "x_shape");
   const Nchw d = nchw_dims(out, layout);
-  check_shape_is(dy, "dy", {d[0], d[1]});
+  check_shape(dy, "dy", {d[0], d[1]});
   check_disjoint(out, "out", {{dy, "dy"}});
   args.set_note(std::string("layout=") + layout_name(layout));
   args.prepare_device();

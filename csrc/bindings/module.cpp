@@ -1,6 +1,7 @@
 // resnet_native._C: the compiled core. The Python package wraps these functions; users rarely call them directly.
 #include <pybind11/pybind11.h>
 
+#include "../testing/bind_testing.h"
 #include "bindings.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_augment(m);
   rn::bind_loss(m);
   rn::bind_device_scalars(m);
+  rn::bind_testing(m);
 }

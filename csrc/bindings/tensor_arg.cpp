@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -252,13 +253,12 @@ std::string shape_text(const int64_t* shape, int ndim) {
   return s + (ndim == 1 ? ",)" : ")");
 }
 
-void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected) {
-  bool same = static_cast<int>(expected.size()) == t.ndim;
-  int i = 0;
-  for (int64_t e : expected) same = same && t.shape[i++] == e;
+void check_shape(const TensorView& t, const char* name, const std::vector<int64_t>& expected, const char* why) {
+  const bool same =
+      static_cast<int>(expected.size()) == t.ndim && std::equal(expected.begin(), expected.end(), t.shape.begin());
   if (!same) {
-    throw ValueError(arg_prefix(name) + "expected shape " + shape_text(expected.begin(), int(expected.size())) +
-                     ", got " + t.shape_str());
+    throw ValueError(arg_prefix(name) + "expected shape " + shape_text(expected.data(), int(expected.size())) +
+                     (why ? std::string(" (") + why + ")" : std::string()) + ", got " + t.shape_str());
   }
 }
 

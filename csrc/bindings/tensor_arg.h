@@ -26,8 +26,8 @@
 
 #include <pybind11/pybind11.h>
 
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "../core/tensor.h"
 
@@ -86,8 +86,10 @@ void check_on_current_device(const TensorView& view, const char* name);
 // `int32_dims`, a dimension beyond int. Zero dimensions are the caller's to judge.
 void check_extents(const char* name, const int64_t* shape, int ndim, int itemsize, bool int32_dims);
 
-// ValueError unless `t` has exactly `expected` shape.
-void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected);
+// ValueError unless `t` has exactly `expected` shape: "name: expected shape (4,) (why), got (3,)", where `why`
+// says where the expectation comes from ("one per output channel"; none when null).
+void check_shape(const TensorView& t, const char* name, const std::vector<int64_t>& expected,
+                 const char* why = nullptr);
 // ValueError unless `a` and `b` have the same shape.
 void check_same_shape(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
 

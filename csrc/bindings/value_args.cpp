@@ -106,6 +106,24 @@ int int32_arg(py::handle obj, const char* name) {
   return static_cast<int>(value);
 }
 
+int64_t int64_arg(py::handle obj, const char* name) {
+  int64_t value = 0;
+  bool overflow = false;
+  if (!read_int64(obj, &value, &overflow)) throw TypeError(arg_prefix(name) + "expected an int, got " + type_name(obj));
+  if (overflow) throw ValueError(arg_prefix(name) + repr_text(obj) + " is out of range (the limit is 2**63 - 1)");
+  return value;
+}
+
+std::vector<int64_t> int64s_arg(py::handle obj, const char* name, int n) {
+  if (!PySequence_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || py::len(obj) != n) {
+    throw ValueError(arg_prefix(name) + "expected a tuple of " + std::to_string(n) + " ints, got " + repr_text(obj));
+  }
+  py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+  std::vector<int64_t> values(n);
+  for (int i = 0; i < n; ++i) values[i] = int64_arg(seq[i], name);
+  return values;
+}
+
 std::array<int, 2> int_pair_arg(py::handle obj, const char* name) {
   const std::string expected = arg_prefix(name) + "expected an int or a pair of ints, got " + repr_text(obj);
   if (PyBool_Check(obj.ptr())) throw TypeError(expected);

@@ -34,6 +34,20 @@ double check_at_least(double value, const char* name, double low);
 
 // An int that fits int32 (not a bool, not a float).
 int int32_arg(pybind11::handle obj, const char* name);
+// An int within int64 (not a bool, not a float): TypeError "name: expected an int, got float", ValueError when it
+// does not fit. Its range is the caller's to judge (its messages say what a bound means).
+int64_t int64_arg(pybind11::handle obj, const char* name);
+// A sequence (not a str) of exactly `n` ints within int64, each as int64_arg; ValueError "name: expected a tuple
+// of n ints, got ..." for anything else. Unlike shape_arg, no range is checked (a convolution's geometry names
+// its own limits).
+std::vector<int64_t> int64s_arg(pybind11::handle obj, const char* name, int n);
+template <size_t N>
+std::array<int64_t, N> int64s_arg(pybind11::handle obj, const char* name) {
+  const std::vector<int64_t> v = int64s_arg(obj, name, static_cast<int>(N));
+  std::array<int64_t, N> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = v[i];
+  return out;
+}
 // An int, meaning (v, v), or a pair of ints: TypeError for a bool or a non-sequence, ValueError otherwise.
 std::array<int, 2> int_pair_arg(pybind11::handle obj, const char* name);
 

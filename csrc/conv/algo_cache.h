@@ -7,8 +7,8 @@
 // again on its next call, which is refused during CUDA-graph capture for algo='find' (as any cache miss is);
 // captured graphs do not depend on entries (they launch cuDNN kernels, not choices).
 //
-// The cache file (resnet_native.conv.save_algorithm_cache / load_algorithm_cache) is written and read by
-// Python, which checks the GPU name + cuDNN version header; C++ only provides entries() and insert(). entries()
+// The cache file (resnet_native.ops.algo_cache) is written and read by Python, which checks the GPU name +
+// cuDNN version header; C++ provides entries() and insert(), and the bindings check every key and choice. entries()
 // lists the least recently used first, the order in which a load re-inserts them: a reload restores recency, and
 // a file longer than the capacity leaves its last (most recently used) entries.
 #pragma once

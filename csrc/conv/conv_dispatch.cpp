@@ -8,7 +8,7 @@
 #include "../core/error.h"
 #include "../core/workspace.h"
 #include "auto_engine.h"
-#include "graph_engine.h"
+#include "graph/graph_engine.h"
 #include "legacy_descriptors.h"
 #include "legacy_engine.h"
 

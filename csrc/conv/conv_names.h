@@ -1,6 +1,6 @@
 // The convolution's own enums and their one table of names: directions, engines, algorithm modes and the forward
 // epilogue's parts. Cache keys, error messages, the typed Python enums (bindings/bind_enums.cpp) and the parsers
-// all read these tables; the Python side's names (resnet_native/names.py) are the same strings.
+// all read these tables; the Python side's names (resnet_native/_core/names.py) are the same strings.
 #pragma once
 
 #include <cstdint>

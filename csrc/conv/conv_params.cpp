@@ -37,24 +37,96 @@ std::string join(const int32_t* values, int n) {
   throw ValueError("malformed convolution key (" + why + "): '" + text + "'");
 }
 
-int64_t parse_int(const std::string& text, const std::string& value, int64_t lo, int64_t hi) {
-  if (value.empty()) malformed(text, "empty number");
+// The field parsers throw ValueError saying what is wrong with `value`; from_string names the field and the key.
+int64_t parse_int(const std::string& value, int64_t lo, int64_t hi) {
+  if (value.empty()) throw ValueError("empty number");
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) malformed(text, "bad number '" + value + "'");
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) throw ValueError("bad number '" + value + "'");
   return v;
 }
 
-void parse_ints(const std::string& text, const std::string& value, int32_t* out, int n) {
+void parse_ints(const std::string& value, int32_t* out, int n) {
   std::vector<std::string> parts;
   std::stringstream ss(value);
   std::string part;
   while (std::getline(ss, part, ',')) parts.push_back(part);
   if (static_cast<int>(parts.size()) != n || (!value.empty() && value.back() == ',')) {
-    malformed(text, "expected " + std::to_string(n) + " comma-separated numbers, got '" + value + "'");
+    throw ValueError("expected " + std::to_string(n) + " comma-separated numbers, got '" + value + "'");
   }
-  for (int i = 0; i < n; ++i) out[i] = static_cast<int32_t>(parse_int(text, parts[i], INT32_MIN, INT32_MAX));
+  for (int i = 0; i < n; ++i) out[i] = static_cast<int32_t>(parse_int(parts[i], INT32_MIN, INT32_MAX));
+}
+
+uint64_t parse_workspace_cap(const std::string& value) {
+  if (value == "none") return UINT64_MAX;
+  if (value.empty() || value[0] == '-') throw ValueError("bad workspace cap '" + value + "'");
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v == UINT64_MAX) throw ValueError("bad workspace cap '" + value + "'");
+  return v;
+}
+
+constexpr const char* kKeys[] = {"dir", "dev", "prec", "layout", "engine", "epi", "det",    "mode", "fixed",
+                                 "x",   "w",   "y",    "pad",    "stride", "dil", "groups", "ws"};
+constexpr int kNumKeys = sizeof(kKeys) / sizeof(kKeys[0]);
+
+// Field `i` of kKeys into `p`.
+void parse_field(ConvParams& p, int i, const std::string& v) {
+  switch (i) {
+    case 0:
+      p.direction = static_cast<uint8_t>(parse_direction(v));
+      return;
+    case 1:
+      p.device = static_cast<int32_t>(parse_int(v, 0, INT32_MAX));
+      return;
+    case 2:
+      p.precision = static_cast<uint8_t>(parse_precision(v));
+      return;
+    case 3:
+      p.layout = static_cast<uint8_t>(parse_layout(v));
+      return;
+    case 4:
+      p.engine = static_cast<uint8_t>(parse_engine(v));
+      return;
+    case 5:
+      p.epilogue = parse_epilogue(v);
+      return;
+    case 6:
+      p.deterministic = static_cast<uint8_t>(parse_int(v, 0, 1));
+      return;
+    case 7:
+      p.algo_mode = static_cast<uint8_t>(parse_algo_mode(v));
+      return;
+    case 8:
+      p.fixed_algo = static_cast<int32_t>(parse_int(v, INT32_MIN, INT32_MAX));
+      return;
+    case 9:
+      parse_ints(v, p.x, 4);
+      return;
+    case 10:
+      parse_ints(v, p.w, 4);
+      return;
+    case 11:
+      parse_ints(v, p.y, 4);
+      return;
+    case 12:
+      parse_ints(v, p.pad, 2);
+      return;
+    case 13:
+      parse_ints(v, p.stride, 2);
+      return;
+    case 14:
+      parse_ints(v, p.dilation, 2);
+      return;
+    case 15:
+      p.groups = static_cast<int32_t>(parse_int(v, INT32_MIN, INT32_MAX));
+      return;
+    default:
+      p.workspace_cap = parse_workspace_cap(v);
+      return;
+  }
 }
 
 }  // namespace
@@ -87,57 +159,27 @@ ConvParams ConvParams::from_string(const std::string& text) {
   std::stringstream ss(text);
   std::string token;
   while (ss >> token) tokens.push_back(token);
-  static const char* const kKeys[] = {"dir", "dev", "prec", "layout", "engine", "epi", "det",    "mode", "fixed",
-                                      "x",   "w",   "y",    "pad",    "stride", "dil", "groups", "ws"};
-  constexpr int kNumKeys = sizeof(kKeys) / sizeof(kKeys[0]);
   const bool has_out = tokens.size() == kNumKeys + 2;  // the optional last field, out=<dtype of y>
   if ((tokens.size() != kNumKeys + 1 && !has_out) || tokens[0] != kKeyVersion) {
     malformed(text, std::string("expected '") + kKeyVersion + "' and " + std::to_string(kNumKeys) + " fields");
   }
-  std::string values[kNumKeys];
+  ConvParams p;
   for (int i = 0; i < kNumKeys; ++i) {
     const std::string& t = tokens[i + 1];
     const std::string prefix = std::string(kKeys[i]) + "=";
     if (t.compare(0, prefix.size(), prefix) != 0) malformed(text, "expected field '" + prefix + "...'");
-    values[i] = t.substr(prefix.size());
-  }
-  ConvParams p;
-  try {
-    p.direction = static_cast<uint8_t>(parse_direction(values[0]));
-    p.device = static_cast<int32_t>(parse_int(text, values[1], 0, INT32_MAX));
-    p.precision = static_cast<uint8_t>(parse_precision(values[2]));
-    p.layout = static_cast<uint8_t>(parse_layout(values[3]));
-    p.engine = static_cast<uint8_t>(parse_engine(values[4]));
-    p.epilogue = parse_epilogue(values[5]);
-    p.deterministic = static_cast<uint8_t>(parse_int(text, values[6], 0, 1));
-    p.algo_mode = static_cast<uint8_t>(parse_algo_mode(values[7]));
-  } catch (const ValueError& e) {
-    malformed(text, e.what());
-  }
-  p.fixed_algo = static_cast<int32_t>(parse_int(text, values[8], INT32_MIN, INT32_MAX));
-  parse_ints(text, values[9], p.x, 4);
-  parse_ints(text, values[10], p.w, 4);
-  parse_ints(text, values[11], p.y, 4);
-  parse_ints(text, values[12], p.pad, 2);
-  parse_ints(text, values[13], p.stride, 2);
-  parse_ints(text, values[14], p.dilation, 2);
-  p.groups = static_cast<int32_t>(parse_int(text, values[15], INT32_MIN, INT32_MAX));
-  if (values[16] == "none") {
-    p.workspace_cap = UINT64_MAX;
-  } else {
-    if (values[16].empty() || values[16][0] == '-') malformed(text, "bad workspace cap '" + values[16] + "'");
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(values[16].c_str(), &end, 10);
-    if (errno != 0 || *end != '\0' || v == UINT64_MAX) malformed(text, "bad workspace cap '" + values[16] + "'");
-    p.workspace_cap = v;
+    try {
+      parse_field(p, i, t.substr(prefix.size()));
+    } catch (const ValueError& e) {
+      malformed(text, "field '" + std::string(kKeys[i]) + "': " + e.what());
+    }
   }
   if (has_out) {
     const std::string& t = tokens.back();
     for (DType d : kQuantizedOutDtypes) {
       if (t == std::string("out=") + dtype_short_name(d)) p.out_dtype = out_dtype_code(d);
     }
-    if (p.out_dtype == 0) malformed(text, "expected out=int8|fp8|fp16|fp32, got '" + t + "'");
+    if (p.out_dtype == 0) malformed(text, "field 'out': expected int8, fp8, fp16 or fp32, got '" + t + "'");
   }
   return p;
 }

@@ -1,7 +1,7 @@
 // The legacy (cudnnConvolution*) convolution engine: forward, backward-data and backward-filter of 2-D
 // convolutions with any stride/pad/dilation/groups in NCHW or NHWC, fp32 (strict FMA) / TF32 / fp16 / bf16
 // with fp32 accumulation, plus the fused forward epilogue of cudnnConvolutionBiasActivationForward.
-// Same shape as the graph engine (graph_engine.h): choose() decides, run() executes; conv_dispatch.cpp
+// Same shape as the graph engine (graph/graph_engine.h): choose() decides, run() executes; conv_dispatch.cpp
 // caches the decision. Workspace comes only from WorkspacePool::current().
 #pragma once
 

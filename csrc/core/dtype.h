@@ -1,6 +1,6 @@
 // Element types, precision modes and layouts, with their names and the one parser of each name. A precision
 // mode fixes the storage type of activations and weights, the accumulation type, and which math cuDNN may use
-// (strict FMA, TF32 tensor cores, fp16/bf16 tensor cores). The names are the package's (resnet_native/names.py).
+// (strict FMA, TF32 tensor cores, fp16/bf16 tensor cores). The names are the package's (resnet_native/_core/names.py).
 #pragma once
 
 #include <cudnn.h>

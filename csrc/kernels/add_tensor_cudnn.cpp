@@ -2,7 +2,7 @@
 
 #include "../core/device.h"
 #include "../core/error.h"
-#include "cudnn_tensor_4d.h"
+#include "../core/cudnn_tensor_4d.h"
 
 namespace rn::kernels {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "../core/error.h"
-#include "launch_config.h"
+#include "../core/launch_config.h"
 
 namespace rn::kernels {
 namespace {

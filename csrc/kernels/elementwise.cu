@@ -1,8 +1,8 @@
 #include "elementwise.h"
 
 #include "../core/error.h"
-#include "float_convert.cuh"
-#include "launch_config.h"
+#include "../core/float_convert.cuh"
+#include "../core/launch_config.h"
 
 namespace rn::kernels {
 namespace {

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "../core/error.h"
-#include "launch_config.h"
+#include "../core/launch_config.h"
 
 namespace rn::kernels {
 namespace {

@@ -1,7 +1,7 @@
 #include "normalize_u8.h"
 
 #include "../core/error.h"
-#include "launch_config.h"
+#include "../core/launch_config.h"
 
 namespace rn::kernels {
 namespace {

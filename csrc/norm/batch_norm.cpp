@@ -6,7 +6,7 @@
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/workspace.h"
-#include "../kernels/cudnn_tensor_4d.h"
+#include "../core/cudnn_tensor_4d.h"
 #include "../kernels/elementwise.h"
 #include "batch_norm_path.h"
 

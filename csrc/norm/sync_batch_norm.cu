@@ -3,16 +3,11 @@
 #include <algorithm>
 
 #include "../core/error.h"
-#include "../kernels/float_convert.cuh"
-#include "../kernels/launch_config.h"
+#include "../core/float_convert.cuh"
+#include "../core/launch_config.h"
 
 namespace rn {
 namespace {
-
-using kernels::from_float;
-using kernels::grid_size;
-using kernels::kThreadsPerBlock;
-using kernels::to_float;
 
 constexpr int kWarp = 32;
 
@@ -118,13 +113,12 @@ void launch_sums(const Terms& terms, const Dims& d, Layout layout, float* sums, 
   if (layout == Layout::NHWC) {
     const int threads = int(std::min<int64_t>(kThreadsPerBlock, (d.c + kWarp - 1) / kWarp * kWarp));
     // Enough slabs to fill the GPU several times over, each at least a few rows long.
-    const int64_t blocks =
-        std::max<int64_t>(1, std::min<int64_t>(int64_t(kernels::sm_count()) * 8, d.per_channel() / 4));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count()) * 8, d.per_channel() / 4));
     const int64_t rows = (d.per_channel() + blocks - 1) / blocks;
     const int64_t used = (d.per_channel() + rows - 1) / rows;
     sums_nhwc_kernel<<<unsigned(used), threads, 0, stream>>>(terms, d, rows, sums);
   } else {
-    const int64_t blocks = std::min<int64_t>(d.n * d.c, int64_t(kernels::sm_count()) * 8);
+    const int64_t blocks = std::min<int64_t>(d.n * d.c, int64_t(sm_count()) * 8);
     sums_nchw_kernel<<<unsigned(blocks), kThreadsPerBlock, 0, stream>>>(terms, d, sums);
   }
   RN_CUDA_CHECK_LAUNCH();
@@ -155,7 +149,7 @@ __global__ void apply_kernel(const T* x, const T* z, T* y, const float* mean, co
     const int64_t c = channel_of(i, d, nhwc);
     float v = (to_float(x[i]) - mean[c]) * invstd[c] * gamma[c] + beta[c];
     if (z) v += to_float(z[i]);
-    if (relu) v = kernels::relu_f(v);
+    if (relu) v = relu_f(v);
     y[i] = from_float<T>(v);
   }
 }
@@ -201,7 +195,7 @@ T* mut(const TensorView& t) {
 void sync_bn_sums(const TensorView& x, const TensorView& shift, const TensorView& sums, Layout layout,
                   cudaStream_t stream) {
   const Dims d = dims_of(x, layout);
-  kernels::dispatch_dtype(x.dtype, [&](auto tag) {
+  dispatch_dtype(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_sums(ForwardTerms<T>{ptr<T>(x), ptr<float>(shift)}, d, layout, mut<float>(sums), stream);
   });
@@ -214,7 +208,7 @@ void sync_bn_forward(const SyncBnForwardArgs& a, cudaStream_t stream) {
       mut<float>(a.save_mean), mut<float>(a.save_invstd));
   RN_CUDA_CHECK_LAUNCH();
   if (d.numel() == 0) return;
-  kernels::dispatch_dtype(a.x.dtype, [&](auto tag) {
+  dispatch_dtype(a.x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     apply_kernel<T><<<grid_size(d.numel()), kThreadsPerBlock, 0, stream>>>(
         ptr<T>(a.x), ptr<T>(a.z), mut<T>(a.y), ptr<float>(a.save_mean), ptr<float>(a.save_invstd), ptr<float>(a.gamma),
@@ -225,7 +219,7 @@ void sync_bn_forward(const SyncBnForwardArgs& a, cudaStream_t stream) {
 
 void sync_bn_grad_sums(const SyncBnBackwardArgs& a, cudaStream_t stream) {
   const Dims d = dims_of(a.x, a.layout);
-  kernels::dispatch_dtype(a.x.dtype, [&](auto tag) {
+  dispatch_dtype(a.x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const BackwardTerms<T> terms{
         ptr<T>(a.dy), ptr<T>(a.y), ptr<T>(a.x), mut<T>(a.dz), ptr<float>(a.save_mean), ptr<float>(a.save_invstd),
@@ -240,7 +234,7 @@ void sync_bn_grad_sums(const SyncBnBackwardArgs& a, cudaStream_t stream) {
 void sync_bn_backward(const SyncBnBackwardArgs& a, cudaStream_t stream) {
   const Dims d = dims_of(a.x, a.layout);
   if (d.numel() == 0) return;
-  kernels::dispatch_dtype(a.x.dtype, [&](auto tag) {
+  dispatch_dtype(a.x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     backward_kernel<T><<<grid_size(d.numel()), kThreadsPerBlock, 0, stream>>>(
         ptr<T>(a.dy), ptr<T>(a.y), ptr<T>(a.x), mut<T>(a.dx), ptr<float>(a.save_mean), ptr<float>(a.save_invstd),

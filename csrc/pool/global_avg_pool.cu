@@ -1,14 +1,11 @@
 #include "global_avg_pool.h"
 
 #include "../core/error.h"
-#include "../kernels/float_convert.cuh"
-#include "../kernels/launch_config.h"
+#include "../core/float_convert.cuh"
+#include "../core/launch_config.h"
 
 namespace rn {
 namespace {
-
-using kernels::from_float;
-using kernels::to_float;
 
 constexpr int kWarp = 32;
 
@@ -58,16 +55,16 @@ __global__ void spread_kernel(const T* dy, T* dx, int64_t total, int64_t c, int6
 void global_avg_pool_forward(const TensorView& x, const TensorView& y, Layout layout, cudaStream_t stream) {
   const auto d = nchw_dims(x, layout);
   const int64_t n = d[0], c = d[1], hw = static_cast<int64_t>(d[2]) * d[3];
-  kernels::dispatch_dtype(x.dtype, [&](auto tag) {
+  dispatch_dtype(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* src = static_cast<const T*>(x.data);
     T* dst = static_cast<T*>(y.data);
     if (layout == Layout::NCHW) {
       const int64_t rows = n * c;
-      const int blocks = kernels::grid_size(rows * kWarp);  // one warp per row
-      mean_rows_kernel<T><<<blocks, kernels::kThreadsPerBlock, 0, stream>>>(src, dst, rows, hw);
+      const int blocks = grid_size(rows * kWarp);  // one warp per row
+      mean_rows_kernel<T><<<blocks, kThreadsPerBlock, 0, stream>>>(src, dst, rows, hw);
     } else {
-      mean_strided_kernel<T><<<kernels::grid_size(n * c), kernels::kThreadsPerBlock, 0, stream>>>(src, dst, n, c, hw);
+      mean_strided_kernel<T><<<grid_size(n * c), kThreadsPerBlock, 0, stream>>>(src, dst, n, c, hw);
     }
     RN_CUDA_CHECK_LAUNCH();
   });
@@ -77,9 +74,9 @@ void global_avg_pool_backward(const TensorView& dy, const TensorView& dx, Layout
   const auto d = nchw_dims(dx, layout);
   const int64_t c = d[1], hw = static_cast<int64_t>(d[2]) * d[3];
   const int64_t total = dx.numel();
-  kernels::dispatch_dtype(dx.dtype, [&](auto tag) {
+  dispatch_dtype(dx.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    spread_kernel<T><<<kernels::grid_size(total), kernels::kThreadsPerBlock, 0, stream>>>(
+    spread_kernel<T><<<grid_size(total), kThreadsPerBlock, 0, stream>>>(
         static_cast<const T*>(dy.data), static_cast<T*>(dx.data), total, c, hw, layout == Layout::NCHW);
     RN_CUDA_CHECK_LAUNCH();
   });

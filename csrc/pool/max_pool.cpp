@@ -3,7 +3,7 @@
 #include "../core/descriptor.h"
 #include "../core/device.h"
 #include "../core/error.h"
-#include "../kernels/cudnn_tensor_4d.h"
+#include "../core/cudnn_tensor_4d.h"
 
 namespace rn {
 namespace {

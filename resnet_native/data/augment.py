@@ -1,22 +1,13 @@
 """GPU data augmentation for CIFAR-10: random crop with zero padding, horizontal flip, Cutout, normalisation.
 
-Split in two so each half can be checked on its own:
-  (a) host-side sampling (NumPy): per epoch, a seeded permutation and, for every image, its crop offsets, flip and
-      Cutout centre -> an int32 (6, N) parameter table (sample_epoch). Seeded by (seed, epoch) alone, so any epoch's
-      batches can be rebuilt without replaying the ones before it (which is what makes --resume exact);
-  (b) one fused CUDA kernel per batch (csrc/kernels/augment_u8.cu) that applies a slice of that table: gather the
-      source pixel, zero-pad, flip, Cutout, normalise through a per-channel lookup table, write the model's layout
-      and storage dtype, and gather the batch's labels (apply_reference is the same computation in NumPy, used to
-      check the kernel exactly).
-
-Semantics (torchvision's RandomCrop(32, padding=4) -> RandomHorizontalFlip -> ToTensor -> Normalize -> Cutout as in
-DeVries & Taylor): the crop reads the image padded with zeros (black; normalised like any black pixel), the flip
-mirrors the crop, and the Cutout square (side `cutout`, centre uniform over the output image, clipped at the
-borders) is set to 0 after normalisation, i.e. to the data-set mean.
-
-Normalisation goes through a (3, 256) lookup table computed in float64 and rounded once to the storage dtype, so the
-kernel does no arithmetic at all and its output is bit-exact with the reference (fp16 and bf16 included; bf16 is
-stored as uint16 bits because cupy has no bfloat16).
+Split in two so each half can be checked on its own: (a) host sampling (NumPy, sample_epoch): per epoch a seeded
+permutation and each image's crop offsets, flip and Cutout centre, seeded by (seed, epoch) alone so any epoch can
+be rebuilt without replaying the ones before (what makes --resume exact); (b) one fused CUDA kernel per batch
+(csrc/kernels/augment_u8.cu, through ops.images) that applies a slice of that table and writes the model's
+layout and storage dtype; apply_reference is the same computation in NumPy. Semantics are torchvision's
+RandomCrop(32, padding=4) -> RandomHorizontalFlip -> Normalize, then Cutout (DeVries & Taylor) set to 0 after
+normalisation, i.e. to the data-set mean. Normalisation is a lookup table (normalization_lut), so the kernel does
+no arithmetic and is bit-exact with the reference in every storage dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..names import LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
+from .._core.names import LAYOUTS, PRECISION_STORAGE, PRECISIONS, choice
+from .._core.rng import epoch_rng  # noqa: F401  (re-exported: the augmentation's streams)
+from ..distributed.sharding import shard_indices
+from ..ops.images import launch_augment  # noqa: F401  (re-exported: the augmentation kernel)
 from ..reference.bf16 import to_bf16_bits
 
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -53,11 +47,6 @@ class AugmentConfig:
             raise ValueError(f"crop_padding: expected an int >= 0, got {self.crop_padding!r}")
         if not isinstance(self.cutout, int) or self.cutout < 0:
             raise ValueError(f"cutout: expected an int >= 0, got {self.cutout!r}")
-
-
-def epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
-    """The generator of one (seed, epoch, purpose): independent of every other epoch and purpose."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), int(stream)]))
 
 
 def storage_dtype(dtype: str) -> np.dtype:
@@ -94,7 +83,9 @@ def sample_epoch(seed: int, epoch: int, n: int, config: AugmentConfig, height: i
                  shuffle: bool = True) -> np.ndarray:
     """The int32 (6, n) parameter table of one epoch; column j describes the epoch's j-th image:
     source index (a permutation of 0..n-1), crop offsets in [0, 2*padding] (offset == padding: no shift),
-    flip (0/1), Cutout centre (y in [0, height), x in [0, width))."""
+    flip (0/1), Cutout centre (y in [0, height), x in [0, width)). The crop reads the image padded with black
+    (normalised like any black pixel), the flip mirrors the crop, and the Cutout square (side config.cutout, centre
+    uniform over the output image) is clipped at the borders."""
     rng = epoch_rng(seed, epoch, STREAM_AUGMENT)
     p = config.crop_padding
     table = np.empty((NUM_ROWS, n), np.int32)
@@ -171,23 +162,6 @@ def apply_reference(images: np.ndarray, params: np.ndarray, lut: np.ndarray, *, 
 # (b) the CUDA kernel (csrc/kernels/augment_u8.cu, compiled with the extension)
 
 
-def launch_augment(images, params, batch_start: int, batch: int, lut, out, *, layout: str = "NHWC",
-                   crop_padding: int = 4, cutout: int = 0, labels=None, labels_out=None):
-    """Run the kernel on cupy's current stream: out[b] = augment(images[params[0, batch_start + b]], ...), and
-    labels_out[b] = labels[params[0, batch_start + b]] when both are given.
-
-    images: uint8 (N, H, W, 3); params: int32 (6, M) table; lut: (3, 256) in the output's storage dtype; out:
-    (batch, H, W, 3) or (batch, 3, H, W); labels int32 (N,), labels_out int32 (batch,); all C-contiguous device
-    arrays (the native core checks each, naming it); returns out (allocated when None, the only allocation). No
-    sync. A source index outside [0, N) gives a black image and label -1 (a NaN loss), never a read out of bounds.
-    """
-    from .._loader import _C
-    from .._runtime import op_stream
-
-    return _C.augment_u8(images, params, batch_start, batch, lut, out, layout, crop_padding, cutout, labels,
-                         labels_out, op_stream())
-
-
 class GpuAugmenter:
     """The whole uint8 training set on the GPU, served as augmented, normalised batches.
 
@@ -260,8 +234,6 @@ class GpuAugmenter:
         _, h, w, _ = src.shape
         table = sample_epoch(self.seed, epoch, self.num_images, self.config, h, w)
         if self.world is not None:
-            from ..distributed.sharding import shard_indices
-
             table = np.ascontiguousarray(table[:, shard_indices(self.num_images, self.world, epoch, self.seed)])
         table = cupy.asarray(table)
         for i in range(len(self)):

@@ -1,34 +1,24 @@
 """AutoAugment's CIFAR-10 policy (Cubuk et al., 2019), with torchvision's ops and magnitudes, in CPU processes.
 
-Why on the CPU: the policy's 14 ops must match PIL's behaviour (nearest-neighbour affine warps, histogram
-equalisation, PIL's smoothing kernel for Sharpness, ...). Here `apply_op` / `apply_autoaugment` run them through PIL
-itself, one image at a time: that is the reference. The workers run autoaugment_batched.py instead, the same ops on
-whole groups of images in NumPy, equal to PIL bit for bit and several times faster (PIL builds ImageOps' tables
-in Python for every 32x32 image). While epoch e trains, the workers build epoch e+1's augmented copy of the
-training set in a shared buffer; the GPU kernel (augment.py) then applies crop/flip/Cutout/normalisation to that
-copy.
-
-Order: torchvision's, random crop -> flip -> AutoAugment, when the workers are given the crop padding and flip
-(the trainer does so, and then the GPU kernel skips its own crop and flip): the policy's ops then see the crop's
-black borders exactly as they do in torchvision's pipeline (Invert whitens them, Equalize and AutoContrast count
-them). With crop_padding=0 and flip=False the workers apply AutoAugment alone.
-
-Like augment.py: the random choices (sub-policy, whether each op fires, sign) are sampled on the host per
-(seed, epoch) in data-set order (sample_autoaugment), and applying them is deterministic, so the output does not
-depend on the number of workers or on how the set is split between them.
+On the CPU because the policy's 14 ops must match PIL's behaviour (nearest-neighbour warps, equalisation, PIL's
+smoothing kernel, ...): apply_op / apply_autoaugment run them through PIL itself, one image at a time, as the
+reference; the workers run autoaugment_batched.py, the same ops on groups of images in NumPy, equal to PIL bit for
+bit. While epoch e trains, the workers build epoch e+1's augmented copy of the training set in a shared buffer and
+the GPU kernel (augment.py) then applies Cutout and normalisation to it. Order is torchvision's: crop -> flip ->
+AutoAugment when the workers are given the crop padding and flip (the trainer does, and the GPU kernel then skips
+them), so the policy sees the crop's black borders as torchvision's pipeline does. As in augment.py the random
+choices are sampled on the host per (seed, epoch) in data-set order (sample_autoaugment) and applying them is
+deterministic, so the output depends neither on the number of workers nor on how the set is split between them.
 """
 
 from __future__ import annotations
 
 import math
-import mmap
-import multiprocessing
-import os
 
 import numpy as np
 
-from ..names import whole_number
-from .augment import STREAM_AUTOAUGMENT, STREAM_AUTOAUGMENT_CROP, epoch_rng
+from .._core.rng import epoch_rng
+from .augment import STREAM_AUTOAUGMENT, STREAM_AUTOAUGMENT_CROP
 
 # The 25 sub-policies for CIFAR-10: ((op, probability, magnitude bin or None), (op, probability, bin or None)).
 CIFAR10_POLICY = (
@@ -191,121 +181,3 @@ def autoaugment_images_pil(images: np.ndarray, choices: np.ndarray, out: np.ndar
     for i in range(len(images)):
         out[i] = apply_autoaugment(images[i], choices[i])
     return out
-
-
-def autoaugment_images(images: np.ndarray, choices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Every image with its choice row, batched in NumPy (equal to autoaugment_images_pil)."""
-    from .autoaugment_batched import autoaugment_batch
-
-    return autoaugment_batch(images, choices, out)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Worker pool
-
-_worker_state = {}  # set in each worker by fork inheritance: source images and the two output buffers
-
-
-def _worker_chunk(args):
-    slot, start, stop, choices = args
-    images = _worker_state["images"]
-    out = np.frombuffer(_worker_state["buffers"][slot], np.uint8).reshape(images.shape)
-    autoaugment_images(images[start:stop], choices, out[start:stop])
-    return stop - start
-
-
-class AutoAugmentWorkers:
-    """Produces each epoch's AutoAugmented copy of a uint8 (N, H, W, 3) set in worker processes, one epoch ahead.
-
-        aa = AutoAugmentWorkers(train_images, seed=0)
-        aa.prefetch(0)
-        images_e = aa.result(0)   # blocks until ready; a read-only view, valid until prefetch(e + 2)
-        aa.prefetch(1)            # overlaps epoch 0's training
-        ...
-        aa.close()
-
-    Two shared-memory buffers alternate (epoch e uses slot e % 2), so epoch e + 1 can be built while epoch e's copy
-    is still being uploaded. workers=0 runs in the calling process (no pool).
-    The pool forks: its workers inherit the source array and the buffers without copying, and never touch CUDA.
-    """
-
-    def __init__(self, images: np.ndarray, *, seed: int = 0, workers: int | None = None, chunk: int | None = None,
-                 crop_padding: int = 0, flip: bool = False):
-        images = np.ascontiguousarray(images, dtype=np.uint8)
-        self.crop_padding, self.flip = whole_number("crop_padding", crop_padding, 0), bool(flip)
-        if images.ndim != 4 or images.shape[3] != 3:
-            raise ValueError(f"images: expected uint8 (N, H, W, 3), got {images.shape}")
-        self.images = images
-        self.seed = int(seed)
-        self._buffers = [mmap.mmap(-1, max(images.nbytes, 1)) for _ in range(2)]
-        self._pending = {}
-        if workers is None:
-            workers = max(1, min(len(os.sched_getaffinity(0)) - 1, 32))
-        self.workers = int(workers)
-        # Two tasks per worker by default: large enough groups for the batched ops, some balance between workers.
-        self.chunk = int(chunk) if chunk else max(256, -(-len(images) // max(1, 2 * self.workers)))
-        self._pool = None
-        from .autoaugment_batched import warm_maps
-
-        warm_maps(*images.shape[1:3])  # the geometric maps, made once here and inherited by the forked workers
-        if self.workers > 0:
-            _worker_state["images"] = images
-            _worker_state["buffers"] = self._buffers
-            self._pool = multiprocessing.get_context("fork").Pool(self.workers)
-
-    def _view(self, slot):
-        return np.frombuffer(self._buffers[slot], np.uint8, count=self.images.size).reshape(self.images.shape)
-
-    def slots(self) -> list:
-        """The two shared buffers the epochs alternate between, as read-only arrays (to page-lock them for the
-        upload; what a slot holds is only valid between result() and the prefetch that reuses it)."""
-        views = [self._view(slot) for slot in range(2)]
-        for view in views:
-            view.flags.writeable = False
-        return views
-
-    def prefetch(self, epoch: int) -> None:
-        """Start building epoch's copy (no-op when already started)."""
-        if epoch in self._pending:
-            return
-        slot = epoch % 2
-        if any(e % 2 == slot for e in self._pending):
-            raise RuntimeError(f"epoch {epoch}: its buffer is still in use by an earlier epoch; call result() first")
-        choices = sample_autoaugment(self.seed, epoch, len(self.images), crop_padding=self.crop_padding,
-                                     flip=self.flip)
-        n = len(self.images)
-        tasks = [(slot, s, min(s + self.chunk, n), choices[s:min(s + self.chunk, n)]) for s in range(0, n, self.chunk)]
-        if self._pool is None:
-            autoaugment_images(self.images, choices, self._view(slot))
-            self._pending[epoch] = None
-        else:
-            self._pending[epoch] = self._pool.map_async(_worker_chunk, tasks)
-
-    def result(self, epoch: int) -> np.ndarray:
-        """epoch's augmented images (starting the work first if needed)."""
-        self.prefetch(epoch)
-        job = self._pending.pop(epoch)
-        if job is not None:
-            job.get()
-        view = self._view(epoch % 2)
-        view.flags.writeable = False
-        return view
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
-        self._pending.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -1,18 +1,11 @@
 """AutoAugment's CIFAR-10 policy applied to a whole chunk of images at once in NumPy, equal to the PIL path
 (autoaugment.apply_autoaugment) bit for bit.
 
-Why: PIL works one 32x32 image at a time, converting each to and from a PIL image, and its ImageOps ops build
-their lookup tables in Python for every image, so recipe B's AutoAugment workers could fall behind the GPU. Here
-each op runs once per group of images that share it (same op, magnitude and sign), as array arithmetic:
-- the geometric ops (shear, translate, rotate) are data-independent nearest-neighbour maps: each map is made once
-  by PIL itself, warping an image whose pixels hold their own index (fill 0 = the black fill), so the map is PIL's;
-- Brightness, Color, Contrast and Sharpness are PIL's Image.blend of the image with a degenerate image, computed in
-  float32 as PIL's C code does (in1 + alpha * (in2 - in1), truncated, clipped); Color's grey is PIL's RGB -> L
-  conversion ((19595 R + 38470 G + 7471 B + 0x8000) >> 16), Contrast's is the rounded mean of that grey, and
-  Sharpness's is PIL's SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1, divided by 13, rounded half up, border pixels kept);
-- Posterize, Solarize, Invert, AutoContrast and Equalize are lookup tables, per image and channel for the last two
-  (ImageOps' integer arithmetic, histograms by bincount).
-tests/test_data_autoaugment.py checks every op at every magnitude and sign, and whole policies, against PIL.
+Why: PIL works one 32x32 image at a time and its ImageOps build their lookup tables in Python for every image, so
+AutoAugment workers could fall behind the GPU. Here each op runs once per group of images that share it (same op,
+magnitude and sign) as array arithmetic that reproduces PIL's: the geometric ops are nearest-neighbour maps made by
+PIL itself (_geometric_map), the enhance ops PIL's float32 blend (_blend), the rest lookup tables in ImageOps'
+integer arithmetic. tests/test_data_autoaugment_cpu.py checks every op at every magnitude and sign against PIL.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checkpoint import NpzReader, atomic_write_bytes
+from .._core.files import atomic_write_bytes
+from ..formats.checkpoint import NpzReader
 from . import tar_stream
 from .image_decode import IMAGE_SHAPE, DecodeQueue, image_extensions
 

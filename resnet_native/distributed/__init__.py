@@ -1,17 +1,12 @@
 """Data-parallel training over NCCL: one process per GPU.
 
-- world.py     the process's place in the job (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; mpirun, Slurm)
-- store.py     rendezvous over TCP (rank 0 hosts a small key-value store), barriers, the NCCL unique id exchange
-- sharding.py  each rank's disjoint, equal-sized share of an epoch's shuffled images
-- buckets.py   which gradients are all-reduced together, and where each lies in its bucket's flat buffer
-- launch.py    `python -m resnet_native.train --nproc N`: N local processes, one failure stops them all
-- rank.py      one rank's start: its GPU (LOCAL_RANK), NCCL's settings, the rendezvous
-
-- allreduce.py  the gradient all-reduce TrainStep calls (GradientAllReduce): StoreAllReduce (NumPy, through the
-               Store; CPU tests), NcclAllReduce (cupy.cuda.nccl over the buckets, captured in the step's graph)
-
-training.loop.Trainer(world=..., store=...) trains data-parallel (shards, per-rank batch, the step with the
-all-reduce, eager or captured, rank 0 writes); the command line (training/cli.py) runs it for any World a launcher sets.
+world (the process's place in the job from the launcher's variables: torchrun-style, mpirun, Slurm), store (TCP
+rendezvous, barriers, the NCCL id exchange), sharding (each rank's disjoint, equal share of an epoch), buckets
+(which gradients are all-reduced together), launch (`python -m resnet_native.train --nproc N`: local processes,
+one failure stops them all), rank (one rank's start), allreduce (the GradientAllReduce TrainStep calls: Store on
+the host for CPU tests, NCCL on the GPU, capturable in the step's graph) and overlap (its overlap with backward).
+training.loop.Trainer(world=..., store=...) trains data-parallel; training/cli.py runs it for any World a
+launcher sets.
 """
 
 from .buckets import bucket_offsets, plan_buckets

@@ -18,8 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..names import bounded_int
+from .._core.names import bounded_int
+from ..ops import kernels
 from .buckets import bucket_offsets, plan_buckets
+from .overlap import DeferredOverlap, StreamOverlap
 from .store import Store, checked_timeout, exchange_nccl_id
 from .world import World
 
@@ -46,8 +48,6 @@ class GradientAllReduce:
     def overlapping(self, grads: Sequence):
         """An overlap session for one step's backward (overlap.py): ready(indices) says which of grads are final,
         finish() completes the average. This default runs average(grads) in finish(): nothing overlaps."""
-        from .overlap import DeferredOverlap
-
         return DeferredOverlap(self, grads)
 
     def close(self) -> None:
@@ -231,8 +231,6 @@ class NcclAllReduce(GradientAllReduce):
     def overlapping(self, grads):
         """Buckets reduced on a communication stream while backward goes on (overlap.py's StreamOverlap): each as
         soon as its gradients are final, ordered after them by an event; finish() makes the step's stream wait."""
-        from .overlap import StreamOverlap
-
         return StreamOverlap(self, grads)
 
     def _overlap_resources(self):
@@ -316,8 +314,6 @@ def _pack(src, dst, bf16: bool) -> None:
     if src.size == 0:  # an empty gradient has nothing to send (and the cast kernel refuses empty arrays)
         return
     if bf16:
-        from .. import kernels
-
         kernels.cast(src, dst)
     else:
         dst[...] = src

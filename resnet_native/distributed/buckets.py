@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..names import bounded_int
+from .._core.names import bounded_int
 
 ALIGN = 256
 MAX_BYTES = 2**62

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ..names import bounded_int
+from .._core.names import bounded_int
 from .world import DEFAULT_ADDR
 
 POLL_S = 0.05  # how often the launcher looks at its children

@@ -6,16 +6,8 @@
 
 Gradients become final in reverse order (the classifier's first, the stem's last), so a session plans its buckets
 over the reversed list: the first bucket fills first and its all-reduce starts while backward still runs on the
-stages below. A bucket is launched once every gradient in it is final.
-
-- DeferredOverlap  the default of every GradientAllReduce: nothing overlaps, finish() runs average(grads). The
-                   Store all-reduce (CPU, host code) uses it: the same results, the same calls.
-- StreamOverlap    NcclAllReduce's: each ready bucket is reduced on a communication stream of its own, ordered
-                   after the gradients' writes by an event recorded on the step's stream; finish() makes the
-                   step's stream wait for the communication stream. Inside a CUDA-graph capture the events fork
-                   and join the captured graph, so the replay overlaps the same way. The events and the stream are
-                   made once per plan (before capture: the first, eager step), the buckets' buffers by
-                   NcclAllReduce's plan.
+stages below. DeferredOverlap (every GradientAllReduce's default, the Store's) overlaps nothing; StreamOverlap
+(NcclAllReduce's) reduces each ready bucket on a communication stream, also inside a captured step.
 """
 
 from __future__ import annotations
@@ -24,7 +16,8 @@ from collections.abc import Sequence
 
 
 class DeferredOverlap:
-    """No overlap: ready() only checks its indices, finish() averages everything at once."""
+    """No overlap: ready() only checks its indices, finish() averages everything at once (average(grads): the
+    same results and calls as without a session)."""
 
     def __init__(self, allreduce, grads: Sequence):
         self.allreduce, self.grads = allreduce, list(grads)
@@ -46,7 +39,12 @@ class DeferredOverlap:
 
 
 class StreamOverlap(DeferredOverlap):
-    """NcclAllReduce's buckets on a communication stream as soon as their gradients are final."""
+    """NcclAllReduce's buckets on a communication stream as soon as their gradients are final.
+
+    Each bucket is ordered after the gradients' writes by an event recorded on the step's stream; finish() makes
+    the step's stream wait for the communication stream. Inside a CUDA-graph capture the events fork and join the
+    captured graph, so the replay overlaps the same way. The events and the stream are made once per plan, before
+    capture (the first, eager step); the buckets' buffers by NcclAllReduce's plan."""
 
     def __init__(self, allreduce, grads: Sequence):
         import cupy

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.augment import epoch_rng
-from ..names import bounded_int
+from .._core.names import bounded_int
+from .._core.rng import epoch_rng
 from .world import World
 
 # The generator stream of the sharding permutation: data/augment.py's streams are 1..4.

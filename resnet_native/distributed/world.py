@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..names import bounded_int
+from .._core.names import bounded_int
 
 DEFAULT_ADDR = "127.0.0.1"  # loopback: a job on one host needs no network interface
 DEFAULT_PORT = 29500  # torchrun's default

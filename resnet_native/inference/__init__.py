@@ -5,8 +5,8 @@ InferenceEngine folds every BatchNorm into its convolution, runs each convolutio
 replays the whole forward from one CUDA graph per batch size; it takes uint8 pixels or normalised batches.
 The pieces are usable on their own: fold (BN folding), plan (the step list of a ResNet, host only), buffers
 (liveness assignment), input_stage (the uint8 normalisation kernel), tuning (fused or unfused), choice_cache
-(quantize_from='auto''s choice in the algorithm cache file); the capture itself is resnet_native.cuda_graph,
-shared with the training step.
+(quantize_from='auto''s choice in the algorithm cache file); the capture itself is _core/capture.py, shared
+with the training step.
 """
 
 from .buffers import BufferAssignment, assign_buffers, live_ranges, plan_buffers

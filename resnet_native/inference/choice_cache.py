@@ -1,22 +1,13 @@
 """InferenceEngine(quantize_from='auto')'s choice, kept in the algorithm cache file beside the conv choices.
 
-Timing every candidate prefix costs a build per candidate; the result depends only on the problem, so an engine
-built with algorithm_cache=PATH stores it there and the next engine of the same problem on the same machine reuses
-it without timing anything. The problem is the key (choice_key): the network's structure (plan_fingerprint: every
-step and value shape of the calibration plan, not the weight values, which do not change the timing), the image
-size, the 8-bit dtype, the largest batch size (where the candidates are timed), cuda_graph, the ConvSpec fields
-and fusion tuning the float prefix runs with, and the candidate set. The machine is the file's header: the GPU
-model and cuDNN version, checked as for the conv entries (a choice timed elsewhere is not used).
-
-The choices live in the file only, in its "engine_choices" section ({key: {"quantize_from", "times_ms"}}), not in
-an in-process registry: the engine reads the section when it starts building and adds its choice to the file after
-(read, merge, atomic write), and conv.save_algorithm_cache carries every section it does not own over from a file
-of the same machine. So no save, this engine's or a conv-only one elsewhere, drops a choice it did not make, and
-there is no second copy in memory to keep in step with the file. There is no lock: two processes storing at the
-same instant may lose one's choice, which then costs one timing on its next build. Files without the section
-(older ones) load as before; older versions read past the section (and their saves drop it). Nothing in the file
-is executed; a malformed section is a ValueError naming the file and what was expected, raised before anything
-from the file is used.
+Timing every candidate prefix costs a build per candidate, and the result depends only on the problem, so an
+engine built with algorithm_cache=PATH stores it there and the next engine of the same problem on the same machine
+reuses it without timing. The key is the problem (choice_key); the machine is the file's header (GPU model, cuDNN
+version), checked as for the conv entries. The choices live in the file's "engine_choices" section only, not in an
+in-process registry, so there is no second copy to keep in step: the engine reads the section before building and
+merges its choice in after (store_choice), and ops.conv.save_algorithm_cache carries over sections it does not own.
+There is no lock: two processes storing at once may lose one choice, which costs one timing later. Nothing in the
+file is executed; a malformed section is a ValueError, raised before anything from the file is used.
 """
 
 from __future__ import annotations
@@ -25,10 +16,8 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 
-from .. import conv
-from ..checkpoint import atomic_write_text
+from ..ops import algo_cache
 from ..quantization.prefix import QUANTIZE_FROM
 
 SECTION = "engine_choices"
@@ -48,7 +37,9 @@ def plan_fingerprint(plan) -> str:
 def choice_key(plan, *, dtype: str, batch: int, cuda_graph: bool, candidates, conv_engine: str,
                deterministic: bool, tune_fusion: bool) -> str:
     """The readable key of a quantize_from='auto' problem: `plan` the calibration (fp32) plan, `batch` the largest
-    batch size."""
+    batch size (where the candidates are timed), `dtype` the 8-bit type. The plan enters as its structure
+    (plan_fingerprint: every step and value shape, not the weights, which do not change the timing), with the
+    ConvSpec fields and fusion tuning the float prefix runs with and the candidate set."""
     _, height, width = plan.values[plan.input].shape
     fields = {"plan": plan_fingerprint(plan), "stem": plan.stem, "image": f"{height}x{width}",
               "classes": plan.num_classes, "convs": len(plan.conv_steps()), "dtype": dtype, "batch": int(batch),
@@ -97,12 +88,8 @@ def load_choices(path) -> dict:
     """The choices stored in the cache file at `path` (check_choices' dict): none when it is missing, has no
     section, or was written on another GPU model or cuDNN version (conv.load_algorithm_cache warns about that).
     ValueError for a file that is no algorithm cache or a malformed section."""
-    if not os.path.exists(path):
-        return {}
-    payload = conv._read_cache_file(path)
-    if not conv._written_here(payload):
-        return {}
-    return check_choices(payload.get(SECTION, {}), path)
+    sections = algo_cache.read_sections(path)
+    return {} if sections is None else check_choices(sections.get(SECTION, {}), path)
 
 
 def store_choice(path, key: str, quantize_from: str, times_ms: dict) -> bool:
@@ -111,14 +98,10 @@ def store_choice(path, key: str, quantize_from: str, times_ms: dict) -> bool:
     machine's (replaced since this process saved it)."""
     record = {"quantize_from": quantize_from, "times_ms": {name: float(ms) for name, ms in times_ms.items()}}
     check_choices({key: record}, path)  # what is written is what a load accepts
-    if not os.path.exists(path):
+    sections = algo_cache.read_sections(path)
+    if sections is None:
         return False
-    payload = conv._read_cache_file(path)
-    if not conv._written_here(payload):
-        return False
-    payload[SECTION] = {**check_choices(payload.get(SECTION, {}), path), key: record}
-    atomic_write_text(path, json.dumps(payload, indent=1))
-    return True
+    return algo_cache.store_section(path, SECTION, {**check_choices(sections.get(SECTION, {}), path), key: record})
 
 
 __all__ = ["SECTION", "check_choices", "choice_key", "load_choices", "plan_fingerprint", "store_choice"]

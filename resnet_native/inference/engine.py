@@ -1,31 +1,15 @@
 """InferenceEngine: a trained ResNet served from one CUDA graph per batch size.
 
-    engine = InferenceEngine(model, batch_sizes=(1, 8, 32, 256, 1024), dtype="fp16", layout="NHWC")
+    engine = InferenceEngine(model, batch_sizes=(1, 8, 32, 256, 1024), precision="fp16", layout="NHWC")
     logits = engine(images)        # uint8 (N, 32, 32, 3) pixels, or a normalised batch -> (N, classes) float32
 
-What building an engine does, once:
-  - every BatchNorm is folded into its convolution (fold.py, float64 on the host, rounded once to the storage
-    dtype on the device), so each convolution is one conv + bias (+ residual) (+ ReLU) call (plan.py);
-  - activations get buffers shared by liveness (buffers.py), allocated for the largest batch size from the
-    engine's own cupy memory pool; smaller batch sizes use their leading bytes;
-  - per batch size, the forward runs eagerly: algorithm search on cache misses, and per convolution fused and
-    unfused are timed once and the faster kept in the algorithm cache (tuning.py); then the workspace pool is
-    reserved for the largest need and each forward is captured in a CUDA graph (resnet_native/cuda_graph.py) on a
-    fresh stream, allocating from the engine's pool.
-With algorithm_cache=path the cache file is loaded first (when it exists) and saved after building, so a restart
-on the same GPU and cuDNN neither searches nor times again; quantize_from='auto''s choice is kept in the same file
-(choice_cache.py), so the next engine of the same network structure, dtype, largest batch size and cuda_graph
-setting there reuses it without timing the candidates.
-
-What a call does: check the batch (input_stage.py), copy / cast / normalise it into the static input buffer,
-replay the graph of the smallest captured batch size that holds it (larger batches are split into chunks of the
-largest size when split=True), and copy the logits out: a handful of launches, no allocation inside the graph, no
-host synchronisation. Work is queued on cupy's current stream; a call on another stream than the previous call's
-first waits for that call, since both use the same buffers. An engine is not thread-safe.
-
-While an engine lives, do not drop the cached cuDNN plans (resnet_native.release_handles, _drop_cached_descriptors):
-its graphs launch kernels those plans own (the plan cache's own evictions skip plans run during a capture: they are
-pinned). close() (or dropping the engine) releases everything it holds.
+Building does the slow work once: BatchNorm folded into each convolution (fold.py, plan.py), activation buffers
+shared by liveness (buffers.py) in the engine's own cupy pool, per batch size an eager forward (algorithm searches,
+fused-or-unfused timing: tuning.py), then a capture (_core/capture.py). A call is then a handful of launches with
+no allocation and no host synchronisation: the input stage (input_stage.py), the replay of the smallest captured
+batch size that holds the batch, the copy of the logits. precision='int8' / 'fp8' adds quantized.py's steps.
+algorithm_cache=PATH keeps the searches, the timings and quantize_from='auto''s choice (choice_cache.py) for the
+next engine on the same GPU and cuDNN. An engine is not thread-safe.
 """
 
 from __future__ import annotations
@@ -37,10 +21,8 @@ import warnings
 
 import numpy as np
 
-from .. import conv, kernels
-from .._runtime import require_gpu
-from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
-from ..names import (
+from .._core.capture import WorkspaceHold, capture_graph, launch_ordered
+from .._core.names import (
     ARRAY_DTYPES,
     DTYPE_ALIASES,
     ENGINES,
@@ -50,10 +32,14 @@ from ..names import (
     VALUE_DTYPES,
     choice,
     flag,
+    precision_argument,
     whole_numbers,
 )
+from .._core.runtime import require_gpu
+from ..data.augment import normalization_lut
+from ..ops import conv, kernels
+from ..ops.workspace import reserve_workspace
 from ..quantization.prefix import AUTO, QUANTIZE_FROM, quantize_from_choices
-from ..quantization.simulate import quantized_steps
 from . import choice_cache
 from .buffers import plan_buffers
 from .fold import conv_step_params
@@ -68,6 +54,7 @@ from .quantized import (
     residual_scratch_elements,
 )
 from .runner import bind_forward
+from .simulate import quantized_steps
 from .source import model_source, release_calibration
 from .timing import forward_ms
 from .tuning import decide_fusion
@@ -98,12 +85,19 @@ def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
 
 
 class InferenceEngine(contextlib.AbstractContextManager):
-    def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, dtype="fp16", layout="NHWC", *,
+    """A model or release built into captured forwards; see the module docstring for its use.
+
+    While an engine lives, do not drop the cached cuDNN plans (resnet_native.release_handles,
+    _drop_cached_descriptors): its graphs launch kernels those plans own (the plan cache's own evictions skip
+    plans run during a capture: they are pinned). close(), or dropping the engine, releases everything it holds.
+    """
+
+    def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, precision="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
                  tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None,
-                 quantize_from="stem"):
+                 quantize_from="stem", dtype=None):
         """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
-        models_dir like CIFAR10Classifier). dtype: the precision the engine computes in ('fp16', 'bf16', 'fp32'
+        models_dir like CIFAR10Classifier). precision: what the engine computes in ('fp16', 'bf16', 'fp32'
         strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
         activation. image_size: (H, W) of the inputs (an int: square). split: a batch over the largest captured
         size runs in chunks (False: ValueError). cuda_graph=False runs the same steps eagerly (debugging).
@@ -112,7 +106,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         choice). algorithm_cache: a cache file path (conv.save_algorithm_cache's), for the conv algorithm choices
         and 'auto''s choice.
 
-        dtype='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
+        precision='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
         for a release, its calibration_<dtype>.json when None); NHWC. quantize_from: where the 8-bit part begins
         (quantization/prefix.py): 'stem' (everything but the classifier quantised; the 'cifar' stem, uint8 image
         inputs only), 'layer1' ... 'layer4' (the stem and the earlier stages in fp16 as the fp16 engine runs
@@ -121,15 +115,16 @@ class InferenceEngine(contextlib.AbstractContextManager):
         cuda_graph=False; the input stage is not timed, and the chosen candidate's is the engine's, so 'auto'
         takes float batches unless 'stem' wins). engine.quantize_from is the choice, engine.quantize_from_times
         {candidate: ms} what 'auto' measured (empty otherwise). With algorithm_cache, 'auto' first looks its
-        problem up in the file (choice_cache.choice_key: the plan's structure, dtype, largest batch size, image
+        problem up in the file (choice_cache.choice_key: the plan's structure, 8-bit type, largest batch size, image
         size, cuda_graph, conv_engine, deterministic, tune_fusion, the candidates; the file's GPU model and cuDNN
         version) and times only on a miss, storing the choice there after building. engine.quantize_from_source
         says which: 'timed', 'cache' (quantize_from_times then holds the stored times), or None without 'auto'.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
-        timing."""
+        timing. dtype: the deprecated name of precision."""
         self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
-        self.precision = choice("dtype", dtype, PRECISIONS + QUANT_PRECISIONS)
+        precision = precision_argument("InferenceEngine", precision, dtype, default="fp16")
+        self.precision = choice("precision", precision, PRECISIONS + QUANT_PRECISIONS)
         self.quantized = self.precision in QUANT_PRECISIONS
         float_precision = QUANTIZED_FLOAT_PRECISION if self.quantized else self.precision
         self.dtype = DTYPE_ALIASES[float_precision]  # the dtype of the float values
@@ -163,9 +158,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
             for candidate in self._candidates:
                 quantized_plan(self._calibration_plan, self.precision, candidate)
         elif calibration is not None:
-            raise ValueError(f"calibration: only int8 / fp8 engines take one (dtype={self.precision!r})")
+            raise ValueError(f"calibration: only int8 / fp8 engines take one (precision={self.precision!r})")
         elif self.quantize_from != "stem":
-            raise ValueError(f"quantize_from: only int8 / fp8 engines have an 8-bit part (dtype={self.precision!r})")
+            raise ValueError(f"quantize_from: only int8 / fp8 engines have an 8-bit part "
+                             f"(precision={self.precision!r})")
         self.num_classes = self.plan.num_classes
         self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
         self.capture_error = None  # why capture was abandoned, if it was
@@ -177,7 +173,9 @@ class InferenceEngine(contextlib.AbstractContextManager):
     def __call__(self, x, *, out=None):
         """Logits (N, num_classes) float32 of a batch: uint8 (N, H, W, 3) images, or a float32 / float16 / bf16
         (uint16 bits) batch in the engine's layout. out: a C-contiguous float32 (N, num_classes) cupy array to
-        write into (no allocation); else a new array."""
+        write into (no allocation); else a new array. Larger batches than the largest captured size run in chunks
+        of that size (split=True). Work is queued on cupy's current stream; a call on another stream than the
+        previous call's first waits for that call, since both use the same buffers."""
         import cupy
 
         if self._closed:
@@ -252,7 +250,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
             times = ", ".join(f"{q}: {ms:.3f} ms" for q, ms in self.quantize_from_times.items())
             auto = f" (auto, {self.quantize_from_source}: {times})" if self.quantize_from_source else ""
             quantized = f", quantize_from={self.quantize_from!r}{auto}"
-        return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, dtype={self.precision!r}"
+        return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, precision={self.precision!r}"
                 f"{quantized}, layout={self.layout!r}, graphs={self.num_graphs})")
 
     # -- calls -----------------------------------------------------------------------------------------------
@@ -271,6 +269,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
 
     # -- building --------------------------------------------------------------------------------------------
     def _build(self, state: dict) -> None:
+        # Activations get buffers for the largest batch size from the engine's own pool (smaller batch sizes use
+        # their leading bytes); BN is folded in float64 on the host and rounded once to the storage dtype.
         import cupy
 
         self._device = cupy.cuda.runtime.getDevice()
@@ -290,7 +290,6 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 # The choices first: a malformed section raises before the conv entries are added.
                 stored = choice_cache.load_choices(self.algorithm_cache)
                 conv.load_algorithm_cache(self.algorithm_cache)
-            from .. import reserve_workspace  # here: the package imports this module while it initialises
 
             if key is not None:
                 self._choose_quantize_from(state, stored.get(key))
@@ -314,7 +313,6 @@ class InferenceEngine(contextlib.AbstractContextManager):
         timed, the fastest kept."""
         import cupy
 
-        from .. import reserve_workspace
 
         if stored is not None:
             self.quantize_from, self.quantize_from_times = stored["quantize_from"], dict(stored["times_ms"])
@@ -336,7 +334,6 @@ class InferenceEngine(contextlib.AbstractContextManager):
         per batch size of `batch_sizes`, its input filled with a warm-up stand-in."""
         import cupy
 
-        from ..data.augment import normalization_lut
 
         largest = self.batch_sizes[-1]
         base = self._calibration_plan

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..names import LAYOUTS, choice
+from .._core.names import LAYOUTS, choice
 
-# The eps of every BatchNorm2d in the models (layers/batchnorm2d.py's default, as torchvision's).
+# The eps of every BatchNorm2d in the models (nn/layers/batchnorm2d.py's default, as torchvision's).
 BN_EPS = 1e-5
 
 BN_FIELDS = ("weight", "bias", "running_mean", "running_var")

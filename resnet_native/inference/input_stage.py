@@ -1,26 +1,20 @@
-"""The engine's input stage: a caller's batch -> the static input buffer a captured forward reads.
+"""The engine's input stage: a caller's batch -> the static input buffer a captured forward reads, in one kernel.
 
-Three kinds of input, each one kernel into the buffer:
-  'copy'       an array already in the engine's storage dtype and layout;
-  'cast'       float32 / float16 / bf16 (uint16 bit patterns, as everywhere in this package) in the engine's layout
-               but another dtype: kernels.cast (round to nearest even);
-  'normalize'  uint8 (N, H, W, 3) images, raw pixels in HWC order whatever the engine's layout: normalize_u8, a
-               gather through resnet_native.data.augment.normalization_lut, so the network sees exactly the inputs
-               the training pipeline (and the released models' evaluation) produced, bit for bit.
-
-Why not fold the normalisation into the first convolution instead (w' = w / std, b' = -sum(w * mean / std))? The
-folded convolution would read raw pixels, so its zero padding would stand for a black pixel, where the network was
-trained on zero-padded normalised inputs (a padded zero is a pixel at the mean): exact only where no padding is
-read. The CIFAR stem (3x3, pad 1) and the ImageNet stem (7x7, pad 3) both read padding, so the normalisation stays
-a separate, bit-exact table lookup fused into the input copy.
+'copy' takes an array already in the engine's storage dtype and layout; 'cast' a float32 / float16 / bf16 batch
+in the engine's layout (kernels.cast, round to nearest even); 'normalize' uint8 (N, H, W, 3) pixels whatever the
+engine's layout, through data.augment.normalization_lut, so the network sees the inputs the training pipeline
+produced, bit for bit. The normalisation is not folded into the first convolution (w' = w / std, ...): the folded
+convolution's zero padding would stand for a black pixel where the network was trained with padding at the mean,
+and both stems read padding, so it stays a separate, exact table lookup fused into the input copy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._loader import _C
-from .._runtime import op_stream
+from ..ops.images import normalize_u8, normalize_u8_padded  # noqa: F401  (normalize_u8: re-exported)
+from ..ops.kernels import cast
+from ..quantization.fp8 import encode_e4m3
 
 # kinds of input (see the module docstring)
 COPY, CAST, NORMALIZE = "copy", "cast", "normalize"
@@ -54,17 +48,6 @@ def as_device_array(x, name: str = "x"):
                             "patterns") from e
     raise TypeError(f"{name}: expected a cupy array, any __cuda_array_interface__ or DLPack CUDA array, or a NumPy "
                     f"array, got {type(x).__module__}.{type(x).__qualname__}")
-
-
-def normalize_u8(images, lut, out, *, layout: str, dtype: str):
-    """out = lut[c][images[n, h, w, c]] in `layout`, on cupy's current stream (no allocation when out is given, no
-    sync); returns out.
-
-    images: a C-contiguous uint8 (N, H, W, 3) device array (cupy, __cuda_array_interface__ or DLPack); lut: (3, 256)
-    in the storage dtype `dtype` (data.augment.normalization_lut(dtype) on the device); out: (N, H, W, 3) for NHWC
-    or (N, 3, H, W) for NCHW in that dtype.
-    """
-    return _C.normalize_u8(images, lut, out, layout, dtype, op_stream())
 
 
 def check_images(x, name: str, height: int, width: int) -> str:
@@ -107,8 +90,6 @@ class InputStage:
         if kind == COPY:
             cupy.copyto(out, x)
         elif kind == CAST:
-            from ..kernels import cast
-
             cast(cupy.ascontiguousarray(x), out)
         else:
             normalize_u8(cupy.ascontiguousarray(x), self.lut, out, layout=self.layout, dtype=self.dtype)
@@ -133,13 +114,10 @@ class QuantizedInputStage:
     def write(self, x, kind: str, out) -> None:
         import cupy
 
-        _C.normalize_u8_padded(cupy.ascontiguousarray(x), self.table, out, self.dtype == "fp8", int(out.shape[3]),
-                               op_stream())
+        normalize_u8_padded(cupy.ascontiguousarray(x), self.table, out, fp8=self.dtype == "fp8")
 
     def codes_of(self, values: np.ndarray) -> np.ndarray:
         """Host float values (about unit scale) as codes of the engine's dtype: the warm-up's stand-in input."""
-        from ..quantization.fp8 import encode_e4m3
-
         if self.dtype == "int8":
             return np.clip(np.rint(values * 32), -127, 127).astype(np.int8)
         return encode_e4m3(values)

@@ -1,32 +1,26 @@
 """The inference plan of a ResNet: its forward pass as a flat list of steps over numbered values, built on the host
-from the state_dict alone (torchvision names and shapes) plus the stem, so no layer object is consulted.
+from the state_dict alone (torchvision names and shapes) plus the stem, so no layer object is consulted and the
+engine, the simulation and the ONNX export walk the same list.
 
-Every convolution of the network becomes one ConvStep that carries its BatchNorm folded in (fold.py) and names the
-epilogue it fuses: 'bias+relu' for conv-BN-ReLU, 'bias' for a downsample conv-BN, 'bias+residual+relu' for the
-block's last conv, whose residual input z is the shortcut (block input, or the downsample's output), and 'bias' for
-the classifier, which runs as a 1x1 convolution in fp32 (as layers/linear.py computes it) on the pooled features.
-
-Architecture (torchvision's ResNet v1.5, as resnet_native.models builds it): stage i (1-based) block 0 has stride
-2 for i > 1; the stride sits on conv1 of a BasicBlock and on conv2 of a Bottleneck; a block has a downsample
-(1x1 conv with the block's stride, then BN) exactly when the state_dict has one. Stems: 'cifar' is a 3x3/1 pad-1
-conv, 'imagenet' a 7x7/2 pad-3 conv followed by a 3x3/2 pad-1 max pool.
-
-Values are per-sample shapes (C, H, W) in a dtype; value 0 is the model input and the last value the logits
-(num_classes, 1, 1) in fp32. Activation values are in the engine's storage dtype.
+Every convolution becomes one ConvStep carrying its BatchNorm folded in (fold.py) and naming the epilogue it fuses:
+'bias+relu' (conv-BN-ReLU), 'bias' (a downsample, and the classifier, a 1x1 convolution in fp32 as nn/layers/linear.py
+computes it), 'bias+residual+relu' (a block's last conv; z is the shortcut). The architecture is torchvision's
+ResNet v1.5 as nn.models builds it (_Builder). Values are per-sample shapes (C, H, W); value 0 is the input and the
+last value the fp32 logits (num_classes, 1, 1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISIONS, VALUE_DTYPES, choice, whole_numbers
+from .._core.names import DTYPE_ALIASES, EPILOGUE_PARTS, PRECISIONS, VALUE_DTYPES, choice, whole_numbers
 from .fold import BN_FIELDS
 
 STEMS = ("cifar", "imagenet")
 # Stem conv (kernel, stride, padding) and, for 'imagenet', the max pool (kernel, stride, padding).
 STEM_CONV = {"cifar": (3, 1, 1), "imagenet": (7, 2, 3)}
 STEM_POOL = {"imagenet": (3, 2, 1)}
-# The classifier's precision whatever the network's: layers/linear.py computes the logits in strict fp32.
+# The classifier's precision whatever the network's: nn/layers/linear.py computes the logits in strict fp32.
 CLASSIFIER_PRECISION = "fp32"
 
 
@@ -67,7 +61,7 @@ class ConvStep:
 
     @property
     def fused(self) -> str:
-        """The epilogue the convolution fuses, as resnet_native.conv names it ('bias+residual+relu', ...)."""
+        """The epilogue the convolution fuses, as resnet_native.ops.conv names it ('bias+residual+relu', ...)."""
         on = {"bias": True, "residual": self.z is not None, "relu": self.relu}
         return "+".join(p for p in EPILOGUE_PARTS if on[p])
 
@@ -148,6 +142,11 @@ class Plan:
 
 
 class _Builder:
+    """Builds a Plan. The architecture is torchvision's ResNet v1.5: stage i (1-based) block 0 has stride 2 for
+    i > 1, on conv1 of a BasicBlock and on conv2 of a Bottleneck; a block has a downsample (1x1 conv with the
+    block's stride, then BN) exactly when the state_dict has one. Stems: 'cifar' a 3x3/1 pad-1 conv, 'imagenet' a
+    7x7/2 pad-3 conv then a 3x3/2 pad-1 max pool."""
+
     def __init__(self, state: dict, precision: str):
         self.state = state
         self.precision = precision

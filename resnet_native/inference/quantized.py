@@ -1,27 +1,12 @@
-"""What the int8 / FP8 engine adds to a plan: 8-bit values, quantised folded weights, the requantising epilogues,
-and the input table, all from a Calibration (resnet_native.quantization).
+"""What the int8 / FP8 engine adds to a plan: 8-bit values, quantised folded weights, the requantising epilogues and
+the input table, all from a Calibration (resnet_native.quantization).
 
-The arithmetic is the host simulation's (quantization/simulate.py), so the engine and the simulation agree up to
-fp32 rounding in the epilogue:
-  - the values the quantised convolutions read (the input and every block's input and shortcut) are stored in the
-    8-bit type at their calibrated scale; the last block's output, the pooled features and the logits stay float
-    (fp32, as in the calibration's plan, whose value names the scales are keyed by);
-  - each quantised convolution reads its folded weight quantised per output channel and runs
-    y = [relu](alpha[k] * conv(x, w) + beta[k]) with alpha = s_x * s_w[k] / s_y, beta = b[k] / s_y
-    (quantization.int8.requant_params; s_y = 1 for a float output), in one cuDNN call (quantized_conv.conv2d);
-  - a block's last convolution has a residual, which cuDNN's 8-bit convolutions cannot add (no engine on sm_90
-    fuses a second tensor: tools/probe_quantized.py): it writes v = s_x * s_w[k] * acc + b[k] in fp16 to a scratch
-    buffer, and quantized_conv.residual_requantize adds s_z * z, applies the ReLU and requantises at s_y (one pass);
-  - the input is quantised by the uint8 input stage's lookup table: table[c][v] = quantise(normalise(v)), the
-    simulation's input bit for bit, with the stem's 3 channels zero-padded to INPUT_CHANNELS (8-bit convolutions
-    need a channel multiple; zero channels with zero weights change nothing).
-
-With a float prefix (quantize_from 'layer1' ... 'layer4', quantization/prefix.py) the stem and the stages before
-the boundary run as the fp16 engine runs them (fp16 values and weights, fused epilogues, the fp16 input stage);
-one QuantizeStep then writes the boundary value's 8-bit copy at its calibrated scale, which the suffix reads. That
-step reuses residual_requantize with s_z = 0 over a buffer of 8-bit zeros (out = encode(v * inv_s)): the op exists
-and is exact for it, where a z-less kernel would need a rebuild of the extension; the zeros cost one byte per
-boundary element (read once per forward, held once for the largest batch).
+The arithmetic is the host simulation's (inference/simulate.py), so engine and simulation agree up to fp32
+rounding in the epilogue. Each quantised convolution is one cuDNN call (ops.quantized_conv.conv2d) computing
+y = [relu](alpha[k] * conv(x, w) + beta[k]) with quantization.int8.requant_params; a block's last convolution,
+whose residual cuDNN's 8-bit convolutions cannot add, writes fp16 scratch that residual_requantize finishes
+(Residual). With a float prefix (quantize_from 'layer1' ... 'layer4', quantization/prefix.py) the earlier stages
+run as the fp16 engine runs them and one QuantizeStep (BoundaryQuantize) writes the boundary value's 8-bit copy.
 """
 
 from __future__ import annotations
@@ -30,14 +15,14 @@ import dataclasses
 
 import numpy as np
 
-from ..names import DTYPE_ALIASES, QUANT_ARRAY_DTYPES
+from .._core.names import DTYPE_ALIASES, QUANT_ARRAY_DTYPES
 from ..quantization.calibration_file import Calibration
 from ..quantization.fp8 import quantize_fp8
 from ..quantization.int8 import quantize_int8, requant_params
 from ..quantization.prefix import boundary_value, first_quantized_step
-from ..quantization.simulate import INPUT_NAME, activation_scales, quantized_steps, quantized_values, step_weight_scales
 from .fold import conv_step_params
 from .plan import QuantizeStep
+from .simulate import INPUT_NAME, activation_scales, quantized_steps, quantized_values, step_weight_scales
 
 INPUT_CHANNELS = 16  # the stem's input channels once padded: a multiple the 8-bit tensor-core kernels take
 PREFIX_PRECISION = "fp16"  # the float prefix's: the fp16 engine's speed (the tail after the suffix stays fp32)
@@ -45,7 +30,11 @@ PREFIX_PRECISION = "fp16"  # the float prefix's: the fp16 engine's speed (the ta
 
 @dataclasses.dataclass(frozen=True)
 class Residual:
-    """The residual add after a convolution that wrote dequantised fp16: out = encode(relu(v + s_z * z) / s_y)."""
+    """The residual add after a convolution that wrote dequantised fp16: out = encode(relu(v + s_z * z) / s_y).
+
+    No cuDNN engine on sm_90 fuses a second tensor into an 8-bit convolution (tools/probe_quantized.py), so the
+    convolution writes v = s_x * s_w[k] * acc + b[k] in fp16 and ops.quantized_conv.residual_requantize adds the
+    shortcut, applies the ReLU and requantises in one pass."""
 
     s_z: float
     inv_s_y: float  # 1 for a float output
@@ -67,7 +56,10 @@ class QuantizedConv:
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryQuantize:
-    """The QuantizeStep's operands: out = encode(x * inv_scale), run as residual_requantize(x, zeros, s_z=0)."""
+    """The QuantizeStep's operands: out = encode(x * inv_scale), run as residual_requantize(x, zeros, s_z=0).
+
+    That op exists and is exact for it, where a z-less kernel would need a rebuild of the extension; the zeros cost
+    one byte per boundary element, held once for the largest batch."""
 
     inv_scale: float
     zeros: object  # flat 8-bit zeros (int8, or FP8 code 0 = +0.0), at least the boundary's elements for a batch
@@ -166,7 +158,9 @@ def boundary_quantize(plan, calibration: Calibration, dtype: str, quantize_from:
 
 
 def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.ndarray:
-    """(3, 256) codes: the normalisation table `lut` (float) quantised at the input's scale."""
+    """(3, 256) codes: the normalisation table `lut` (float) quantised at the input's scale: table[c][v] =
+    quantise(normalise(v)), the simulation's input bit for bit. The stem's 3 channels are zero-padded to
+    INPUT_CHANNELS (8-bit convolutions need a channel multiple; zero channels meet zero weights)."""
     scale = float(calibration.activation_scales[INPUT_NAME])
     table = _quantize(np.asarray(lut, np.float64), np.full(3, scale), dtype)
     return table.astype(QUANT_ARRAY_DTYPES[dtype])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .. import conv, kernels, pool, quantized_conv
+from ..ops import conv, kernels, pool, quantized_conv
 
 
 @dataclasses.dataclass

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.release_folder import calibration_file, load_release_config, load_weights, resolve_version_dir
+from ..nn.models import ResNet
+from ..quantization import load_calibration
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -25,15 +29,11 @@ class ModelSource:
 
 def model_source(model_or_release, models_dir=None) -> ModelSource:
     """A ModelSource from a resnet_native ResNet, a release folder, or a release version name ('A', ...)."""
-    from ..models import ResNet
-
     if isinstance(model_or_release, ResNet):
         m = model_or_release
         state = {k: np.asarray(v) for k, v in m.state_dict().items()}
         return ModelSource(state, m.stem, int(m.num_classes), f"ResNet-{m.depth}", f"resnet{m.depth}")
     if isinstance(model_or_release, (str, os.PathLike)):
-        from ..classifier import load_release_config, load_weights, resolve_version_dir
-
         # version_X is a link a new release re-points: read config and weights from one release folder.
         folder = resolve_version_dir(model_or_release, models_dir).resolve()
         config = load_release_config(folder)
@@ -56,10 +56,6 @@ def release_calibration(model_or_release, models_dir, dtype: str):
     if not isinstance(model_or_release, (str, os.PathLike)):
         raise ValueError(f"calibration: a {dtype} engine of a model needs calibration= (quantization.calibrate); "
                          "a release carries its own")
-    from ..classifier import resolve_version_dir
-    from ..quantization import load_calibration
-    from ..release import calibration_file
-
     path = resolve_version_dir(model_or_release, models_dir).resolve() / calibration_file(dtype)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "

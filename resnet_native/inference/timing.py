@@ -1,16 +1,14 @@
 """The median time of one forward, as the engine serves it: used to choose where the 8-bit part of a quantised
 engine begins (InferenceEngine(quantize_from='auto')).
 
-CUDA events around each replay of the captured graph (eager runs when capture is off or fails: then the host's
-launch cost counts too, as it does when such an engine serves), after a few warm-up replays, median of the rest:
-one slow replay (a clock change, another process) does not decide the choice.
+Replays of the captured graph (eager runs when capture is off or fails), timed by ops.timing after a few warm-up
+replays: the median, so one slow replay does not decide the choice.
 """
 
 from __future__ import annotations
 
-import statistics
-
-from ..cuda_graph import WorkspaceHold, capture_graph, launch_ordered
+from .._core.capture import WorkspaceHold, capture_graph, launch_ordered
+from ..ops.timing import device_time_ms
 
 WARMUP_REPLAYS = 3
 TIMED_REPLAYS = 10
@@ -40,17 +38,7 @@ def forward_ms(forward, pool, cuda_graph: bool, *, warmup: int = WARMUP_REPLAYS,
                 forward.run()
 
     try:
-        for _ in range(warmup):
-            once()
-        times = []
-        for _ in range(replays):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            once()
-            end.record(stream)
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end))
-        return float(statistics.median(times))
+        return device_time_ms(once, stream, runs=replays, warmup=warmup)
     finally:
         stream.synchronize()
         graph = None  # the captured graph goes before the workspace hold

@@ -22,55 +22,20 @@ before the GPU reaches it and the events measure the GPU alone (a replayed graph
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
-import numpy as np
-
-from .. import conv
-from .._loader import _C
+from .._core.runtime import CudnnError
+from ..ops import algo_cache, conv
+from ..ops.timing import device_time_ms
 
 UNFUSED_FASTER = "unfused: the separate calls timed faster than the fused call"
 TIMED_SAMPLES = 5
-SPIN_NS = 1_000_000
-
-_SPIN_SOURCE = r"""
-extern "C" __global__ void spin_ns(long long duration) {
-  long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < duration);
-}
-"""
-_spin = None
-
-
-def _spin_kernel():
-    global _spin
-    if _spin is None:
-        import cupy
-
-        _spin = cupy.RawKernel(_SPIN_SOURCE, "spin_ns")
-    return _spin
-
 
 def device_ms(fn, samples: int = TIMED_SAMPLES) -> float:
     """The median device time in ms of one call of fn (work on cupy's current stream), after an untimed call.
     Synchronises: never call it during capture."""
     import cupy
 
-    fn()
-    spin = _spin_kernel()
-    events = []
-    for _ in range(samples):
-        spin((1,), (1,), (np.int64(SPIN_NS),))
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-    events[-1][1].synchronize()
-    return statistics.median(cupy.cuda.get_elapsed_time(start, end) for start, end in events)
+    return device_time_ms(fn, cupy.cuda.get_current_stream(), runs=samples, warmup=1)
 
 
 def decide_fusion(call, spec, *, tune: bool = True) -> dict:
@@ -86,9 +51,9 @@ def decide_fusion(call, spec, *, tune: bool = True) -> dict:
     legacy = dataclasses.replace(spec, engine="legacy")
     fused_ms = device_ms(lambda: call(spec))
     try:
-        with conv._fusion_disabled():
+        with conv.fusion_disabled():
             unfused_ms = device_ms(lambda: call(legacy))
-    except (_C.CudnnError, ValueError):
+    except (CudnnError, ValueError):
         return entry  # the legacy engine cannot run this problem: fused it stays
     if unfused_ms >= fused_ms:
         return entry
@@ -96,6 +61,6 @@ def decide_fusion(call, spec, *, tune: bool = True) -> dict:
     if separate is None:
         return entry
     choice = {k: separate[k] for k in ("engine", "mode", "algo", "math_type", "knobs", "workspace")}
-    _C.algo_cache_insert(entry["key"], dict(choice, fused_path=UNFUSED_FASTER, time_ms=float(unfused_ms)))
+    algo_cache.insert_choice(entry["key"], dict(choice, fused_path=UNFUSED_FASTER, time_ms=float(unfused_ms)))
     call(spec)  # leaves the output as the chosen path computes it
     return call.cached(spec)

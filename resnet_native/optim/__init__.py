@@ -1,10 +1,12 @@
-"""Optimizers (fused multi-tensor SGD and AdamW), learning-rate schedules and fp16 loss scaling."""
+"""Optimizers (fused multi-tensor SGD and AdamW), learning-rate schedules, fp16 loss scaling and the training step
+(TrainStep: forward, loss, backward and update, captured as one CUDA graph)."""
 
 from .adamw import AdamW
 from .grad_scaler import GradScaler
 from .optimizer import Optimizer
 from .schedules import CosineSchedule, OneCycleSchedule, Schedule, WarmupSchedule
 from .sgd import SGD
+from .step import TrainStep
 
 __all__ = [
     "SGD",
@@ -14,5 +16,6 @@ __all__ = [
     "OneCycleSchedule",
     "Optimizer",
     "Schedule",
+    "TrainStep",
     "WarmupSchedule",
 ]

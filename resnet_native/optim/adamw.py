@@ -10,8 +10,8 @@ device (Optimizer.prepare_step), so a one-cycle schedule can move both under a c
 
 import numpy as np
 
-from .. import multi_tensor
-from ..layers.placement import host_copy
+from .._core.placement import host_copy
+from ..ops import multi_tensor
 from .optimizer import Optimizer, _non_negative
 
 

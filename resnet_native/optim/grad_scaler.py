@@ -14,11 +14,9 @@ optimizer follows the optimizer's parameters, and one used alone goes to the GPU
 
 import numpy as np
 
-from .. import multi_tensor
-from .._loader import _C
-from .._runtime import op_stream
-from ..layers import placement as placements
-from ..names import whole_number
+from .._core import placement as placements
+from .._core.names import whole_number
+from ..ops import multi_tensor
 
 
 def update_scale(
@@ -132,7 +130,7 @@ class GradScaler:
         if self.placement.xp is np:
             np.reciprocal(dev["scale"], out=dev["inv_scale"])
         else:
-            _C.reciprocal_scale(dev["scale"], dev["inv_scale"], op_stream())
+            multi_tensor.reciprocal_scale(dev["scale"], dev["inv_scale"])
         return dev["inv_scale"]
 
     def step(self, optimizer) -> None:
@@ -161,9 +159,9 @@ class GradScaler:
         if self.placement.xp is np:
             update_scale(np, dev["scale"], dev["tracker"], dev["found_inf"], growth_factor=self.growth_factor,
                          backoff_factor=self.backoff_factor, growth_interval=self.growth_interval, scratch=dev)
-        else:  # one native kernel launch (resnet_native._C.update_loss_scale: the same rule)
-            _C.update_loss_scale(dev["scale"], dev["tracker"], dev["found_inf"], self.growth_factor,
-                                 self.backoff_factor, self.growth_interval, op_stream())
+        else:  # one native kernel launch (the same rule)
+            multi_tensor.update_loss_scale(dev["scale"], dev["tracker"], dev["found_inf"], self.growth_factor,
+                                           self.backoff_factor, self.growth_interval)
         self._unscaled = False
 
     def get_scale(self) -> float:

@@ -1,24 +1,21 @@
 """What SGD and AdamW share: the parameter list, per-parameter state, device tensor lists, state_dict.
 
-Once placed, parameters are grouped by the dtype of their low-precision copies (normally one group: the
-whole model), and each group's masters, gradients, state and copies are held in
-resnet_native.multi_tensor.TensorLists built once, so a step is one kernel launch per group, whatever the
-number of tensors. The optimizer lives where its parameters do (their Placement): on the host its lists are the
-reference's, resnet_native.reference.multi_tensor.TensorLists, which the multi_tensor functions hand to the
-reference ops.
-
-A step has a host half and a device half, so that the device half can be captured in a CUDA graph and replayed
-while a schedule keeps changing the learning rate: prepare_step() counts the step and writes the hyperparameters
-a schedule moves (lr; SGD's momentum or AdamW's beta1) into a small device array, with one tiny kernel launch;
-launch_step() runs the update kernels, which read them from there. step() is both.
+Once placed, parameters are grouped by the dtype of their low-precision copies (normally one group: the whole
+model), each group's masters, gradients, state and copies held in ops.multi_tensor.TensorLists built once, so a
+step is one kernel launch per group whatever the number of tensors. On the host the lists are
+reference.multi_tensor's, which the same functions hand to the reference ops. A step has a host half
+(prepare_step: count the step, write the hyperparameters a schedule moves into a small device array, one tiny
+launch) and a device half (launch_step: the update kernels, which read them there), so the device half can be
+captured in a CUDA graph and replayed while the schedule keeps changing them; step() is both.
 """
 
 import numpy as np
 
-from .. import multi_tensor, reference
-from ..layers.placement import host_copy, native_dtype
-from ..multi_tensor import _non_negative
-from ..params import Parameter
+from .. import reference
+from .._core.placement import host_copy, native_dtype
+from ..nn.params import Parameter
+from ..ops import multi_tensor
+from ..ops.multi_tensor import _non_negative
 
 
 class _Group:

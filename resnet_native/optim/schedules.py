@@ -10,7 +10,7 @@ function of its step count (lr_at(t)), so state_dict() is the count plus the val
 
 import math
 
-from ..names import whole_number
+from .._core.names import whole_number
 
 
 class Schedule:

@@ -7,7 +7,7 @@ For fp16/bf16 models the same launch rewrites the low-precision copies the ops r
 from the device (see Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
-from .. import multi_tensor
+from ..ops import multi_tensor
 from .optimizer import Optimizer, _non_negative
 
 

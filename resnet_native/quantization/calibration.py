@@ -4,27 +4,17 @@
     MaxAbsObserver       the largest |x| seen: nothing is clipped, so one outlier spends the whole range on itself.
     PercentileObserver   the p-th percentile of |x| (e.g. 99.99): clips the rarest values, read from a histogram.
     EntropyObserver      TensorRT's int8 entropy calibration: the threshold whose 128-level quantisation of the
-                         |x| histogram loses the least information (minimum KL divergence, below).
+                         |x| histogram loses the least information (minimum KL divergence).
 
-Memory is bounded whatever the number of batches: the histogram observers keep `bins` counts over [0, top] and
-nothing else. `top` starts at the first batch's max |x|; when a later batch exceeds it, top doubles as often as
-needed and adjacent bins are summed pairwise, so the bin edges of the old histogram remain edges of the new one
-and no count is moved into a wrong bin (the price is resolution: the data may come to fill only the lower half of
-the bins, which still gives 1024 or more bins under the max). The largest |x| is kept too: no threshold exceeds it.
-
-Entropy (Migacz, "8-bit Inference with TensorRT", GTC 2017): for every candidate i from 128 to `bins` bins, P is
-the histogram's first i bins with everything above added to bin i - 1 (what clipping at the threshold does), Q is
-those i bins merged into 128 equal groups (the int8 levels) and each group's count spread evenly over its bins
-that were non-empty in P. The threshold is (i + 0.5) bin widths for the i minimising KL(P || Q). Empty bins of Q
-where P has counts get a count of 1e-4 (relative to the candidate's total) so the divergence stays finite; the
-method models int8's uniform levels, and for FP8 the same threshold is used with qmax 448 (a heuristic there).
+Memory is bounded whatever the number of batches: the histogram observers keep `bins` counts and nothing else
+(HistogramObserver says how the range grows without moving a count into a wrong bin).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..names import bounded_int, choice
+from .._core.names import bounded_int, choice
 from .fp8 import E4M3_MAX
 from .int8 import INT8_MAX
 from .scales import scale_from_amax
@@ -75,7 +65,12 @@ class MaxAbsObserver(_Observer):
 
 
 class HistogramObserver(_Observer):
-    """Counts of |x| in `bins` equal bins over [0, top], top doubling (bins summed pairwise) to cover new data."""
+    """Counts of |x| in `bins` equal bins over [0, top], top doubling (bins summed pairwise) to cover new data.
+
+    top starts at the first batch's max |x|; when a later batch exceeds it, top doubles as often as needed and
+    adjacent bins are summed pairwise, so the old bin edges remain edges and no count lands in a wrong bin (the
+    price is resolution: the data may come to fill only the lower half of the bins). The largest |x| is kept too:
+    no threshold exceeds it."""
 
     def __init__(self, bins: int = ENTROPY_BINS):
         self.bins = bounded_int("bins", bins, 2, 1 << 20, "bins")
@@ -134,7 +129,15 @@ class PercentileObserver(HistogramObserver):
 
 
 class EntropyObserver(HistogramObserver):
-    """TensorRT's minimum-KL threshold over a 2048-bin |x| histogram (see the module docstring)."""
+    """TensorRT's minimum-KL threshold over a 2048-bin |x| histogram (Migacz, "8-bit Inference with TensorRT",
+    GTC 2017).
+
+    For every candidate i from 128 to `bins` bins, P is the histogram's first i bins with everything above added to
+    bin i - 1 (what clipping at the threshold does), Q is those i bins merged into 128 equal groups (the int8
+    levels), each group's count spread evenly over its bins that were non-empty in P. The threshold is (i + 0.5)
+    bin widths for the i minimising KL(P || Q). Empty bins of Q where P has counts get 1e-4 (relative to the
+    candidate's total) so the divergence stays finite. The method models int8's uniform levels; FP8 uses the same
+    threshold with qmax 448 (a heuristic there)."""
 
     def __init__(self, bins: int = ENTROPY_BINS, levels: int = ENTROPY_LEVELS):
         super().__init__(bins)

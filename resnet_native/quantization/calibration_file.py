@@ -18,7 +18,7 @@ import json
 import math
 import pathlib
 
-from ..checkpoint import atomic_write_text
+from .._core.files import atomic_write_text
 from .calibration import METHODS, QUANT_DTYPES
 
 FORMAT = "resnet_native.calibration"

@@ -1,28 +1,21 @@
 """Symmetric int8 quantisation and the requantisation of an int8 convolution with folded BatchNorm.
 
 q = sat(round_half_even(x / s)), x ~ q * s, with q in [-127, 127]. -128 is never produced: the symmetric range
-keeps q(-x) = -q(x) and zero at code 0 with no zero point, and negating any code stays in range (-(-128) does not
-fit in int8); it is also the range cuDNN's and TensorRT's symmetric int8 use. Round half to even is np.rint,
-the rounding the GPU's float-to-int conversion (cvt.rni) uses.
+keeps q(-x) = -q(x) and zero at code 0 with no zero point, negating any code stays in range, and it is the range
+cuDNN's and TensorRT's symmetric int8 use. Round half to even is np.rint, as the GPU's float-to-int cvt.rni.
 
-The convolution (x int8 at scale s_x, w int8 with one scale s_w[k] per output channel k, products summed exactly
-in an int32 accumulator acc, the folded BatchNorm's bias in fp32) writes int8 y at scale s_y:
-
-    y[k] = sat(round((acc[k] * s_x * s_w[k] + bias[k] [+ z * s_z]) / s_y)),  ReLU before the rounding when fused
-
-which the kernel applies as one per-channel fp32 multiplier and offset (requant_params):
-
-    y[k] = sat(round(alpha[k] * acc[k] + beta[k] [+ gamma * z])),  alpha[k] = s_x * s_w[k] / s_y,
-                                                                    beta[k] = bias[k] / s_y,  gamma = s_z / s_y
-
-With ReLU the output only uses [0, 127]: cuDNN's int8 outputs are signed, so the seventh bit of range is spent.
+A convolution (x at scale s_x, w with one scale s_w[k] per output channel, products summed exactly in int32 acc,
+the folded bias in fp32) writes y = sat(round([relu](acc * s_x * s_w[k] + bias[k] [+ z * s_z]) / s_y))
+(requantize_float, the definition), which the kernel applies as one fp32 multiplier and offset per channel
+(requant_params: alpha = s_x * s_w / s_y, beta = bias / s_y, gamma = s_z / s_y). With ReLU the output only uses
+[0, 127]: cuDNN's int8 outputs are signed.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..names import flag
+from .._core.names import flag
 from .scales import broadcast_scale, max_abs, scale_from_amax
 
 INT8_MAX = 127  # the symmetric range [-127, 127]; see the module docstring for why -128 is unused

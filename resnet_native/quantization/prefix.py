@@ -12,7 +12,7 @@ includes every suffix's values (the boundary among them: it is read by the suffi
 
 from __future__ import annotations
 
-from ..names import choice
+from .._core.names import choice
 
 QUANTIZE_FROM = ("stem", "layer1", "layer2", "layer3", "layer4")
 AUTO = "auto"  # the engine's choice: every candidate timed, the fastest kept

@@ -1,7 +1,7 @@
-"""Float64 NumPy convolutions with the signatures of resnet_native.conv: conv_output_shape, conv2d (with its bias,
+"""Float64 NumPy convolutions with the signatures of resnet_native.ops.conv: conv_output_shape, conv2d (with its bias,
 residual and ReLU epilogue), conv2d_backward_data and conv2d_backward_filter.
 
-`spec` is a resnet_native.conv.ConvSpec; only its geometry (stride, padding, dilation, groups), layout and precision
+`spec` is a resnet_native.ops.conv.ConvSpec; only its geometry (stride, padding, dilation, groups), layout and precision
 matter here (algorithm, engine and determinism choose how cuDNN computes, not what). Activations are (N, C, H, W)
 for NCHW and (N, H, W, C) for NHWC; filters (K, C/groups, R, S) and (K, R, S, C/groups). x, w, dy, z, bias and out
 must all hold the storage dtype of the spec's precision (fp32 and tf32: float32 or float64, fp16: float16, bf16:
@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..names import ACTIVATIONS, DTYPE_ALIASES, LAYOUTS, PRECISIONS, choice, flag, whole_number, whole_numbers
+from .._core.names import ACTIVATIONS, DTYPE_ALIASES, LAYOUTS, PRECISIONS, choice, flag, whole_number, whole_numbers
 from . import storage
 from .layout import from_nchw, shape_from_nchw, shape_to_nchw, to_nchw
 
@@ -35,7 +35,7 @@ def _geometry(spec) -> _Geometry:
     try:
         fields = (spec.stride, spec.padding, spec.dilation, spec.groups, spec.layout, spec.precision)
     except AttributeError:
-        raise TypeError(f"spec: expected a resnet_native.conv.ConvSpec, got {type(spec).__name__}") from None
+        raise TypeError(f"spec: expected a resnet_native.ConvSpec, got {type(spec).__name__}") from None
     stride, padding, dilation, groups, layout, precision = fields
     return _Geometry(whole_numbers("stride", stride, 1, 2), whole_numbers("padding", padding, 0, 2),
                      whole_numbers("dilation", dilation, 1, 2), whole_number("groups", groups, 1),

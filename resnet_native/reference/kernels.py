@@ -1,4 +1,4 @@
-"""Float64 NumPy versions of the custom elementwise kernels, with the signatures of resnet_native.kernels: add,
+"""Float64 NumPy versions of the custom elementwise kernels, with the signatures of resnet_native.ops.kernels: add,
 add + ReLU, ReLU and their backward, and the dtype conversion cast.
 
 As the native kernels: every array has one shape (out may be one of the inputs), the inputs and out one dtype

@@ -1,5 +1,5 @@
 """Float64 NumPy version of the softmax cross-entropy kernels, with the signatures of resnet_native._C's
-cross_entropy_forward / cross_entropy_backward (resnet_native.losses calls them for host logits).
+cross_entropy_forward / cross_entropy_backward (resnet_native.ops.losses calls them for host logits).
 
     target = (1 - s) * onehot(label) + s / C
     loss_i = logsumexp(z_i) - sum_j target_ij z_ij

@@ -1,4 +1,4 @@
-"""Float64 NumPy versions of the multi-tensor optimizer kernels, with the signatures of resnet_native.multi_tensor:
+"""Float64 NumPy versions of the multi-tensor optimizer kernels, with the signatures of resnet_native.ops.multi_tensor:
 SGD and AdamW steps over lists of host arrays, the inf/nan check, zero_, scale_, write_scalars and advance_step.
 
 The formulas are the native kernels' (PyTorch's SGD and AdamW), in float64 (the native kernels compute in fp32).
@@ -17,7 +17,7 @@ from . import storage
 
 class TensorList(tuple):
     """A fixed tuple of host arrays with their dtypes and sizes: what the functions here take, in the shape of
-    resnet_native.multi_tensor.TensorList (whose functions hand a TensorList of this class to the reference).
+    resnet_native.ops.multi_tensor.TensorList (whose functions hand a TensorList of this class to the reference).
 
     dtype: None infers each array's dtype (uint16 arrays need 'bf16'), a string applies to every array, a sequence
     gives one per array. Entries may be None only in a list used as model_copies.
@@ -97,7 +97,7 @@ def _skipped(found_inf) -> bool:
 
 def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0, nesterov=False, dampening=0.0,
              inv_scale=1.0, found_inf=None, model_copies=None, first_step=False):
-    """One PyTorch-SGD update of every parameter (see resnet_native.multi_tensor.sgd_step). As there, the buffers
+    """One PyTorch-SGD update of every parameter (see resnet_native.ops.multi_tensor.sgd_step). As there, the buffers
     are skipped altogether when momentum is the number 0."""
     count = _lists(params=params, grads=grads, momentum_bufs=momentum_bufs, model_copies=model_copies)
     use_buffers = momentum_bufs is not None and (isinstance(momentum, np.ndarray) or momentum != 0)
@@ -123,7 +123,8 @@ def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0
 
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step,
                inv_scale=1.0, found_inf=None, model_copies=None):
-    """One PyTorch-AdamW update of every parameter (see resnet_native.multi_tensor.adamw_step); step counts from 1."""
+    """One PyTorch-AdamW update of every parameter (see resnet_native.ops.multi_tensor.adamw_step); step counts
+    from 1."""
     count = _lists(params=params, grads=grads, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, model_copies=model_copies)
     lr, inv_scale = _number(lr, "lr"), _number(inv_scale, "inv_scale")
     beta1, beta2 = _number(beta1, "beta1", 0.0, 1.0), _number(beta2, "beta2", 0.0, 1.0)

@@ -1,4 +1,4 @@
-"""Float64 NumPy batch normalization with the signatures of resnet_native.norm: batch_norm_train (with its fused
+"""Float64 NumPy batch normalization with the signatures of resnet_native.ops.norm: batch_norm_train (with its fused
 residual add and ReLU), batch_norm_infer and batch_norm_backward.
 
 PyTorch's semantics, as the native ops: running = (1 - momentum) * running + momentum * batch statistic, the
@@ -10,7 +10,7 @@ space here: `reserve` is handed back as given (None when none was).
 
 import numpy as np
 
-from ..names import LAYOUTS, choice
+from .._core.names import LAYOUTS, choice
 from . import storage
 
 
@@ -123,7 +123,7 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
     return dx, dgamma, dbeta, dz
 
 
-# ---- synchronized batch norm (resnet_native.norm.sync_*): per-channel sums that the caller adds across ranks ----
+# ---- synchronized batch norm (resnet_native.ops.norm.sync_*): per-channel sums that the caller adds across ranks ----
 
 def _sums_out(out, c: int, like) -> np.ndarray:
     if out is None:

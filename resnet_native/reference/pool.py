@@ -1,5 +1,5 @@
-"""Float64 NumPy pooling with the signatures of resnet_native.pool: max pooling (output shape, forward, backward) and
-global average pooling (forward, backward).
+"""Float64 NumPy pooling with the signatures of resnet_native.ops.pool: max pooling (output shape, forward,
+backward) and global average pooling (forward, backward).
 
 As the native ops: max pooling pads with -inf (a padded position never wins), propagates NaN and uses floor mode;
 its gradient goes to the first maximum of each window in row-major order (cuDNN's deterministic max mode), summed
@@ -9,7 +9,7 @@ where windows overlap. Global average pooling gives (N, C) in the input's dtype.
 
 import numpy as np
 
-from ..names import LAYOUTS, choice, whole_numbers
+from .._core.names import LAYOUTS, choice, whole_numbers
 from . import storage
 from .layout import from_nchw, shape_from_nchw, shape_to_nchw, to_nchw
 

@@ -1,21 +1,16 @@
 """How the reference ops read and write their arrays: NumPy arrays in the native ops' storage dtypes.
 
-The dtype names are the native ops' (resnet_native.names.DTYPES):
-  'fp32'  float32, or float64: a model on the host (model.to_host()) keeps its fp32 and tf32 activations, masters
-          and gradients in float64 (or float32, when asked);
-  'fp16'  float16;
-  'bf16'  uint16 arrays holding bfloat16 bit patterns. As for the native ops, a uint16 array is taken as bf16 only
-          when asked (dtype='bf16'; cast and the multi-tensor lists of model copies say so for it).
-Every reference op reads its inputs as float64 values, computes in float64 and rounds once, to the storage dtype of
-each output (bf16: to nearest even, via float32 as the native kernels do).
-
-Also here: to_storage / from_storage / relative_error, what a GPU test needs to compare a device result, copied to
-the host, with the reference.
+The dtype names are the native ops' (_core.names.DTYPES): 'fp32' is float32, or float64 (a model on the host keeps
+its fp32 and tf32 activations, masters and gradients in float64 unless asked otherwise); 'fp16' is float16; 'bf16'
+is uint16 arrays of bfloat16 bit patterns, taken as bf16 only when asked (dtype='bf16'), as for the native ops.
+Every reference op reads its inputs as float64, computes in float64 and rounds once to each output's storage dtype
+(bf16: to nearest even, via float32 as the native kernels do). to_storage / from_storage / relative_error are what
+a GPU test needs to compare a device result, copied to the host, with the reference.
 """
 
 import numpy as np
 
-from ..names import ARRAY_DTYPES, MASTER_DTYPE, canonical_dtype
+from .._core.names import ARRAY_DTYPES, MASTER_DTYPE, canonical_dtype
 from .bf16 import from_bf16_bits, to_bf16_bits
 
 _FLOAT64 = np.dtype(np.float64)
@@ -38,7 +33,7 @@ def host_dtypes(dtype: str) -> tuple:
 
 def dtype_of(array, name: str, dtype=None, *, uint16_is_bf16: bool = False) -> str:
     """The native dtype name ('fp32', 'fp16' or 'bf16') of array argument `name`, resolved as the native ops resolve
-    it (resnet_native.kernels.resolve_dtype): an explicit `dtype` is checked against the array, else it is inferred
+    it (resolve_dtype in csrc/bindings/tensor_arg.cpp): an explicit `dtype` is checked against the array, else inferred
     and a uint16 array needs dtype='bf16' unless `uint16_is_bf16`."""
     host(array, name)
     if dtype is not None:

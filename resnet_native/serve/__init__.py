@@ -6,13 +6,10 @@
     with Batcher(engine, max_batch=256, max_delay_ms=2.0) as batcher:        # engine: InferenceEngine or callable
         logits = batcher.submit(image).result()
 
-Pieces, one per file: batcher (requests from any thread grouped into engine calls on one worker thread), images
-(upload bytes -> uint8 32x32 RGB, refusing what must not be decoded), app (the aiohttp application: /predict,
-/health, /metrics), server (running an app on a loop or in a thread), cli (the command), fake_engine (a stand-in
-engine with a set cost per call and per image, for load tests and tests without a GPU).
-
-Importing this package or the Batcher needs neither aiohttp nor prometheus_client (the serve extra); the app,
-the server and the command do, and say `pip install "resnet_native[serve]"` when they are missing.
+One piece per file: batcher, images (upload bytes -> uint8 32x32 RGB), app (aiohttp: /predict, /health, /metrics),
+server, workers (several HTTP processes, one engine), cli, fake_engine (a stand-in with a set cost, for load tests
+and tests without a GPU). Importing this package or the Batcher needs neither aiohttp nor prometheus_client; the
+app, the server and the command do, and say `pip install "resnet_native[serve]"` when they are missing.
 """
 
 from .batcher import DEFAULT_MAX_BATCH, Batcher, BatcherClosed, BatcherFull
@@ -21,8 +18,8 @@ from .images import ImageError, decode_image
 
 
 def __getattr__(name):
-    if name == "make_app":  # imported on first use: it needs the serve extra
-        from .app import make_app
+    if name == "make_app":
+        from .app import make_app  # lazy: the app needs the serve extra (aiohttp); the Batcher does not
 
         return make_app
     raise AttributeError(f"module 'resnet_native.serve' has no attribute {name!r}")

@@ -3,22 +3,11 @@
     app = make_app(batcher, clf.classes, max_upload_bytes=1 << 20)
     web.run_app(app, host="127.0.0.1", port=8000)          # or resnet_native.serve.server / python -m ...
 
-POST /predict takes one image as the body (Content-Type image/png or image/jpeg) and answers
-{"class": id, "name": ..., "probabilities": [...]}, or several as multipart/form-data parts (each part one image,
-its own Content-Type) and answers {"predictions": [...]}, one per part in order. A multipart request's images are
-queued together (all or none), so one request never holds half of the queue's places while the rest is refused.
-Errors are JSON {"error": "..."}: 400 bad image, 413 over the upload limit (aiohttp's client_max_size for plain
-bodies; multipart streams are counted here, since aiohttp does not limit them), 415 another content type, 500 the
-engine failed for this request, 503 with Retry-After when the batcher's queue is full or it is closing.
-
-The event loop never runs the model: the handler awaits the batcher's future through asyncio.wrap_future, and the
-batcher's worker thread makes the engine call. A client that disconnects mid-request costs nothing more than its
-own request: a body that never completes ends its handler; a request already queued still runs (aiohttp does not
-cancel handlers by default) and its answer is dropped with the connection; were the handler cancelled, the queued
-future would be cancelled with it and the batcher skips it.
-
-Metrics live on a per-app prometheus_client CollectorRegistry (several apps in one process, e.g. tests, never share
-counters); GET /metrics renders it in the format the scraper's Accept header asks for.
+The event loop never runs the model: a handler awaits the batcher's future (asyncio.wrap_future) and the batcher's
+worker thread makes the engine call. Every error is JSON {"error": ...} with its status (400 bad image, 413 over
+the upload limit, 415 another content type, 500 an engine failure, 503 with Retry-After when the batcher is full
+or closing). Metrics live on a per-app prometheus_client registry, so several apps in one process never share
+counters.
 """
 
 from __future__ import annotations
@@ -38,8 +27,8 @@ except ImportError as e:  # the server is an optional extra; the Batcher itself 
 
 import numpy as np
 
-from ..classifier import softmax
-from ..names import flag, whole_number
+from .._core.names import flag, whole_number
+from ..release.classifier import softmax
 from .batcher import BatcherClosed, BatcherFull
 from .images import DEFAULT_MAX_PIXELS, ImageError, check_content_type, decode_image, media_type
 
@@ -165,6 +154,12 @@ async def _answer_and_count(request: web.Request, handler):
 
 
 async def predict(request: web.Request) -> web.Response:
+    """One image as the body (image/png or image/jpeg) -> {"class", "name", "probabilities"}; several as
+    multipart/form-data parts (each its own Content-Type) -> {"predictions": [...]}, one per part in order. A
+    multipart request's images are queued together (all or none), so one request never holds half of the queue
+    while the rest is refused. A client that disconnects costs only its own request: an unfinished body ends the
+    handler; a queued request still runs (aiohttp does not cancel handlers) and its answer is dropped with the
+    connection; were the handler cancelled, the batcher would skip its cancelled future."""
     state = request.app[STATE]
     if request.content_length is not None and request.content_length > state.max_upload_bytes:
         raise Refused(413, f"request body of {request.content_length} bytes: more than the {state.max_upload_bytes} "
@@ -197,7 +192,8 @@ async def _read_body(request: web.Request) -> bytes:
 
 
 async def _read_multipart(request: web.Request, state: _State) -> list:
-    """Every part of a multipart/form-data body, decoded; the parts' bytes together stay under the upload limit."""
+    """Every part of a multipart/form-data body, decoded; the parts' bytes together stay under the upload limit
+    (counted here: aiohttp's client_max_size limits plain bodies only)."""
     images, total = [], 0
     try:
         reader = await request.multipart()

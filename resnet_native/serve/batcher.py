@@ -4,20 +4,11 @@
         future = batcher.submit(image)          # uint8 (32, 32, 3); returns at once
         logits = future.result()                # (classes,) float32, this image's row of its batch's logits
 
-Why a batcher: an engine call costs a fixed overhead (launches, copies, a host synchronisation) plus a little per
-image, so a GPU serves far more images per second in batches than one at a time. Requests arrive one by one from
-clients; the batcher holds each for at most `max_delay_ms` (counted from the oldest waiting request) to collect
-up to `max_batch` of them, then runs the engine once on the stacked batch.
-
-Threads: `submit` may be called from any thread (an HTTP server's event loop, a thread pool). One worker thread
-makes every engine call, because an InferenceEngine is not thread-safe (it owns one set of input and activation
-buffers) and cupy's current device is per thread (the worker takes the device current at construction).
-
-Failure isolation: when a batch call raises, its requests are re-run one at a time, so a request that makes the
-engine fail gets the exception and the others in its batch still get their logits.
-
-Backpressure: at most `max_queue` requests wait; beyond that `submit` raises BatcherFull at once (an HTTP server
-answers 503) rather than letting a queue, and every client's latency, grow without bound.
+An engine call costs a fixed overhead plus a little per image, so a GPU serves far more images in batches: each
+request waits at most max_delay_ms (from the oldest waiting one) for up to max_batch others. One worker thread
+makes every call, since an InferenceEngine is not thread-safe and cupy's current device is per thread. A failed
+batch is re-run one request at a time, so only the request that makes the engine fail gets the exception. Past
+max_queue waiting requests, submit raises BatcherFull at once (503) rather than letting every latency grow.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import time
 
 import numpy as np
 
-from ..names import bounded_int
+from .._core.names import bounded_int
 
 IMAGE_SHAPE = (32, 32, 3)
 # The largest batch when the engine does not say (a plain callable): a host engine's batch of 32 already amortises

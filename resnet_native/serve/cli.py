@@ -22,8 +22,14 @@ import signal
 import sys
 import warnings
 
+from ..data.cifar10 import CLASSES
+from ..release.classifier import CIFAR10Classifier
+from .app import DEFAULT_MAX_UPLOAD_BYTES, make_app
 from .batcher import Batcher
+from .fake_engine import FakeEngine
 from .images import DEFAULT_MAX_PIXELS
+from .server import DEFAULT_SHUTDOWN_TIMEOUT_S, start_server
+from .workers import serve_workers
 
 
 def _port(text: str) -> int:
@@ -44,9 +50,6 @@ def _positive(kind, *, zero: bool = False):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .app import DEFAULT_MAX_UPLOAD_BYTES
-    from .server import DEFAULT_SHUTDOWN_TIMEOUT_S
-
     p = argparse.ArgumentParser(prog="python -m resnet_native.serve",
                                 description="Serve a CIFAR-10 model release over HTTP (POST /predict, GET /health, "
                                             "GET /metrics), with dynamic batching.")
@@ -79,17 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_fake_engine(spec: str):
     """(FakeEngine, CIFAR-10 class names, what /health says) of --fake-engine-ms A,B."""
-    from ..release import CLASSES
-    from .fake_engine import FakeEngine
-
     engine = FakeEngine.from_spec(spec, classes=len(CLASSES))
     return engine, CLASSES, {"fake_engine": repr(engine), "device": "none"}
 
 
 def load_model(release):
     """(engine for the Batcher, what /health says about the model) of a release."""
-    from ..classifier import CIFAR10Classifier
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the host path's warning: said below, in one line
         clf = CIFAR10Classifier(release)
@@ -109,8 +107,6 @@ def _url(host: str, port: int) -> str:
 
 async def serve(app, batcher, host: str, port: int, shutdown_timeout: float) -> dict:
     """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the batcher's final counters."""
-    from .server import start_server
-
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received = []
@@ -131,7 +127,6 @@ async def serve(app, batcher, host: str, port: int, shutdown_timeout: float) -> 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .app import make_app  # the ImportError naming the serve extra, before the model is loaded
 
     if args.fake_engine_ms is not None:
         try:
@@ -144,8 +139,6 @@ def main(argv=None) -> int:
     app_kwargs = {"classes": tuple(classes), "max_upload_bytes": args.max_upload_bytes, "resize": args.resize,
                   "model": model, "max_pixels": args.max_pixels}
     if args.workers > 1:
-        from .workers import serve_workers
-
         try:
             return serve_workers(batcher, app_kwargs, args.host, args.port, args.workers, args.shutdown_timeout, _url)
         finally:

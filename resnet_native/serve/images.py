@@ -2,17 +2,12 @@
 
     image = decode_image(body, "image/png")                # ImageError (.status 400 or 415) when refused
 
-Every upload is untrusted, so decoding is narrow and checked before any pixel is decoded:
-  - only PNG and JPEG, and the bytes must be the format their content type names (Pillow is told to try that one
-    decoder alone, which also keeps the rest of Pillow's format plug-ins away from untrusted input): 415 for another
-    content type, 400 for bytes that are not that format;
-  - the size comes from the header: an image declaring more than `max_pixels` pixels is refused before decoding
-    (a decompression bomb: a small PNG can declare 50000 x 50000 pixels and decode to gigabytes); without `resize`
-    anything but 32x32 is refused too, naming its size, so a client never gets predictions for a silently
-    rescaled picture it did not mean to send;
-  - a truncated or corrupt file fails the decode (Pillow's LOAD_TRUNCATED_IMAGES is left off): 400.
-With `resize`, an image of another size is converted to RGB and resized to 32x32 (bilinear) exactly as
-resnet_native.classifier.load_image does, so the server and CIFAR10Classifier.predict agree.
+Every upload is untrusted, so decoding is narrow and checked before any pixel is decoded: only PNG and JPEG, each
+through its own decoder alone (the bytes must be the format the content type names; the rest of Pillow's plug-ins
+never see them), the declared size checked against max_pixels before decoding (a small PNG can declare gigabytes
+of pixels), anything but 32x32 refused unless `resize`, so a client never gets predictions for a silently rescaled
+picture, and truncated files refused. With `resize` the image is converted exactly as
+resnet_native.release.classifier.load_image does, so the server and CIFAR10Classifier.predict agree.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import io
 
 import numpy as np
 
-from ..classifier import IMAGE_SIZE, load_image
+from ..release.classifier import IMAGE_SIZE, load_image
 
 # content type -> the Pillow format its bytes must be in
 CONTENT_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG"}
@@ -59,7 +54,10 @@ def check_content_type(content_type) -> str:
 
 
 def decode_image(data: bytes, content_type, *, resize: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS):
-    """PNG or JPEG bytes -> a uint8 (32, 32, 3) RGB array; ImageError (with .status) for anything refused."""
+    """PNG or JPEG bytes -> a uint8 (32, 32, 3) RGB array; ImageError (with .status) for anything refused: 415
+    for another content type, 400 for bytes that are not that format, a declared size over max_pixels, another
+    size than 32x32 without `resize` (the message names it), or a truncated or corrupt file (Pillow's
+    LOAD_TRUNCATED_IMAGES stays off)."""
     from PIL import Image, UnidentifiedImageError
 
     fmt = check_content_type(content_type)

@@ -1,30 +1,15 @@
 """Several HTTP front processes in front of one engine: python -m resnet_native.serve ... --workers N (N > 1).
 
-One interpreter's time per request (PNG decode, aiohttp and JSON) caps a single server below what a GPU engine
-does (benchmarks/RESULTS.md has the measurement). With --workers N the main process is the engine process: it owns
-the engine and the one Batcher, and spawns N worker processes (multiprocessing, spawn context) that all listen on
-the same host:port (SO_REUSEPORT: the kernel spreads connections over them; Linux). A worker runs the same aiohttp
-app as the single-process server (make_app: validation, errors, metrics), given a RemoteBatcher instead of a
-Batcher: it sends each decoded uint8 image, with a request id, over one shared queue to the engine process and
-resolves the request's future when the answer comes back on the worker's own queue.
+One interpreter's time per request (PNG decode, aiohttp, JSON) caps a single-process server below what a GPU
+engine does, so the decoding is spread over processes while the engine stays in one. The main process owns the
+engine and the one Batcher; N spawned workers listen on the same host:port (SO_REUSEPORT, Linux) and run the same
+app (make_app) with a RemoteBatcher, which sends decoded images over a shared queue and gets answers on its own.
 
     worker i:  handler -> RemoteBatcher.submit_many -> requests queue --> engine: reader thread -> Batcher.submit_many
                future <- reader thread <- results[i] queue <----------- engine: writer thread <- done futures
 
-The Batcher's refusals travel back as themselves: BatcherFull becomes 503 with Retry-After in the worker, as in
-the single-process app. Only the engine process touches the GPU: workers import the app and NumPy, never cupy, and
-build no engine.
-
-What a worker reports is its own: /metrics counts that worker's requests (each worker has its registry; a scraper
-reaching the port sees one worker per scrape), and /health's "batcher" counters are that worker's RemoteBatcher's
-(requests it forwarded, answers, refusals; queue_depth and in_flight: its requests awaiting an answer). The batch
-size and batch duration histograms stay empty in workers: the batches are the engine process's.
-
-Shutdown: SIGTERM or SIGINT to the main process sends SIGTERM to every worker, which stops listening and answers
-its in-flight requests (--shutdown-timeout), then exits 0; then the engine side closes the Batcher (its queue
-drains) and the main process prints {"event": "stopped", ...} and exits 0. A worker that dies (or exits) on its
-own is reported on stderr and the server stops the others and exits 1: no silent half-service. A worker whose
-engine process is gone exits too.
+Only the engine process touches the GPU: workers never import cupy. A worker's /metrics and /health count its own
+requests. A worker that dies stops the server (exit 1): no silent half-service.
 """
 
 from __future__ import annotations
@@ -43,7 +28,9 @@ import time
 
 import numpy as np
 
+from .app import make_app
 from .batcher import BatcherClosed, BatcherFull, check_images
+from .server import start_server
 
 START_TIMEOUT_S = 60.0  # spawning a worker imports aiohttp, NumPy and resnet_native: seconds on a busy machine
 _PARENT_POLL_S = 0.5
@@ -73,7 +60,12 @@ def _unpack_error(packed: tuple) -> BaseException:
 class RemoteBatcher:
     """What make_app needs of a Batcher (submit, submit_many, close, closed, queue_depth, counters, settings, batch
     listeners), forwarding images to the engine process. Futures are concurrent.futures.Future, resolved by a
-    reader thread; the app's asyncio.wrap_future hands them to the loop (call_soon_threadsafe)."""
+    reader thread; the app's asyncio.wrap_future hands them to the loop (call_soon_threadsafe).
+
+    The Batcher's refusals travel back as themselves (BatcherFull: 503 with Retry-After, as in the single-process
+    app). Its counters are this worker's: requests forwarded, answers, refusals; queue_depth and in_flight are its
+    requests awaiting an answer. The batch size and duration histograms stay empty here: batches are the engine
+    process's."""
 
     def __init__(self, worker: int, requests, results, settings: dict):
         import concurrent.futures
@@ -188,9 +180,6 @@ def _worker_main(index: int, host: str, port: int, app_kwargs: dict, settings: d
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    from .app import make_app
-    from .server import start_server
-
     batcher = RemoteBatcher(index, requests, results, settings)
 
     async def run():
@@ -300,7 +289,12 @@ def _reserve(host: str, port: int) -> socket.socket:
 def serve_workers(batcher, app_kwargs: dict, host: str, port: int, workers: int, shutdown_timeout: float,
                   url) -> int:
     """Run `workers` HTTP worker processes in front of `batcher` until SIGTERM/SIGINT (exit code 0) or a worker's
-    death (1). Prints the listening line (with the workers' pids) and the stopped line as the single-process CLI."""
+    death (1). Prints the listening line (with the workers' pids) and the stopped line as the single-process CLI.
+
+    Shutdown: SIGTERM or SIGINT sends SIGTERM to every worker, which stops listening, answers its in-flight
+    requests (shutdown_timeout) and exits 0; then the batcher is closed (its queue drains). A worker that dies or
+    exits on its own is reported on stderr and the others are stopped (exit 1); a worker whose engine process is
+    gone exits too."""
     if not hasattr(socket, "SO_REUSEPORT"):
         print("serve: --workers needs SO_REUSEPORT (Linux)", file=sys.stderr)
         return 1

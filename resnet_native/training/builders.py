@@ -8,9 +8,17 @@ from typing import Any
 
 import numpy as np
 
-from ..conv import untimed_search
-from ..data.augment import STREAM_SUBSET, AugmentConfig, epoch_rng
-from ..models.registry import create_model
+from .. import optim
+from .._core.rng import epoch_rng
+from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu
+from ..data.autoaugment_workers import AutoAugmentWorkers
+from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
+from ..nn.layers import synchronize_batch_norms
+from ..nn.layers.conv2d import Conv2d
+from ..nn.layers.linear import Linear
+from ..nn.models.registry import create_model
+from ..ops.conv import untimed_search
+from ..optim.step import TrainStep
 from .config import TrainConfig
 
 
@@ -24,9 +32,6 @@ def partial_batch_search(batch: int, full_batch: int):
 def _convolutions(model) -> list:
     """The model's convolutions: Conv2d, and Linear, which runs as one. They build their ConvSpec lazily on first
     use, so what is set on them before the first forward holds."""
-    from ..layers.conv2d import Conv2d
-    from ..layers.linear import Linear
-
     return [m for _, m in model.named_modules() if isinstance(m, Conv2d | Linear)]
 
 
@@ -49,8 +54,6 @@ def build_model(cfg: TrainConfig):
 
 
 def build_optimizer(cfg: TrainConfig, model):
-    from .. import optim
-
     o = cfg.optimizer
     if o.name == "sgd":
         return optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
@@ -65,8 +68,6 @@ def warmup_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
 def build_schedule(cfg: TrainConfig, optimizer, steps_per_epoch: int):
     """Per-step schedule over the whole run: linear warm-up (if any), then cosine / one-cycle / constant (None:
     constant without warm-up)."""
-    from .. import optim
-
     total = cfg.epochs * steps_per_epoch
     warm = warmup_steps(cfg, steps_per_epoch)
     main = None
@@ -81,15 +82,11 @@ def build_schedule(cfg: TrainConfig, optimizer, steps_per_epoch: int):
 
 def build_scaler(cfg: TrainConfig):
     """fp16 needs loss scaling; the other precisions have fp32's range."""
-    from .. import optim
-
     return optim.GradScaler() if cfg.precision == "fp16" else None
 
 
 def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None):
     """allreduce: a data-parallel step's GradientAllReduce (None: a single process)."""
-    from ..step import TrainStep
-
     return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
                      cuda_graph=cfg.cuda_graph, allreduce=allreduce,
                      overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
@@ -118,7 +115,6 @@ def autoaugment_workers(cfg: TrainConfig, train_images, workers):
     if not cfg.augment.autoaugment:
         yield None
         return
-    from ..data.autoaugment import AutoAugmentWorkers
 
     aa = AutoAugmentWorkers(train_images, seed=cfg.seed, workers=workers, crop_padding=cfg.augment.crop_padding,
                             flip=cfg.augment.flip)
@@ -161,7 +157,6 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
     """Everything a rank of a run trains with, from its configuration and its CIFAR10Data."""
     import cupy
 
-    from ..data.augment import GpuAugmenter, normalize_on_gpu
 
     n = world.world_size
     model = build_model(cfg)
@@ -174,7 +169,6 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
     if n > 1 and allreduce is None:
         allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
     if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
-        from ..layers import synchronize_batch_norms
 
         synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
@@ -186,8 +180,6 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
 def default_allreduce(model, world, store, wire: str = "fp32"):
     """The gradient all-reduce of a model where it lives: NCCL on the GPU (gradients sent as `wire`), the Store
     on the host (float64 sums of the gradients as they are)."""
-    from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
-
     if model.ensure_placed().on_gpu:
         return NcclAllReduce(store, world, wire=None if wire == "fp32" else wire)
     return StoreAllReduce(store, world)

@@ -20,7 +20,8 @@ import sys
 import threading
 import warnings
 
-from ..checkpoint import save_checkpoint
+from ..formats.checkpoint import save_checkpoint
+from ..ops import conv
 
 
 class CheckpointWriter:
@@ -150,8 +151,6 @@ class AlgorithmCacheFile:
         self._written = None
 
     def save(self) -> None:
-        from .. import conv
-
         try:
             entries = sorted(conv.algorithm_cache_entries(), key=lambda e: e["key"])
             if entries == self._written and self.path.is_file():
@@ -166,8 +165,6 @@ class AlgorithmCacheFile:
 def load_algorithm_cache(path: pathlib.Path) -> None:
     """Reuse a run's conv algorithm choices (before the first forward); a missing or unreadable file only warns,
     and the algorithms are then timed again."""
-    from .. import conv
-
     if not path.is_file():
         warnings.warn(f"--resume: no convolution algorithm cache {path}; algorithms are timed again, so the "
                       "resumed run may round differently", RuntimeWarning, stacklevel=2)

@@ -18,6 +18,10 @@ import pathlib
 import sys
 import time
 
+from .._core import runtime
+from .._core.runtime import NoGPUError
+from ..data.cifar10 import SOURCE_NAMES, cache_folder, default_data_path, search_folders
+from ..data.download import download
 from ..distributed.launch import launch, without_option
 from ..distributed.rank import join
 from ..distributed.world import world_from_launcher_env
@@ -122,8 +126,6 @@ def default_out_dir(cfg: TrainConfig) -> pathlib.Path:
 def locate_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> pathlib.Path | None:
     """The CIFAR-10 source to train on: --data, else $RESNET_NATIVE_CIFAR10 or a copy found in the usual places;
     None when --download is to fetch it. Anything else is a usage error that says what to pass."""
-    from ..data.cifar10 import SOURCE_NAMES, cache_folder, default_data_path, search_folders
-
     if args.data:
         path = pathlib.Path(args.data)
         if not path.exists():
@@ -143,8 +145,6 @@ def locate_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> pa
 
 
 def main(argv=None) -> dict:
-    import resnet_native as rn
-
     t0 = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -165,8 +165,8 @@ def main(argv=None) -> dict:
             raise SystemExit(code)
         return {"nproc": args.nproc}
     try:
-        rn.require_gpu()  # before any download, decoding or run folder
-    except rn.NoGPUError as e:
+        runtime.require_gpu()  # before any download, decoding or run folder
+    except NoGPUError as e:
         parser.exit(1, f"{parser.prog}: {e}\n")
     if data_path is None:
         if world.world_size > 1:  # every rank of a foreign launcher's job would download at once
@@ -189,9 +189,6 @@ def main(argv=None) -> dict:
 
 def fetch_data(args: argparse.Namespace) -> pathlib.Path:
     """--download: the official CIFAR-10, fetched into the cache folder (once; a later run finds it there)."""
-    from ..data.cifar10 import cache_folder
-    from ..data.download import download
-
     return download(cache_folder(args.cache_dir), progress=not args.no_progress)
 
 

@@ -11,8 +11,8 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from ..models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
-from ..names import ENGINES, LAYOUTS, PRECISIONS
+from .._core.names import ENGINES, LAYOUTS, PRECISIONS
+from ..nn.models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
 from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of, section, text, variant
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent.parent / "recipes"

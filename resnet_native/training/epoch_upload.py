@@ -1,18 +1,12 @@
 """Each epoch's AutoAugmented training set, copied to the GPU from the workers' shared buffers, beside the training.
 
-The AutoAugment workers write an epoch's copy (150 MB for CIFAR-10) into one of two shared host buffers.
-A copy from pageable memory is staged on the host through page-locked memory first, 150 MB of memcpy per epoch.
-Registered as page-locked memory instead, the buffers are read by the copy engine directly.
-
-The copy runs on a side stream of its own into one of two device buffers, so the trainer, which queues epoch k+1
-while epoch k trains, overlaps the transfer with epoch k's steps; the current stream waits for the copy's event
-before anything after it reads the images. Epoch e's device buffer is slot e % 2: its copy waits first for the
-work queued before epoch e-1's upload, which holds epoch e-2's steps, the slot's last readers. Uploads are
-therefore called for consecutive epochs, and what one returns is valid until the upload two epochs later.
-
-On the host side the copy of epoch e reads slot e % 2, which the workers overwrite once epoch e + 2 is
-prefetched. Every prefetch therefore waits first for the copy that last read its slot, recorded as an event (on
-the fallback path too: the wait does not rely on how cupy stages a pageable copy).
+The workers write an epoch's copy into one of two shared host buffers, registered as page-locked memory so the
+copy engine reads them directly (a pageable copy would first be staged through page-locked memory on the host).
+The copy runs on a side stream into one of two device buffers, so it overlaps the previous epoch's steps; the
+current stream waits for the copy's event before anything reads the images. Epoch e uses slot e % 2 on both
+sides: its device copy waits for the work queued before epoch e-1's upload (epoch e-2's steps, the slot's last
+readers), and each prefetch waits for the copy that last read its host slot. Uploads are therefore called for
+consecutive epochs, and what one returns is valid until the upload two epochs later.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from ..cuda_graph import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
-from ..losses import SoftmaxCrossEntropy
+from .._core.capture import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
+from .._core.readback import DeviceValues
+from ..ops.losses import SoftmaxCrossEntropy
+from .builders import partial_batch_search
 
 
 class Evaluation:
@@ -49,7 +51,6 @@ class Evaluation:
         read once it has run (without waiting for work queued after it)."""
         import cupy
 
-        from ..readback import DeviceValues
 
         self.model.eval()
         if not self.cuda_graph:
@@ -76,7 +77,6 @@ class Evaluation:
         stream (the loss kernel adds each batch's sums to them)."""
         import cupy
 
-        from .builders import partial_batch_search
 
         sums = (cupy.zeros((1,), cupy.float64), cupy.zeros((1,), cupy.float64))
         for s in range(0, len(self.y_all), self.batch_size):

@@ -2,33 +2,13 @@
 the data, build the network, optimizer, schedule, loss scaler and training step, then per epoch train, evaluate,
 log and checkpoint; last, the summary.
 
-A run folder receives:
-  config.yaml     the resolved configuration
-  metrics.csv     per-epoch lr, train/test loss and accuracy, epoch time, images/s (TensorBoard files in
-                  tensorboard/ when the tensorboard package imports)
-  last.npz        the state after the latest epoch: weights, optimizer, schedule, scaler, RNG, metrics (--resume)
-  best.npz        the same state at the epoch with the best test accuracy (what resnet_native.release ships)
-  algos.json      the convolution algorithms chosen so far (resnet_native.conv.save_algorithm_cache), rewritten
-                  with every checkpoint and loaded by --resume
-  curves.png      loss and accuracy curves; summary.json: the final numbers
-
-Exact resume: the data pipeline's randomness is a function of (seed, epoch) only (see data/augment.py), and the
-checkpoint holds every other piece of state, so a run resumed after epoch k sees the same batches and performs the
-same updates as one that never stopped. The convolution algorithms are part of that state (another algorithm gives
-other rounding): they are saved to algos.json with each checkpoint and loaded on --resume instead of re-timed.
-
-Data parallel (world: a resnet_native.distributed World of world_size > 1, with its rendezvous Store): every rank
-trains on its shard of each epoch (distributed.shard_indices: the same seed and epoch everywhere, so the shards are
-disjoint) with a per-rank batch of batch_size / world_size, and its TrainStep averages the gradients over the ranks
-(a GradientAllReduce: NCCL on the GPU, the Store on the host) before the update; batch norm statistics stay per
-rank, or (sync_bn) are those of all ranks' batches. Only rank 0 writes the run folder (and evaluates: the others'
-test metrics are NaN, their train metrics those of their own shard); with --resume every rank loads rank 0's
-last.npz, after a barrier. world_size 1 is the single-process run, with no store and no all-reduce unless one is
-given (a one-rank NCCL run, checked on one GPU).
-
-The GPU does not wait for the host between epochs: loss and correct counts accumulate on the device, and epoch k's
-figures are read (and logged, and checkpointed) only once epoch k+1 is queued behind them (queued_epoch.py). The
-progress bar, when shown, reads the running totals every log_every steps, which waits for the steps so far.
+A run folder receives config.yaml, metrics.csv (and tensorboard/), last.npz (every piece of state --resume needs),
+best.npz (the best test accuracy's state, what resnet_native.release ships), algos.json (the convolution
+algorithms chosen so far, resnet_native.ops.conv.save_algorithm_cache), curves.png and summary.json.
+Resume is exact: the data's randomness is a function of (seed, epoch) alone (data/augment.py) and the checkpoint
+and algos.json hold everything else (another convolution algorithm rounds differently), so a resumed run repeats
+the updates of one that never stopped. The GPU does not wait for the host between epochs: epoch k's figures are
+read only once epoch k+1 is queued behind them (queued_epoch.py).
 """
 
 from __future__ import annotations
@@ -43,22 +23,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..checkpoint import atomic_write_text, load_checkpoint
+from .._core import runtime
+from .._core.files import atomic_write_text
+from .._core.names import whole_number
 from ..data.augment import check_labels
-from ..data.cifar10 import CIFAR10Data
-from ..models.registry import NUM_CLASSES
-from ..names import whole_number
-from .builders import (
-    Parts,
-    autoaugment_workers,
-    build_parts,
-    partial_batch_search,
-    subset_indices,
-)
+from ..data.cifar10 import CIFAR10Data, load_cifar10
+from ..distributed.world import World
+from ..formats.checkpoint import load_checkpoint
+from ..nn.models.registry import NUM_CLASSES
+from ..ops import conv
+from .builders import Parts, autoaugment_workers, build_parts, partial_batch_search, subset_indices
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
 from .config import TrainConfig, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
+from .metrics_log import MetricsLog, plot_curves, preload_plotting
 from .queued_epoch import QueuedEpoch, record_event, reserve_buffers, stage_state, state_sources
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
@@ -81,13 +60,18 @@ class Trainer:
     still has one queued, except the last epoch's); algorithms: an algorithm cache file (a
     run's algos.json) loaded before a run that does not resume, so a same-seed --deterministic run repeats that
     run's rounding.
+
+    Data parallel (world: a resnet_native.distributed World of world_size > 1, with its rendezvous store): every
+    rank trains on its shard of each epoch (distributed.shard_indices: same seed and epoch everywhere, so the
+    shards are disjoint) with a batch of batch_size / world_size, and its TrainStep averages the gradients over the
+    ranks (NCCL on the GPU, the Store on the host); batch norm statistics stay per rank unless sync_bn. Only rank 0
+    writes the run folder and evaluates (the others' test metrics are NaN); with --resume every rank loads rank 0's
+    last.npz after a barrier. world_size 1 has no store and no all-reduce unless one is given.
     """
 
     def __init__(self, cfg, out_dir, *, data=None, data_path=None, cache_dir=None, progress: bool = True,
                  tensorboard: bool = True, aa_workers=None, log_every: int = 50, checkpoint_every: int = 1,
                  world=None, store=None, allreduce=None, algorithms=None):
-        from ..distributed.world import World
-
         self.cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.from_dict(cfg)
         self.world = World() if world is None else world
         if not isinstance(self.world, World):
@@ -116,9 +100,6 @@ class Trainer:
         complete, as if interrupted (the schedule still spans cfg.epochs). Returns the summary (summary.json).
         started_at: the time.perf_counter() the run's wall time counts from (the command's start; default now),
         what came before the call counted as "start-up"."""
-        import resnet_native as rn
-
-        from ..metrics_log import MetricsLog, plot_curves, preload_plotting
 
         t_start = time.perf_counter()
         spent = Stopwatch()  # where this process's wall time goes (the summary's "seconds")
@@ -130,7 +111,7 @@ class Trainer:
         if resume and self.store is not None:  # rank 0's last.npz is complete: its last run ended in a barrier
             self.store.barrier("resume", BARRIER_TIMEOUT_S)
         state = self._resumed_state() if resume else None
-        rn.require_gpu()  # before any data is decoded or the run folder is made
+        runtime.require_gpu()  # before any data is decoded or the run folder is made
         prime = state is None and self.algorithms is None and self.world.world_size == 1
         data = self._load_data(spent, prime)
         if primary:
@@ -141,7 +122,7 @@ class Trainer:
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
                 load_algorithm_cache(self.out / ALGOS_FILE)
             elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
-                rn.conv.load_algorithm_cache(self.algorithms)
+                conv.load_algorithm_cache(self.algorithms)
             with spent("build"):
                 parts = build_parts(cfg, data, self.world, self.store, self.allreduce)
             # Page-locking memory takes a while: it runs on a thread beside the rest of the set-up.
@@ -245,8 +226,6 @@ class Trainer:
             if prime:
                 self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent)
             else:
-                from ..data.cifar10 import load_cifar10
-
                 with spent("data"):
                     self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
         with spent("data"):

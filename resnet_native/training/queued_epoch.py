@@ -1,22 +1,20 @@
 """An epoch's device work, queued before the host reads the epoch before it.
 
-Reading an epoch's figures synchronises the host with the GPU, and the GPU then idles while the host logs,
-checkpoints and uploads the next epoch's images. So the trainer queues epoch k+1 (its upload, its steps, their
-totals, its evaluation and its checkpoint's staging copies) first, and only then reads epoch k's figures. Each
-read waits for an event of its own, recorded after epoch k's work (readback.DeviceValues), so the host's
-bookkeeping for epoch k overlaps epoch k+1's steps.
-
-A checkpoint after epoch k must not see epoch k+1's updates. Its arrays are copied when epoch k is queued, in
-stream order before epoch k+1's steps (training/snapshot.py), the device scalars among them (the loss scale,
-AdamW's step). The host's part of the state (the schedule, the optimizer's step count and hyperparameters) is
-read at the same moment. Whether the checkpoint is then written depends on the test accuracy, known only when the
-epoch is read, so an epoch is staged whenever its checkpoint is due or it is evaluated; an unused one is released.
+Reading an epoch's figures synchronises the host with the GPU, which would then idle while the host logs,
+checkpoints and uploads. So the trainer queues epoch k+1 (upload, steps, their totals, evaluation, checkpoint
+staging) first and only then reads epoch k's figures, each read waiting on an event of its own
+(_core.readback.DeviceValues). A checkpoint after epoch k must not see epoch k+1's updates: its arrays, device
+scalars included, are copied when epoch k is queued (training/snapshot.py) and the host's state read at the same
+moment. Whether it is written depends on the test accuracy, known only when the epoch is read, so an epoch is
+staged whenever its checkpoint is due or it is evaluated; an unused one is released.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from .._core.readback import reserve_slots
 
 
 @dataclass
@@ -74,7 +72,6 @@ def reserve_buffers(snapshots, sources, device) -> None:
     run on another thread), None for a model on the host (nothing to reserve)."""
     import cupy
 
-    from ..readback import reserve_slots
 
     if device is None:
         return

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from ..names import choice
+from .._core.names import choice
 
 REQUIRED = dataclasses.MISSING
 

@@ -1,19 +1,13 @@
 """Host copies of the training state taken without stalling the host, for checkpoints written in the background.
 
-A checkpoint needs every parameter, buffer and optimizer state array on the host. Copied one synchronous `.get()`
-at a time into fresh pageable NumPy memory, with the NHWC conv weights transposed to torch's layout on the spot,
-that holds the training loop for tens of milliseconds per epoch. Here take() enqueues, on the current stream, one
-device-to-device copy per array into a staging buffer on the device, then the device-to-host copy of that buffer
-(one per run of device entries) into page-locked memory on a side stream of its own, and returns. The current
-stream is free again once the staging copies have run, so what is queued after them (the next epoch's steps, the
-read-back of their totals) does not wait for the PCIe transfer, which overlaps those steps. resolve() (on the
-checkpoint writer's thread) waits for the transfer and does the layout conversions there. Both buffers are kept
-from one checkpoint to the next.
-
-Ordering: the staging copies run on the stream that is current at take(). Work that later overwrites the arrays
-must be ordered after it: the same stream, or a blocking stream when the current one is the legacy default stream
-(as in the trainer, whose captured step replays on a blocking stream). The side stream is non-blocking, so work
-enqueued later on the legacy default stream does not wait for the transfer either.
+Copying each array with a synchronous `.get()` into fresh pageable memory would hold the training loop every
+epoch. Instead take() queues, on the current stream, one device-to-device copy per array into a staging buffer,
+then the copy of that buffer into page-locked host memory on a side stream of its own, and returns: the next
+epoch's steps wait only for the staging copies, and the PCIe transfer overlaps them. resolve(), on the checkpoint
+writer's thread, waits for the transfer and converts layouts (NHWC conv weights to torch's) there. Both buffers are
+kept from one checkpoint to the next. Work that later overwrites the arrays must be ordered after take(): the same
+stream, or a blocking one when the current stream is the legacy default stream (as in the trainer); the side
+stream is non-blocking, so later default-stream work does not wait for the transfer either.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import threading
 
 import numpy as np
 
-from ..layers.placement import array_module
+from .._core.placement import array_module
 
 _ALIGN = 64  # bytes between entries of a buffer: every view is aligned for any dtype
 

@@ -1,16 +1,12 @@
 """A fresh machine's two slow starts, run side by side: decoding the CIFAR-10 source and the first steps' searches.
 
-On a machine that has never run the recipe, the data stage decodes 60,000 JPEGs (CPU bound), and the first epoch
-runs a cuDNN algorithm search for every convolution of every batch shape and compiles cupy's kernels (GPU and
-driver bound). Neither needs the other. So while a child process decodes the source into the data cache, this
-process trains one step per batch shape, and evaluates one batch per evaluation shape, with a throwaway copy of
-the run's model on zeros. The searches' choices and the compiled kernels are per process, not per model, so the
-run's own first steps find them there. The run's model, optimizer and data never meet the throwaway: what the run
-computes is unchanged, only where its first seconds go ("warm-up", beside "data", in the summary's seconds).
-
-The child writes the decoded arrays to the data cache (load_cifar10's .npz, written atomically) and this process
-reads them from there. When the child fails, or the cache cannot be written, the parent's load decodes the source
-itself, with the error it raises then.
+Decoding the source is CPU bound; the first epoch's cuDNN algorithm searches (every convolution of every batch
+shape) and cupy's kernel compiles are GPU and driver bound, and neither needs the other. So while a child process
+decodes the source into the data cache, this process trains one step per batch shape and evaluates one batch per
+evaluation shape with a throwaway copy of the model on zeros. Searches' choices and compiled kernels are per
+process, not per model, so the run's own first steps find them, and the run never meets the throwaway: what it
+computes is unchanged, only where its first seconds go ("warm-up" in the summary). When the child fails, or the
+cache cannot be written, the parent's load decodes the source itself, with the error it raises then.
 """
 
 from __future__ import annotations
@@ -20,6 +16,10 @@ import multiprocessing
 import sys
 import warnings
 
+from ..data.augment import storage_dtype
+from ..data.cifar10 import default_data_path, load_cached, load_cifar10
+from ..optim.step import TrainStep
+from .builders import build_model, build_optimizer, build_scaler, partial_batch_search
 from .config import TrainConfig
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
@@ -28,8 +28,6 @@ TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shape
 def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
     """load_cifar10(data_path, cache_dir=cache_dir), with the run's first-step searches done meanwhile when the
     source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data")."""
-    from ..data.cifar10 import default_data_path, load_cached, load_cifar10
-
     path = data_path if data_path is not None else default_data_path()
     if path is None:  # load_cifar10 says what is missing
         return load_cifar10(data_path, cache_dir=cache_dir)
@@ -58,8 +56,6 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
 
 
 def _decode_into_cache(path, cache_dir) -> None:
-    from ..data.cifar10 import load_cifar10
-
     try:
         load_cifar10(path, cache_dir=cache_dir)
     except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
@@ -80,10 +76,6 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
 
     seconds, t0 = {}, time.perf_counter()
     import cupy
-
-    from ..data.augment import storage_dtype
-    from ..step import TrainStep
-    from .builders import build_model, build_optimizer, build_scaler, partial_batch_search
 
     def lap(what: str) -> None:
         nonlocal t0

@@ -1,5 +1,5 @@
-// rn::graph::choose / run and the plan cache's controls (the contract in conv/graph_engine.h).
-#include "../graph_engine.h"
+// rn::graph::choose / run and the plan cache's controls (the contract in graph_engine.h).
+#include "graph_engine.h"
 
 #include <memory>
 #include <string>

@@ -30,7 +30,7 @@
 #include "../../core/descriptor.h"
 #include "../../core/lru_map.h"
 #include "../conv_params.h"
-#include "../graph_engine.h"
+#include "graph_engine.h"
 #include "conv_op_graph.h"
 
 namespace rn::graph {

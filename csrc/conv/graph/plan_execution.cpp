@@ -8,7 +8,6 @@
 
 #include "../../core/cuda_event.h"
 #include "../../core/error.h"
-#include "../../core/host_gate.h"
 #include "../../core/workspace.h"
 #include "backend_attr.h"
 
@@ -145,29 +144,19 @@ std::vector<float> time_plans(const std::vector<std::shared_ptr<ExecutionPlan>>&
   // after an idle gap.
   const size_t n = runnable.size();
   const size_t runs = n * static_cast<size_t>(std::max(rounds, 1));
-  std::vector<CudaEvent> events(runs + 1);
   std::vector<bool> failed(n, false);
-  {
-    HostGate gate(stream);  // the runs start once all are queued: host gaps stay out of the times
-    RN_CUDA_CHECK(cudaEventRecord(events[0].get(), stream));
-    for (size_t r = 0; r < runs; ++r) {
-      const size_t k = r % n;
-      failed[k] = failed[k] ||
-                  cudnnBackendExecute(handle, plans[runnable[k]]->plan->get(), packs[k].get()) != CUDNN_STATUS_SUCCESS;
-      RN_CUDA_CHECK(cudaEventRecord(events[r + 1].get(), stream));
-    }
-  }
-  RN_CUDA_CHECK(cudaEventSynchronize(events[runs].get()));
-  std::vector<std::vector<float>> times(n);
+  TimedRuns clock(stream, runs);
   for (size_t r = 0; r < runs; ++r) {
-    float t = 0.0f;
-    RN_CUDA_CHECK(cudaEventElapsedTime(&t, events[r].get(), events[r + 1].get()));
-    times[r % n].push_back(t);
+    const size_t k = r % n;
+    failed[k] = failed[k] ||
+                cudnnBackendExecute(handle, plans[runnable[k]]->plan->get(), packs[k].get()) != CUDNN_STATUS_SUCCESS;
+    clock.end_run();
   }
+  const std::vector<float> all = clock.times_ms();
+  std::vector<std::vector<float>> times(n);
+  for (size_t r = 0; r < runs; ++r) times[r % n].push_back(all[r]);
   for (size_t k = 0; k < n; ++k) {
-    if (failed[k]) continue;
-    std::sort(times[k].begin(), times[k].end());
-    ms[runnable[k]] = times[k][times[k].size() / 2];
+    if (!failed[k]) ms[runnable[k]] = median_ms(times[k]);
   }
   return ms;
 }

@@ -1,0 +1,8 @@
+"""The ops: thin wrappers of the native core (resnet_native._C), the only modules above _core that call it.
+
+Each takes device arrays (cupy, __cuda_array_interface__ or DLPack) and hands NumPy arrays to its float64 twin in
+resnet_native.reference, so the same graph runs on the host. Ops never allocate when given their outputs and never
+synchronise: whole forwards and steps are captured in CUDA graphs.
+"""
+
+from . import conv, images, kernels, losses, multi_tensor, norm, pool, quantized_conv, workspace  # noqa: F401
