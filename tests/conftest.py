@@ -114,6 +114,7 @@ QUICK = {
     "test_conv_args_cpu.py": all_but(
         "test_bad_arguments_raise_before_device_access",
     ),
+    "test_conv_key_cpu.py": ALL,
     "test_conv_cache_cpu.py": all_but(
         "test_key_differs_on_every_field",
     ),
@@ -183,6 +184,7 @@ QUICK = {
         "test_onnxruntime_matches_the_float64_forward",
     ),
     "test_optim_cpu.py": ALL,
+    "test_package_layers_cpu.py": ALL,
     "test_packaging_cpu.py": all_but(
         "test_gpu_skips_are_summarised_once_under_q",
     ),

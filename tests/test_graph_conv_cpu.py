@@ -183,8 +183,8 @@ def test_cudnn_rejection_mid_build_names_the_shape_and_leaks_nothing():
     needs_backend_finalize()
     before = backend_live()
     with pytest.raises(rn.CudnnError) as info:
-        C._testing.graph_build_operations(with_fields(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)), y=(2, 16, 4, 4)),
-                                  validate=False)
+        bad = with_fields(key("forward", "fp16", "NHWC", X, W, pad=(1, 1)), y=(2, 16, 4, 4))
+        C._testing.graph_build_operations(bad, validate=False)
     assert info.value.status in ("CUDNN_STATUS_BAD_PARAM", "CUDNN_STATUS_NOT_SUPPORTED")
     assert "y=(2, 16, 4, 4)" in str(info.value) and "cudnnBackendFinalize" in str(info.value)
     assert_flat(before)

@@ -16,6 +16,20 @@ LAYERS = ("_core", "formats", "quantization", "reference", "ops", "distributed",
           "training", "release", "serve")
 NATIVE_CALLERS = ("_core", "ops")
 LAZY_MARK = "# lazy:"
+# The packages a function may import on first use, and why: everything else is imported at the top of its module.
+LAZY_PACKAGES = {
+    "cupy": "`import resnet_native` works without a GPU, and importing cupy costs start-up time",
+    "cupyx": "as cupy",
+    "nvidia": "the cuDNN wheel is optional (CUDNN_HOME or a system cuDNN serve too)",
+    "PIL": "image decoding is needed only by the classifier's inputs, AutoAugment and the server",
+    "yaml": "read only with a recipe or a release's config",
+    "safetensors": "read only with a release's weights",
+    "matplotlib": "the optional logging extra; slow to import",
+    "tensorboard": "the optional logging extra; slow to import",
+    "tqdm": "the progress bar only when one is shown",
+    "onnx": "the optional onnx extra",
+    "onnxruntime": "the optional onnx extra",
+}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -142,6 +156,23 @@ def test_imports_inside_functions_say_why():
                    for _, _, line, inside, text in imports if inside and LAZY_MARK not in text]
     assert not unexplained, (f"imports of the package inside functions need a reason ('{LAZY_MARK} ...' on the line):\n"
                              + "\n".join(unexplained))
+
+
+def test_other_packages_imported_inside_functions_are_the_declared_lazy_ones():
+    undeclared = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module]
+                else:
+                    continue
+                undeclared += [f"{module}:{node.lineno}: {name}" for name in names
+                               if name.split(".")[0] not in LAZY_PACKAGES and name.split(".")[0] != "resnet_native"]
+    assert not undeclared, "imports inside functions of packages not in LAZY_PACKAGES:\n" + "\n".join(undeclared)
 
 
 @pytest.mark.parametrize("old, new", [("resnet_native.conv", "resnet_native.ops.conv"),

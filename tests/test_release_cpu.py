@@ -424,7 +424,7 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
         CIFAR10Classifier(path, precision="int8", quantize_from="layer9")
     with pytest.raises(FileNotFoundError, match="this release has no fp8 calibration; make one with"):
         CIFAR10Classifier(path, precision="fp8")
-    with pytest.raises(ValueError, match="dtype: expected one of 'int8', 'fp8', got 'int4'"):
+    with pytest.raises(ValueError, match="precision: expected one of 'int8', 'fp8', got 'int4'"):
         CIFAR10Classifier(path, precision="int4")
 
 

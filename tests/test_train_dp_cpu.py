@@ -28,11 +28,11 @@ sys.modules["cupy"] = numpy_as_cupy()
 import resnet_native as rn
 from resnet_native.data import augment as aug
 from resnet_native.distributed import World, rendezvous
-from resnet_native.layers import Module
+from resnet_native.nn.layers import Module
 from resnet_native.training import cli, loop
 
 aug.launch_augment = launch_on_numpy
-rn.require_gpu = lambda: None
+rn._core.runtime.require_gpu = lambda: None
 rn.conv.save_algorithm_cache = lambda path: pathlib.Path(path).write_text('{"entries": []}') and 0
 rn.conv.load_algorithm_cache = lambda path: 0
 Module.cuda = lambda self: self.to_host(np.float32)

@@ -5,6 +5,7 @@ Every Python module takes its names from here. The native core's typed enums (re
 """
 
 import numbers
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -127,8 +128,6 @@ def precision_argument(owner: str, precision, dtype, default=None):
         return precision
     if precision is not default:
         raise TypeError(f"{owner}: give precision= only (dtype= is its deprecated name), got both")
-    import warnings
-
     warnings.warn(f"{owner}(dtype=...) is deprecated: the argument is now precision=", DeprecationWarning,
                   stacklevel=3)
     return dtype

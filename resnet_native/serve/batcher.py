@@ -88,8 +88,6 @@ def _to_host_logits(out, n: int) -> np.ndarray:
 
 def _current_cuda_device():
     """The CUDA device current in this thread, when cupy is already in use; else None (never imports cupy)."""
-    import sys
-
     cupy = sys.modules.get("cupy")
     if cupy is None:
         return None

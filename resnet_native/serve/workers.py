@@ -14,6 +14,8 @@ requests. A worker that dies stops the server (exit 1): no silent half-service.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import json
 import multiprocessing
@@ -68,8 +70,6 @@ class RemoteBatcher:
     process's."""
 
     def __init__(self, worker: int, requests, results, settings: dict):
-        import concurrent.futures
-
         self._futures = concurrent.futures
         self.worker, self._requests, self._results = worker, requests, results
         self._settings = dict(settings)
@@ -176,8 +176,6 @@ def _watch_parent(parent: int) -> None:
 def _worker_main(index: int, host: str, port: int, app_kwargs: dict, settings: dict, shutdown_timeout: float,
                  requests, results, ready) -> None:
     """A worker process: the app on host:port (SO_REUSEPORT) over a RemoteBatcher, until SIGTERM."""
-    import asyncio
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     batcher = RemoteBatcher(index, requests, results, settings)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import sys
+import time
 import warnings
 
 from ..data.augment import storage_dtype
@@ -72,8 +73,6 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
     """One eager training step per training batch shape and one forward per evaluation batch shape, with a
     throwaway model of cfg on zeros. Everything it allocated goes back to cupy's pool on return, where the run's
     own model and steps find blocks of the same sizes. Returns {phase: seconds} and says it on stderr."""
-    import time
-
     seconds, t0 = {}, time.perf_counter()
     import cupy
 
