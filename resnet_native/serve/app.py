@@ -1,4 +1,5 @@
-"""The HTTP application: POST /predict, GET /health, GET /metrics, in front of a Batcher.
+"""The HTTP application: POST /predict, GET /health, GET /metrics, and the Open Inference Protocol's /v2 routes
+(kserve_http.py), in front of a Batcher.
 
     app = make_app(batcher, clf.classes, max_upload_bytes=1 << 20)
     web.run_app(app, host="127.0.0.1", port=8000)          # or resnet_native.serve.server / python -m ...
@@ -31,7 +32,10 @@ from .._core.names import flag, whole_number
 from ..release.classifier import softmax
 from .batcher import BatcherClosed, BatcherFull
 from .images import DEFAULT_MAX_PIXELS, ImageError, check_content_type, decode_image, media_type
+from .kserve import KServeModel, ProtocolError
+from .kserve_http import add_routes
 
+DEFAULT_MODEL_NAME = "resnet_native"  # the v2 protocol's model name when the caller gives none
 DEFAULT_MAX_UPLOAD_BYTES = 8 * 1024 * 1024  # a whole request: one image, or every part of a multipart batch
 RETRY_AFTER_S = 1  # what a 503 tells a client to wait: a full queue drains within a few batches
 _CHUNK = 64 * 1024
@@ -49,6 +53,7 @@ class Refused(Exception):
 
 
 _IMAGE_REASONS = {400: "bad_image", 413: "too_large", 415: "unsupported_type"}
+_PROTOCOL_REASONS = {400: "v2_bad_request", 404: "v2_not_found", 500: "inference", 503: "queue_full"}
 
 
 def _from_image_error(e: ImageError, prefix: str = "") -> Refused:
@@ -91,12 +96,14 @@ STATE = web.AppKey("resnet_native_serve", _State)
 
 
 def make_app(batcher, classes, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, resize: bool = False,
-             registry=None, model=None, max_pixels: int = DEFAULT_MAX_PIXELS) -> web.Application:
+             registry=None, model=None, max_pixels: int = DEFAULT_MAX_PIXELS,
+             model_name: str = DEFAULT_MODEL_NAME) -> web.Application:
     """The aiohttp application serving `batcher` (a resnet_native.serve.Batcher; the caller owns and closes it).
     classes: the class names, index = class id. max_upload_bytes: the most bytes one request may carry. resize:
     accept images of other sizes and resize them to 32x32 (else 400). registry: the prometheus_client
     CollectorRegistry the metrics go to (default: a new one for this app). model: what /health says the model is
-    (a JSON-able value, e.g. the release's name and device). max_pixels: the largest declared image decoded."""
+    (a JSON-able value, e.g. the release's name and device). max_pixels: the largest declared image decoded.
+    model_name: the model's name on the /v2 routes (the Open Inference Protocol; its one version is "1")."""
     max_upload_bytes = whole_number("max_upload_bytes", max_upload_bytes, 1)
     max_pixels = whole_number("max_pixels", max_pixels, 1)
     resize = flag("resize", resize)
@@ -111,9 +118,13 @@ def make_app(batcher, classes, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYT
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     batcher.add_batch_listener(state.metrics.observe_batch)
+    kserve = KServeModel(batcher, name=model_name, classes=classes, resize=resize, max_pixels=max_pixels)
+    add_routes(app, kserve)
+    kserve.attach()
 
     async def _detach(app):  # a batcher outliving this app no longer feeds its metrics
         batcher.remove_batch_listener(state.metrics.observe_batch)
+        kserve.detach()
 
     app.on_cleanup.append(_detach)
     return app
@@ -137,6 +148,9 @@ async def _answer_and_count(request: web.Request, handler):
     except Refused as e:
         state.metrics.errors.labels(e.reason).inc()
         response = _error(e.status, str(e), e.headers)
+    except ProtocolError as e:  # the /v2 routes' refusals
+        state.metrics.errors.labels(_PROTOCOL_REASONS.get(e.status, "v2_bad_request")).inc()
+        response = _error(e.status, str(e), {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if e.status == 503 else None)
     except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 from client_max_size, ...
         state.metrics.errors.labels({413: "too_large"}.get(e.status, "http")).inc()
         keep = {k: v for k, v in e.headers.items() if k in (hdrs.ALLOW, hdrs.RETRY_AFTER)}

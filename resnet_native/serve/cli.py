@@ -10,6 +10,10 @@ close the batcher (its queue drains first), print {"event": "stopped", ...} and 
 --workers N (N > 1): N HTTP processes on the one port in front of this process's engine (serve/workers.py: what
 /metrics and /health then report is per worker; a worker's death stops the server with exit code 1).
 --fake-engine-ms A,B serves a FakeEngine instead of a release, for tests and load tests without a model.
+--grpc-port P (P > 0) also serves the Open Inference Protocol over gRPC (serve/kserve_grpc.py: Triton's clients)
+on --host:P, over the same Batcher, and prints a second line {"event": "listening_grpc", "host", "port", "url"}
+(after the HTTP one; before it with --workers, whose engine process runs it on a thread of its own). SIGTERM stops
+both gracefully before the batcher closes. It needs grpcio and tritonclient[grpc] (the serve extra).
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ import argparse
 import asyncio
 import json
 import math
+import pathlib
 import signal
 import sys
 import warnings
 
 from ..data.cifar10 import CLASSES
 from ..release.classifier import CIFAR10Classifier
-from .app import DEFAULT_MAX_UPLOAD_BYTES, make_app
+from .app import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MODEL_NAME, make_app
 from .batcher import Batcher
 from .fake_engine import FakeEngine
 from .images import DEFAULT_MAX_PIXELS
+from .kserve import KServeModel
+from .kserve_http import MODEL as KSERVE_MODEL
 from .server import DEFAULT_SHUTDOWN_TIMEOUT_S, start_server
 from .workers import serve_workers
 
@@ -47,6 +54,12 @@ def _positive(kind, *, zero: bool = False):
         return value
 
     return parse
+
+
+def _model_name_arg(text: str) -> str:
+    if not text or "/" in text:  # it is a URL path segment of the /v2 routes
+        raise argparse.ArgumentTypeError(f"expected a name without '/', got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest image (declared width x height) decoded with --resize (default {DEFAULT_MAX_PIXELS})")
     p.add_argument("--shutdown-timeout", type=_positive(float), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                    help="on SIGTERM, how long in-flight requests may take to finish (default %(default)s s)")
+    p.add_argument("--model-name", type=_model_name_arg, default=None,
+                   help="the model's name on the Open Inference Protocol (/v2) routes (default: the release's version "
+                        f"folder name, e.g. version_A; {DEFAULT_MODEL_NAME} with --fake-engine-ms)")
+    p.add_argument("--grpc-port", type=_port, default=0,
+                   help="also serve the Open Inference Protocol over gRPC (KServe v2 / Triton's "
+                        "inference.GRPCInferenceService) on this port of --host (default 0: no gRPC server); "
+                        "messages up to --max-upload-bytes")
     p.add_argument("--workers", type=_positive(int), default=1,
                    help="HTTP front processes on the same port (SO_REUSEPORT, Linux), each decoding and answering "
                         "requests for the one engine process (default 1: a single process); see serve/workers.py")
@@ -105,8 +125,18 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve(app, batcher, host: str, port: int, shutdown_timeout: float) -> dict:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the batcher's final counters."""
+class _GrpcUnbound(OSError):
+    """The gRPC server could not listen (its message names the address)."""
+
+
+def _print_grpc_listening(host: str, port: int) -> None:
+    url = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # what tritonclient.grpc takes
+    print(json.dumps({"event": "listening_grpc", "host": host, "port": port, "url": url}), flush=True)
+
+
+async def serve(app, batcher, host: str, port: int, shutdown_timeout: float, *, grpc=None) -> dict:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the batcher's final counters. grpc: None,
+    or (KServeModel, port, max_message_bytes) to serve the model over gRPC too, on the same host and loop."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received = []
@@ -114,15 +144,54 @@ async def serve(app, batcher, host: str, port: int, shutdown_timeout: float) -> 
         loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
     runner, host, port = await start_server(app, host, port, shutdown_timeout=shutdown_timeout)
     print(json.dumps({"event": "listening", "host": host, "port": port, "url": _url(host, port)}), flush=True)
+    grpc_server = None
     try:
+        if grpc is not None:
+            from .kserve_grpc import start_grpc_server  # lazy: grpcio is needed only with --grpc-port
+
+            model, grpc_port, max_message_bytes = grpc
+            try:
+                grpc_server, grpc_host, grpc_port = await start_grpc_server(model, host, grpc_port,
+                                                                            max_message_bytes=max_message_bytes)
+            except OSError as e:
+                raise _GrpcUnbound(str(e)) from None
+            _print_grpc_listening(grpc_host, grpc_port)
         await stop.wait()
     finally:
         print(json.dumps({"event": "stopping", "signal": received[0] if received else None}), file=sys.stderr,
               flush=True)
-        await runner.cleanup()  # no new connections; in-flight requests answered (up to shutdown_timeout)
+        # Both servers stop taking calls and answer their in-flight ones (up to shutdown_timeout) together.
+        stopping = [runner.cleanup()]
+        if grpc_server is not None:
+            from .kserve_grpc import stop_grpc_server  # lazy: as start_grpc_server above
+
+            stopping.append(stop_grpc_server(grpc_server, shutdown_timeout))
+        await asyncio.gather(*stopping)
         # The queue is empty unless a handler timed out; close() finishes whatever is left, off the loop.
         await loop.run_in_executor(None, batcher.close)
     return batcher.counters()
+
+
+def _model_name(args, model: dict) -> str:
+    if args.model_name is not None:
+        return args.model_name
+    return pathlib.Path(model["release"]).name if "release" in model else DEFAULT_MODEL_NAME
+
+
+def _grpc_thread(args, batcher, app_kwargs):
+    """With --workers the v2 routes (and their statistics) live in the worker processes; the engine process serves
+    gRPC from a thread, with a model of its own over the one batcher."""
+    from .kserve_grpc import GrpcServerThread  # lazy: grpcio is needed only with --grpc-port
+
+    model = KServeModel(batcher, name=app_kwargs["model_name"], classes=app_kwargs["classes"],
+                        resize=app_kwargs["resize"], max_pixels=app_kwargs["max_pixels"])
+    model.attach()
+    try:
+        thread = GrpcServerThread(model, args.host, args.grpc_port, max_message_bytes=args.max_upload_bytes)
+    except OSError as e:
+        raise _GrpcUnbound(str(e)) from None
+    _print_grpc_listening(thread.host, thread.port)
+    return thread
 
 
 def main(argv=None) -> int:
@@ -137,15 +206,28 @@ def main(argv=None) -> int:
         engine, classes, model = load_model(args.release)
     batcher = Batcher(engine, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue)
     app_kwargs = {"classes": tuple(classes), "max_upload_bytes": args.max_upload_bytes, "resize": args.resize,
-                  "model": model, "max_pixels": args.max_pixels}
+                  "model": model, "max_pixels": args.max_pixels, "model_name": _model_name(args, model)}
     if args.workers > 1:
+        grpc_thread = None
         try:
+            if args.grpc_port:
+                grpc_thread = _grpc_thread(args, batcher, app_kwargs)
             return serve_workers(batcher, app_kwargs, args.host, args.port, args.workers, args.shutdown_timeout, _url)
+        except _GrpcUnbound as e:
+            print(f"serve: {e}", file=sys.stderr)
+            return 1
         finally:
+            if grpc_thread is not None:
+                grpc_thread.stop(args.shutdown_timeout)
             batcher.close()
     try:
         app = make_app(batcher, **app_kwargs)
-        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout))
+        # The HTTP app's v2 model: gRPC answers for the same model with the same statistics.
+        grpc = (app[KSERVE_MODEL], args.grpc_port, args.max_upload_bytes) if args.grpc_port else None
+        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc))
+    except _GrpcUnbound as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # the address is taken or not this machine's
         print(f"serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
