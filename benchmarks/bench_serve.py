@@ -1,7 +1,7 @@
 """Load test of the HTTP server on loopback: dynamic batching against one engine call per image.
 
     python benchmarks/bench_serve.py --fake-engine-ms 20,0.1 [--clients 32] [--client-processes 2] [--requests 500]
-                                     [--time-limit-s 60] [--max-batch N] [--max-delay-ms 2]
+                                     [--time-limit-s 60] [--max-batch N] [--max-delay-ms 0]
                                      [--modes batched,server_batch_1,sequential]
                                      [--out serve.json]
     python benchmarks/bench_serve.py --release cifar10_models/version_A ...      # on a GPU: its InferenceEngine
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=500, help="requests per mode (default 500)")
     p.add_argument("--time-limit-s", type=float, default=60.0, help="wall-time limit of the whole run (default 60)")
     p.add_argument("--max-batch", type=int, default=None, help="the batched mode's max_batch (default: the engine's)")
-    p.add_argument("--max-delay-ms", type=float, default=2.0, help="the batched mode's max_delay_ms (default 2)")
+    p.add_argument("--max-delay-ms", type=float, default=0.0, help="the batched mode's max_delay_ms (default 0)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--workers", type=int, default=1,
                    help="batched and server_batch_1: HTTP worker processes (python -m resnet_native.serve --workers "

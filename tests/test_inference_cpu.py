@@ -66,7 +66,8 @@ def _release_folder(tmp_path, model):
     folder = tmp_path / "version_T"
     folder.mkdir()
     config = {"version": "T", "model": {"name": "resnet18", "num_classes": model.num_classes, "stem": model.stem,
-                                        "layout": "NHWC", "dtype": "fp16"}}
+                                        "layout": "NHWC", "dtype": "fp16"},
+              "input": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     np.savez(folder / "model.npz", **model.state_dict())
     return folder

@@ -1,4 +1,5 @@
-"""resnet_native.serve.Batcher without a GPU, on FakeEngine: grouping into batches, the delay, each future its own
+"""resnet_native.serve.Batcher without a GPU, on FakeEngine: dispatch at once on an idle engine and batching of what
+queued while it was busy (max_delay_ms=0, the default), the opt-in delay, grouping into batches, each future its own
 row, error isolation, backpressure, closing, cancellation, validation, and that it needs no server packages."""
 
 import concurrent.futures
@@ -35,6 +36,124 @@ def test_concurrent_submits_become_few_batches_each_future_its_own_row(rng):
     c = batcher.counters()
     assert (c["requests"], c["completed"], c["errors"], c["batches"]) == (64, 64, 0, len(engine.calls))
     assert c["queued"] == 0 and c["in_flight"] == 0
+
+
+class TimedEngine(FakeEngine):
+    """A FakeEngine that notes when each call starts (time.monotonic)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.starts = []
+
+    def __call__(self, images):
+        self.starts.append(time.monotonic())
+        return super().__call__(images)
+
+
+def test_a_lone_request_on_an_idle_engine_is_dispatched_at_once_by_default(rng):
+    x = images(rng, 5)
+    engine = TimedEngine(fixed_ms=20.0)
+    with Batcher(engine, max_batch=64) as batcher:
+        assert batcher.max_delay_ms == 0.0 and batcher.settings()["max_delay_ms"] == 0.0
+        waits, latencies = [], []
+        for im in x:  # one at a time: each finds the engine idle
+            start = time.monotonic()
+            row = batcher.submit(im).result(WAIT_S)
+            latencies.append(time.monotonic() - start)
+            waits.append(engine.starts[-1] - start)
+            np.testing.assert_array_equal(row, im.reshape(-1)[:10].astype(np.float32))
+    assert engine.calls == [1] * 5
+    # No wait for a batch to fill: the engine is called as soon as the worker wakes (well under a millisecond when
+    # the machine is idle). The best of five, with generous bounds, stays robust on a loaded machine.
+    assert min(waits) < 0.05, waits
+    assert min(latencies) < 0.02 + 0.08, latencies  # about the engine's 20 ms, far from 20 ms + the 200 ms below
+    # With an explicit max_delay_ms the old wait is there: a lone request waits for company that never comes.
+    engine = TimedEngine(fixed_ms=20.0)
+    with Batcher(engine, max_batch=64, max_delay_ms=200.0) as batcher:
+        start = time.monotonic()
+        batcher.submit(x[0]).result(WAIT_S)
+        waited = time.monotonic() - start
+    assert engine.starts[0] - start >= 0.2 and waited >= 0.2 + 0.02, (engine.starts[0] - start, waited)
+    assert engine.calls == [1]
+
+
+def test_requests_queued_while_the_engine_is_busy_form_the_next_batch(rng):
+    engine = GatedEngine()
+    x = images(rng, 6)
+    with Batcher(engine, max_batch=64) as batcher:
+        first = batcher.submit(x[0])
+        assert engine.started.wait(WAIT_S)  # dispatched alone, at once: it did not wait for the others
+        later = [None] * 5
+
+        def client(i):
+            later[i] = batcher.submit(x[1 + i])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert batcher.queue_depth == 5 and batcher.counters()["in_flight"] == 1
+        engine.gate.set()
+        got = np.stack([f.result(WAIT_S) for f in [first, *later]])
+    np.testing.assert_array_equal(got, engine.expected_logits(x))
+    assert engine.calls == [1, 5]  # everything that queued during the first call went in one call
+    assert engine.max_concurrent_calls == 1
+
+
+def test_concurrent_clients_batch_by_themselves_without_a_delay(rng):
+    engine = FakeEngine(fixed_ms=20.0)
+    x = images(rng, 40)
+    with Batcher(engine, max_batch=64) as batcher:
+        rows = [None] * len(x)
+
+        def client(k):  # each client sends its next request as soon as it has its answer
+            for i in range(k, len(x), 8):
+                rows[i] = batcher.submit(x[i]).result(WAIT_S)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+    np.testing.assert_array_equal(np.stack(rows), engine.expected_logits(x))
+    assert sum(engine.calls) == 40 and max(engine.calls) <= 8
+    # The others queue during each 20 ms call, so most calls carry several requests (about 5 calls of 8 would do).
+    assert max(engine.calls) > 1 and len(engine.calls) <= 20, engine.calls
+    assert engine.max_concurrent_calls == 1
+
+
+def test_max_batch_caps_what_queued_while_the_engine_was_busy(rng):
+    engine = GatedEngine()
+    x = images(rng, 11)
+    with Batcher(engine, max_batch=4) as batcher:
+        first = batcher.submit(x[0])
+        assert engine.started.wait(WAIT_S)
+        rest = batcher.submit_many(x[1:])
+        assert batcher.queue_depth == 10
+        engine.gate.set()
+        got = np.stack([f.result(WAIT_S) for f in [first, *rest]])
+    np.testing.assert_array_equal(got, engine.expected_logits(x))
+    assert engine.calls == [1, 4, 4, 2]
+
+
+def test_with_a_delay_requests_that_waited_out_a_busy_call_do_not_wait_again(rng):
+    engine = GatedEngine()
+    x = images(rng, 3)
+    with Batcher(engine, max_batch=64, max_delay_ms=300.0) as batcher:
+        start = time.monotonic()
+        first = batcher.submit(x[0])
+        assert engine.started.wait(WAIT_S)
+        assert time.monotonic() - start >= 0.3  # the opt-in delay: a lone request waited for company
+        later = batcher.submit_many(x[1:])
+        time.sleep(0.35)  # longer than max_delay_ms: their deadline has passed while the engine was busy
+        opened = time.monotonic()
+        engine.gate.set()
+        first.result(WAIT_S)
+        for f in later:
+            f.result(WAIT_S)
+        assert time.monotonic() - opened < 0.3  # no second max_delay_ms counted from when the worker got free
+    assert engine.calls == [1, 2]
 
 
 def test_a_lone_request_waits_about_max_delay_a_full_batch_does_not(rng):

@@ -2,12 +2,19 @@
 
 A crash leaves either the old file or the new one, never half of one. Every writer in the package goes through
 here (checkpoints, the algorithm cache, releases, calibration and metrics files).
+
+The temporary is `.<name>.<pid>.<random>.tmp`, named by its writer's process id. A writer killed mid-write
+(SIGKILL, power loss) cannot remove its own, so the next write to the same target removes every temporary of that
+target whose writer process no longer exists (os.kill(pid, 0) says so; a live writer's temporary is never touched).
+The pid is only meaningful on this host: a folder shared between hosts may see another host's live writer as dead,
+so there writers of one target should not run on several hosts at once (or a reused pid keeps a leftover, harmless).
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import tempfile
 
 
@@ -45,7 +52,8 @@ def atomic_write_bytes(path, write) -> None:
     would give a new file (0o666 less the umask): mkstemp makes its temporary 0o600."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_dead_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -58,6 +66,45 @@ def atomic_write_bytes(path, write) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id this module writes: leave it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def remove_dead_temporaries(path) -> list:
+    """Remove the temporaries of target `path` (`.<name>.<pid>.<random>.tmp`) left by writers that no longer run;
+    returns the paths removed. Never one whose pid is alive (this process's included)."""
+    path = pathlib.Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[A-Za-z0-9_]+\.tmp")
+    removed = []
+    try:
+        entries = os.scandir(path.parent)
+    except OSError:
+        return removed
+    with entries:
+        for entry in entries:
+            m = pattern.fullmatch(entry.name)
+            if m is None or _process_alive(int(m.group(1))):
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:  # another writer removed it first
+                continue
+            except OSError:
+                continue
+            removed.append(pathlib.Path(entry.path))
+    return removed
 
 
 def atomic_write_text(path, text: str) -> None:

@@ -4,6 +4,7 @@ Every Python module takes its names from here. The native core's typed enums (re
 ...) carry the same names; tests/test_names_cpu.py checks that the two tables agree.
 """
 
+import math
 import numbers
 import warnings
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ MASTER_DTYPE = np.dtype(np.float32)
 # Activation layouts: NCHW arrays are (N, C, H, W), NHWC arrays (N, H, W, C); filters (K, C/g, R, S) and
 # (K, R, S, C/g).
 LAYOUTS = ("NCHW", "NHWC")
+
+# The registered networks (nn/models/registry.py builds them; a release's config.yaml names one).
+MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
 # Convolution engines: cuDNN's legacy API, its graph (backend) API, or whichever is faster per problem.
 ENGINES = ("auto", "legacy", "graph")
@@ -104,6 +108,30 @@ def whole_numbers(name: str, value, minimum: int | None = None, count: int | Non
         raise ValueError(f"{name}: expected {'a non-empty sequence of ints' if count is None else what}, "
                          f"got {value!r}")
     return tuple(whole_number(f"{name}[{i}]", v, minimum) for i, v in enumerate(value))
+
+
+def finite_number(name: str, value, low: float | None = None, high: float | None = None, *,
+                  high_inclusive: bool = False) -> float:
+    """`value` as a float if it is a real number (ints and NumPy numbers too; not a bool, a string or None),
+    finite and, where given, >= low and < high (<= high with high_inclusive); else a TypeError / ValueError naming
+    the argument. The ValueError reads as the native core's ('eps: expected a finite value >= 0, got nan')."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a finite number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    in_range = math.isfinite(value) and (low is None or value >= low)
+    if high is not None:
+        in_range = in_range and (value <= high if high_inclusive else value < high)
+    if not in_range:
+        if low is not None and high is not None:
+            bound = f" in [{low:g}, {high:g}{']' if high_inclusive else ')'}"
+        elif low is not None:
+            bound = f" >= {low:g}"
+        elif high is not None:
+            bound = f" {'<=' if high_inclusive else '<'} {high:g}"
+        else:
+            bound = ""
+        raise ValueError(f"{name}: expected a finite value{bound}, got {value!r}")
+    return value
 
 
 def flag(name: str, value) -> bool:

@@ -16,6 +16,7 @@ import pathlib
 import pickle
 import re
 import tarfile
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,8 +155,8 @@ def parse_python_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.
     d = {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
     if "data" not in d or "labels" not in d:
         raise ValueError(f"{name}: expected keys 'data' and 'labels', got {sorted(d)}")
-    data = np.asarray(d["data"], dtype=np.uint8)
-    labels = np.asarray(d["labels"], dtype=np.int32)
+    data = _integers(d["data"], name, "data", 0, 256, "pixel values", np.uint8)
+    labels = _integers(d["labels"], name, "labels", 0, len(CLASSES), "labels", np.int32)
     if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
         raise ValueError(f"{name}: data {data.shape} / labels {labels.shape} are not (N, 3072) / (N,)")
     return np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)), _check_labels(labels, name)
@@ -169,6 +170,22 @@ def parse_binary_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.
     labels = records[:, 0].astype(np.int32)
     images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     return np.ascontiguousarray(images), _check_labels(labels, name)
+
+
+def _integers(values, name: str, field: str, low: int, high: int, what: str, dtype) -> np.ndarray:
+    """A batch's field as an array of `dtype` once every value is an integer in [low, high) (a cast would wrap
+    -5 to 251 and 2**32 + 3 to 3); else a ValueError naming the batch and the field."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as e:  # ragged nesting, objects NumPy cannot hold
+        raise ValueError(f"{name}: {field}: expected an array of integers ({type(e).__name__}: {e})") from None
+    if array.size == 0:
+        return array.astype(dtype)
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"{name}: {field}: expected integers in [{low}, {high}), got dtype {array.dtype}")
+    if array.min() < low or array.max() >= high:
+        raise ValueError(f"{name}: {field}: {what} outside [{low}, {high}) (min {array.min()}, max {array.max()})")
+    return array.astype(dtype)
 
 
 def _check_labels(labels, name):
@@ -369,6 +386,13 @@ def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
     ok = ok and all(len(i) == len(label) for i, label in zip(images, labels, strict=True))
     if not ok:
         return None
+    for name in ("train_labels", "test_labels"):
+        a = arrays[name]
+        if a.size and (a.min() < 0 or a.max() >= len(CLASSES)):
+            # A cache whose labels no decoder writes: refused like a damaged one (decoded again, rewritten).
+            warnings.warn(f"CIFAR-10 decode cache {p}: {name} outside [0, {len(CLASSES)}) (min {a.min()}, max "
+                          f"{a.max()}); refused, decoding the source again", RuntimeWarning, stacklevel=3)
+            return None
     return CIFAR10Data(*(arrays[name] for name in _CACHE_ARRAYS), source=source)
 
 

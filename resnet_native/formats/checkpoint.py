@@ -242,6 +242,8 @@ def load_checkpoint(path) -> dict:
             meta = json.loads(raw.tobytes().decode())
         except (ValueError, UnicodeDecodeError) as e:
             raise _npz_error(path, f"the {_TREE} member is not UTF-8 JSON ({e})") from None
+        except RecursionError:
+            raise _npz_error(path, f"the {_TREE} member is nested too deeply") from None
         if not isinstance(meta, dict) or "format" not in meta:
             raise _npz_error(path, f"not a resnet_native checkpoint (unknown format: {_TREE} holds a "
                                    f"{type(meta).__name__} without a 'format')")
@@ -256,3 +258,5 @@ def load_checkpoint(path) -> dict:
             return _unflatten(meta["tree"], arrays)
         except ValueError as e:
             raise _npz_error(path, str(e)) from None
+        except RecursionError:
+            raise _npz_error(path, "the checkpoint's tree is nested too deeply") from None

@@ -188,6 +188,32 @@ def activation_scales(plan, calibration: Calibration, quantize_from: str = "stem
     return scales
 
 
+def check_calibration_fits(calibration: Calibration, state: dict, stem: str, where="calibration") -> Calibration:
+    """`calibration` if it has a scale for every layer and value of the network `state` (a 32x32 plan, quantised
+    from the stem, which covers every quantize_from) and none for a layer it does not have; else a ValueError naming
+    `where` (the file) and the layer. Every scale is finite and > 0 already (calibration_from_json)."""
+    plan = build_plan(state, stem, "fp32", image_size=(32, 32))
+    names = value_names(plan)
+    if tuple(calibration.values) != names:
+        extra = [v for v in calibration.values if v not in names]
+        missing = [v for v in names if v not in calibration.values]
+        raise ValueError(f"{where}: field 'values': not this network's values (unknown {extra[:5]}, missing "
+                         f"{missing[:5]}): calibrated for another network")
+    steps = quantized_steps(plan)
+    layers = {s.name for s in steps}
+    for name in calibration.weight_scales:
+        if name not in layers:
+            raise ValueError(f"{where}: field 'weight_scales': layer {name!r} is not a quantised convolution of this "
+                             "network")
+    for step in steps:
+        if step.name not in calibration.weight_scales:
+            raise ValueError(f"{where}: field 'weight_scales': no scales for layer {step.name!r}")
+    for v in quantized_values(plan):
+        if names[v] not in calibration.activation_scales:
+            raise ValueError(f"{where}: field 'activation_scales': no scale for value {names[v]!r}")
+    return calibration
+
+
 def step_weight_scales(calibration: Calibration, step, k: int) -> np.ndarray:
     """The (k,) per-output-channel weight scales of quantised convolution `step`; ValueError for another count."""
     s_w = np.asarray(calibration.weight_scales.get(step.name, ()), np.float64)

@@ -15,6 +15,7 @@ import numpy as np
 from ..formats.release_folder import calibration_file, load_release_config, load_weights, resolve_version_dir
 from ..nn.models import ResNet
 from ..quantization import load_calibration
+from .simulate import check_calibration_fits
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
 
 
 def release_calibration(model_or_release, models_dir, dtype: str):
-    """The calibration_<dtype>.json of a release (release --int8 / --fp8); ValueError for a model, which has none."""
+    """The calibration_<dtype>.json of a release (release --int8 / --fp8), checked to be for `dtype` and to fit the
+    release's network (a scale for each of its layers, none for another's); ValueError for a model, which has
+    none."""
     if not isinstance(model_or_release, (str, os.PathLike)):
         raise ValueError(f"calibration: a {dtype} engine of a model needs calibration= (quantization.calibrate); "
                          "a release carries its own")
@@ -60,4 +63,6 @@ def release_calibration(model_or_release, models_dir, dtype: str):
     if not path.is_file():
         raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "
                                 f"resnet_native.release --run RUN --version VERSION --{dtype} --data CIFAR10`")
-    return load_calibration(path)
+    calibration = load_calibration(path, dtype)  # a file made for another dtype is refused, naming both
+    source = model_source(model_or_release, models_dir)
+    return check_calibration_fits(calibration, source.state, source.stem, path)

@@ -92,11 +92,16 @@ _OWN_FIELDS = ("format", "version", "gpu", "cudnn_version", "entries")
 
 def _read_cache_file(path) -> dict:
     """The JSON object of a cache file, its format and version checked (ValueError naming the file)."""
-    with open(os.fspath(path)) as f:
-        try:
-            payload = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"algorithm cache file {path}: not JSON ({e})") from None
+    with open(os.fspath(path), "rb") as f:
+        raw = f.read()
+    try:
+        payload = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:  # a binary file
+        raise ValueError(f"algorithm cache file {path}: not UTF-8 text, so not JSON ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"algorithm cache file {path}: not JSON ({e})") from None
+    except RecursionError:  # nesting deeper than the parser's recursion limit
+        raise ValueError(f"algorithm cache file {path}: not an algorithm cache (JSON nested too deeply)") from None
     if not isinstance(payload, dict) or payload.get("format") != _CACHE_FORMAT:
         raise ValueError(f"algorithm cache file {path}: not a resnet_native algorithm cache")
     version = payload.get("version")

@@ -31,6 +31,7 @@ from .._core.names import (
     PRECISIONS,
     canonical_dtype,
     choice,
+    finite_number,
     flag,
 )
 from .._core.runtime import op_stream as _stream
@@ -88,12 +89,13 @@ def conv2d(x, w, spec: ConvSpec, *, bias=None, z=None, activation="identity", al
     fused=...)['fused_path'] for which path ran), else the convolution followed by cudnnAddTensor /
     cudnnActivationForward. `out` must not overlap any input.
     """
+    alpha1, alpha2 = finite_number("alpha1", alpha1), finite_number("alpha2", alpha2)  # for both paths
     if isinstance(x, np.ndarray) and isinstance(w, np.ndarray):  # host arrays: the float64 reference
         return reference.conv.conv2d(x, w, spec, bias=bias, z=z, activation=activation, alpha1=alpha1, alpha2=alpha2,
                                      out=out)
     spec = _check_spec(spec)
-    return _C.conv_forward(x, w, out, bias, z, _native_spec(spec, "forward"), activation, float(alpha1),
-                           float(alpha2), _fusion_enabled, _stream())
+    return _C.conv_forward(x, w, out, bias, z, _native_spec(spec, "forward"), activation, alpha1, alpha2,
+                           _fusion_enabled, _stream())
 
 
 def conv2d_backward_data(dy, w, spec: ConvSpec, x_shape, *, out=None, accumulate=False):

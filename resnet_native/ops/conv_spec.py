@@ -165,6 +165,7 @@ def _parse_algo_text(algo: str) -> dict:
         return {d: (text, 0, None) for d in DIRECTIONS}
     if "=" in text:
         result = {d: ("heuristic", 0, None) for d in DIRECTIONS}
+        given = {}  # direction -> the part that named it
         for part in text.split(";"):
             key, sep, name = part.partition("=")
             direction = DIRECTION_ALIASES.get(key.strip())
@@ -173,6 +174,12 @@ def _parse_algo_text(algo: str) -> dict:
                     f"algo: expected 'direction=name' parts separated by ';' with directions fwd, bwd_data, "
                     f"bwd_filter, got {algo!r}"
                 )
+            if direction in given:
+                raise ValueError(
+                    f"algo: the {direction} direction is given twice ({given[direction]!r} and {part.strip()!r}) "
+                    f"in {algo!r}; give each direction once"
+                )
+            given[direction] = part.strip()
             result[direction] = _algo_for(name.strip(), direction, algo)
         return result
     result = {}

@@ -11,11 +11,14 @@ against their ranges; a device scalar cannot be: a captured graph reads its valu
 """
 
 
+import math
+import numbers
+
 import numpy as np
 
 from .. import reference
 from .._core.loader import _C
-from .._core.names import whole_number
+from .._core.names import finite_number, flag, whole_number
 from .kernels import stream
 
 CHUNK_ELEMENTS = int(_C.MULTI_TENSOR_CHUNK)  # a launch's unit of work: one block's share of a tensor at a time
@@ -66,10 +69,49 @@ def _table(value):
 
 
 def _non_negative(value, name) -> float:
-    """The optimizers' own check of a hyperparameter they keep (the ops check what they are called with)."""
-    value = float(value)
-    if not value >= 0.0:
-        raise ValueError(f"{name}: expected a value >= 0, got {value}")
+    """The optimizers' own check of a hyperparameter they keep (the ops check what they are called with): a
+    finite number >= 0 (not a bool or a string)."""
+    return finite_number(name, value, 0.0)
+
+
+def _bound_text(low, high) -> str:
+    if high is not None:
+        return f" in [{low:g}, {high:g})"
+    return "" if low is None else f" >= {low:g}"
+
+
+def _number(name: str, value, low=None, high=None) -> float:
+    """A hyperparameter the ops take as a number only: checked here, the same for the native and the host path,
+    with the native core's messages (a finite value, in [low, high) where given)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name}: expected a finite value{_bound_text(low, high)}, got {number!r}")
+    if (low is not None and not number >= low) or (high is not None and not number < high):
+        raise ValueError(f"{name}: expected a value{_bound_text(low, high)}, got {number!r}")
+    return number
+
+
+def _scalar(name: str, value, low=None, high=None):
+    """A scalar the ops take as a number or as a float32 (1,) array (on the device; a NumPy array on the host path).
+    A number is checked here, the same for both paths: finite and in [low, high) where given. An array goes on as
+    is: each path checks its dtype and shape, and its value is read when the update runs."""
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got a bool")
+    if value is None or isinstance(value, str | bytes):
+        raise TypeError(f"{name}: expected a number or a float32 device array of shape (1,), got "
+                        f"{type(value).__name__}")
+    if not isinstance(value, numbers.Real):
+        return value  # an array
+    return _number(name, value, low, high)
+
+
+def _step(value):
+    """AdamW's step: a number >= 1 (checked here for both paths) or a (1,) array."""
+    value = _scalar("step", value)
+    if isinstance(value, numbers.Real) and not float(value) >= 1.0:
+        raise ValueError(f"step: expected the 1-based step number, got {value!r}")
     return value
 
 
@@ -82,6 +124,11 @@ def sgd_step(params, grads, momentum_bufs, *, lr, momentum=0.9, weight_decay=0.0
     the first step equals PyTorch's (buf = g) when dampening is 0; with dampening, pass first_step=True on the
     first step. momentum_bufs may be None when momentum is 0.
     """
+    # Numbers and flags are checked here, once, for the native and the host path alike.
+    momentum = _scalar("momentum", momentum, 0.0)
+    dampening, weight_decay = _number("dampening", dampening, 0.0), _number("weight_decay", weight_decay, 0.0)
+    lr, inv_scale = _scalar("lr", lr, 0.0), _scalar("inv_scale", inv_scale, 0.0)
+    nesterov, first_step = flag("nesterov", nesterov), flag("first_step", first_step)
     if isinstance(params, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
         return reference.multi_tensor.sgd_step(params, grads, momentum_bufs, lr=lr, momentum=momentum,
                                                weight_decay=weight_decay, nesterov=nesterov, dampening=dampening,
@@ -99,6 +146,11 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1=0.9, beta2=0.9
     p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps). step counts from 1 (a number, or a
     float32 (1,) device array so that skipped steps need not be counted on the host).
     """
+    # Numbers are checked here, once, for the native and the host path alike.
+    beta1, beta2 = _scalar("beta1", beta1, 0.0, 1.0), _number("beta2", beta2, 0.0, 1.0)
+    eps, weight_decay = _number("eps", eps, 0.0), _number("weight_decay", weight_decay, 0.0)
+    step = _step(step)
+    lr, inv_scale = _scalar("lr", lr, 0.0), _scalar("inv_scale", inv_scale, 0.0)
     if isinstance(params, reference.multi_tensor.TensorList):  # host arrays: the float64 reference
         return reference.multi_tensor.adamw_step(params, grads, exp_avgs, exp_avg_sqs, lr=lr, beta1=beta1, beta2=beta2,
                                                  eps=eps, weight_decay=weight_decay, step=step, inv_scale=inv_scale,

@@ -14,7 +14,21 @@ import numpy as np
 
 from .. import reference
 from .._core.loader import _C
+from .._core.names import finite_number, flag
 from .kernels import stream
+
+
+def _eps(eps) -> float:
+    """eps checked as the native ops check it, before either path runs (host and GPU refuse the same values)."""
+    return finite_number("eps", eps, 0.0)
+
+
+def _momentum(momentum) -> float:
+    """momentum checked as the native ops check it (and with their message), before either path runs."""
+    try:
+        return finite_number("momentum", momentum, 0.0, 1.0, high_inclusive=True)
+    except ValueError:
+        raise ValueError(f"momentum: expected a value in [0, 1], got {momentum!r}") from None
 
 
 def batch_norm_reserve_size(x_shape, *, layout, relu=False, has_z=False, dtype="fp16") -> int:
@@ -31,6 +45,7 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
     path needs none (sized by batch_norm_reserve_size); a given `reserve` (from an earlier call of the same shape)
     is reused.
     """
+    eps, momentum = _eps(eps), _momentum(momentum)
     if isinstance(x, np.ndarray):  # host arrays: the float64 reference
         return reference.norm.batch_norm_train(x, gamma, beta, running_mean, running_var, layout=layout,
                                                momentum=momentum, eps=eps, z=z, relu=relu, out=out,
@@ -43,6 +58,7 @@ def batch_norm_train(x, gamma, beta, running_mean, running_var, *, layout, momen
 def batch_norm_infer(x, gamma, beta, running_mean, running_var, *, layout, eps=1e-5, z=None, relu=False, out=None,
                      dtype=None):
     """Inference forward: y = [relu](bn(x) [+ z]) with the running statistics."""
+    eps = _eps(eps)
     if isinstance(x, np.ndarray):  # host arrays: the float64 reference
         return reference.norm.batch_norm_infer(x, gamma, beta, running_mean, running_var, layout=layout, eps=eps, z=z,
                                                relu=relu, out=out, dtype=dtype)
@@ -58,6 +74,7 @@ def batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, *, layout, e
     masked by the ReLU), is returned when has_z, else None. accumulate=True adds into the given dgamma / dbeta
     instead of overwriting them.
     """
+    eps = _eps(eps)
     if isinstance(x, np.ndarray) and isinstance(dy, np.ndarray):  # host arrays: the float64 reference
         return reference.norm.batch_norm_backward(x, dy, gamma, beta, save_mean, save_invstd, layout=layout, eps=eps,
                                                   y=y, relu=relu, has_z=has_z, reserve=reserve, dx=dx, dgamma=dgamma,
@@ -88,6 +105,7 @@ def sync_bn_forward(x, sums, gamma, beta, running_mean, running_var, *, count, l
                     z=None, relu=False, out=None, save_mean=None, save_invstd=None, dtype=None):
     """y = [relu](bn(x) [+ z]) with the statistics of all ranks (sums: every rank's sync_bn_sums about running_mean,
     added); updates the running statistics in place. Returns (y, save_mean, save_invstd)."""
+    eps, momentum = _eps(eps), _momentum(momentum)
     if isinstance(x, np.ndarray):
         return reference.norm.sync_bn_forward(x, sums, gamma, beta, running_mean, running_var, count=count,
                                               layout=layout, momentum=momentum, eps=eps, z=z, relu=relu, out=out,
@@ -137,7 +155,7 @@ def mode() -> str:
 def set_fuse_bf16(enabled: bool) -> None:
     """Whether NHWC bf16 takes cuDNN's fused BN + add + ReLU calls (on by default; off: the BN-only *Ex call and the
     elementwise kernels). A shape cuDNN refuses falls back by itself either way."""
-    _C.set_batch_norm_fuse_bf16(bool(enabled))
+    _C.set_batch_norm_fuse_bf16(flag("enabled", enabled))
 
 
 def fuse_bf16() -> bool:

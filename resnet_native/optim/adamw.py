@@ -8,8 +8,11 @@ found_inf says the update is skipped, so the step needs no host synchronisation.
 device (Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from .._core.names import finite_number
 from .._core.placement import host_copy
 from ..ops import multi_tensor
 from .optimizer import Optimizer, _non_negative
@@ -21,8 +24,10 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(params, lr)
-        betas = tuple(float(b) for b in betas)
-        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        if isinstance(betas, str | bytes) or not isinstance(betas, Sequence | np.ndarray) or len(betas) != 2:
+            raise ValueError(f"betas: expected two floats in [0, 1), got {betas!r}")
+        betas = tuple(finite_number(f"betas[{i}]", b) for i, b in enumerate(betas))
+        if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas: expected two floats in [0, 1), got {betas!r}")
         self.betas = betas
         self.eps = _non_negative(eps, "eps")

@@ -15,7 +15,7 @@ optimizer follows the optimizer's parameters, and one used alone goes to the GPU
 import numpy as np
 
 from .._core import placement as placements
-from .._core.names import whole_number
+from .._core.names import finite_number, flag, whole_number
 from ..ops import multi_tensor
 
 
@@ -51,16 +51,19 @@ class GradScaler:
     def __init__(
         self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True
     ):
+        init_scale = finite_number("init_scale", init_scale)
+        growth_factor = finite_number("growth_factor", growth_factor)
+        backoff_factor = finite_number("backoff_factor", backoff_factor)
         if not init_scale > 0:
             raise ValueError(f"init_scale: expected > 0, got {init_scale!r}")
         if not growth_factor > 1.0:
             raise ValueError(f"growth_factor: expected > 1, got {growth_factor!r}")
         if not 0.0 < backoff_factor < 1.0:
             raise ValueError(f"backoff_factor: expected a float in (0, 1), got {backoff_factor!r}")
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
         self.growth_interval = whole_number("growth_interval", growth_interval, 1)
-        self.enabled = bool(enabled)
+        self.enabled = flag("enabled", enabled)
         self._host_scale = float(init_scale)  # the state until the device arrays exist
         self._host_tracker = 0
         self.placement = None  # where its arrays live, once chosen

@@ -7,6 +7,7 @@ For fp16/bf16 models the same launch rewrites the low-precision copies the ops r
 from the device (see Optimizer.prepare_step), so a one-cycle schedule can move both under a captured graph.
 """
 
+from .._core.names import flag
 from ..ops import multi_tensor
 from .optimizer import Optimizer, _non_negative
 
@@ -20,7 +21,7 @@ class SGD(Optimizer):
         self.momentum = _non_negative(momentum, "momentum")
         self.dampening = _non_negative(dampening, "dampening")
         self.weight_decay = _non_negative(weight_decay, "weight_decay")
-        self.nesterov = bool(nesterov)
+        self.nesterov = flag("nesterov", nesterov)
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("nesterov: needs momentum > 0 and dampening == 0")
 

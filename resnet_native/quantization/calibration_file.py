@@ -130,12 +130,18 @@ def save_calibration(calibration: Calibration, path) -> pathlib.Path:
     return path
 
 
-def load_calibration(path) -> Calibration:
-    """The Calibration in the JSON file at `path`; ValueError naming the file and the field if malformed."""
+def load_calibration(path, dtype: str | None = None) -> Calibration:
+    """The Calibration in the JSON file at `path`; ValueError naming the file and the field if malformed, nested
+    too deeply, or (dtype given) made for another dtype than `dtype`."""
     path = pathlib.Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant,
                           object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{path}: not a calibration JSON file ({e})") from None
-    return calibration_from_json(data, path)
+    except RecursionError:
+        raise ValueError(f"{path}: not a calibration JSON file (nested too deeply)") from None
+    calibration = calibration_from_json(data, path)
+    if dtype is not None and calibration.dtype != dtype:
+        raise ValueError(f"{path}: field 'dtype': made for {calibration.dtype!r}, but {dtype!r} was asked for")
+    return calibration

@@ -32,7 +32,7 @@ from .._core.runtime import cuda_available
 from ..data.augment import MEAN, STD, normalize_on_host
 from ..data.cifar10 import CLASSES, CIFAR10Data, load_cifar10
 from ..formats.checkpoint import load_checkpoint
-from ..formats.release_folder import calibration_file, preprocess_values  # noqa: F401  (re-exported)
+from ..formats.release_folder import calibration_file, check_release_config, preprocess_values  # noqa: F401  (re-exported)
 from ..inference import InferenceEngine
 from ..inference.calibration_choice import choose_calibrations
 from ..nn.models.registry import model_from_spec, model_spec, rename_legacy_keys
@@ -274,6 +274,8 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
     weights = {k: np.asarray(v) for k, v in state["model"].items()}
     config = release_config(state, version, run_name=pathlib.Path(run_dir).resolve().name,
                             checkpoint_name=ckpt_path.name)
+    # The schema every backend reads a release with, checked before anything is written.
+    check_release_config(config, f"{ckpt_path} (the release's config.yaml)")
     metrics = release_metrics(state, version, weights, run_dir)
     if benchmark:
         if cuda_available():

@@ -262,13 +262,26 @@ class CIFAR10Classifier:
         logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
         return logits[0] if single else logits
 
+    def _finite_logits(self, images) -> np.ndarray:
+        """self.logits(images), or a ValueError when one is NaN or infinite (argmax would say class 0 and softmax
+        NaN): a release whose weights overflow in its precision, or a broken backend."""
+        logits = self.logits(images)
+        finite = np.isfinite(logits)
+        if not finite.all():
+            rows = np.flatnonzero(~finite.reshape(-1, logits.shape[-1]).all(axis=1))
+            raise ValueError(f"CIFAR10Classifier({str(self.version_dir)!r}, backend={self.backend!r}): the model "
+                             f"gave non-finite logits (NaN or infinity) for {len(rows)} image(s), the first at index "
+                             f"{int(rows[0])}; no class can be predicted")
+        return logits
+
     def predict_proba(self, images) -> np.ndarray:
-        """Class probabilities: (10,) for one image, (N, 10) for a batch."""
-        return softmax(self.logits(images))
+        """Class probabilities: (10,) for one image, (N, 10) for a batch; ValueError for non-finite logits."""
+        return softmax(self._finite_logits(images))
 
     def predict(self, images):
-        """Class ids: an int for one image, an int64 array for a batch (names: self.classes[id])."""
-        logits = self.logits(images)
+        """Class ids: an int for one image, an int64 array for a batch (names: self.classes[id]); ValueError for
+        non-finite logits."""
+        logits = self._finite_logits(images)
         if logits.ndim == 1:
             return int(np.argmax(logits))
         return np.argmax(logits, axis=1).astype(np.int64)

@@ -3,7 +3,7 @@
     python -m resnet_native.serve --release cifar10_models/version_A          # README: Serving over HTTP
 
     from resnet_native.serve import Batcher
-    with Batcher(engine, max_batch=256, max_delay_ms=2.0) as batcher:        # engine: InferenceEngine or callable
+    with Batcher(engine, max_batch=256) as batcher:        # engine: InferenceEngine or callable
         logits = batcher.submit(image).result()
 
 One piece per file: batcher, images (upload bytes -> uint8 32x32 RGB), app (aiohttp: /predict, /health, /metrics),

@@ -20,6 +20,7 @@ import time
 
 try:
     from aiohttp import BodyPartReader, hdrs, web
+    from aiohttp.http_exceptions import HttpProcessingError
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
     from prometheus_client.exposition import choose_encoder
 except ImportError as e:  # the server is an optional extra; the Batcher itself needs neither
@@ -235,6 +236,13 @@ async def _read_multipart(request: web.Request, state: _State) -> list:
         raise _disconnected() from None
     except (ValueError, AssertionError) as e:  # aiohttp's parser on a malformed body (no boundary, bad framing)
         raise Refused(400, f"malformed multipart/form-data body ({e})", "bad_request") from None
+    except HttpProcessingError as e:
+        # aiohttp's own bounds on a part's headers (at most max_headers lines of max_field_size bytes, 128 and
+        # 8190 by default) and on every line around the parts (the preamble, the epilogue after the closing
+        # boundary): past them, a 400 naming which, never a 500.
+        message = " ".join(str(e.message).split(": b'")[0].split())[:200]  # one line, without the client's bytes
+        raise Refused(400, f"malformed multipart/form-data body ({type(e).__name__}: {message})",
+                      "bad_request") from None
     if not images:
         raise Refused(400, "multipart/form-data body without parts: expected one image per part", "bad_request")
     return images

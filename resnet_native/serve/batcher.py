@@ -1,14 +1,19 @@
 """Batcher: single images from many threads in, batched engine calls on one worker thread out.
 
-    with Batcher(clf.engine, max_batch=256, max_delay_ms=2.0) as batcher:
+    with Batcher(clf.engine, max_batch=256) as batcher:
         future = batcher.submit(image)          # uint8 (32, 32, 3); returns at once
         logits = future.result()                # (classes,) float32, this image's row of its batch's logits
 
-An engine call costs a fixed overhead plus a little per image, so a GPU serves far more images in batches: each
-request waits at most max_delay_ms (from the oldest waiting one) for up to max_batch others. One worker thread
-makes every call, since an InferenceEngine is not thread-safe and cupy's current device is per thread. A failed
-batch is re-run one request at a time, so only the request that makes the engine fail gets the exception. Past
-max_queue waiting requests, submit raises BatcherFull at once (503) rather than letting every latency grow.
+An engine call costs a fixed overhead plus a little per image, so a GPU serves far more images in batches. The
+policy is Triton's default (max_queue_delay_microseconds = 0): when the worker is free and a request is queued, it
+takes everything queued (up to max_batch) and calls the engine at once; requests that arrive while the engine runs
+queue up and form the next batch. So a lone request on an idle engine pays no wait, and batches grow with the load
+by themselves. max_delay_ms > 0 is an opt-in extra wait: the worker then holds a batch until it is full or its
+oldest request has waited max_delay_ms (a request that already waited out a busy engine call waits no more).
+One worker thread makes every call, since an InferenceEngine is not thread-safe and cupy's current device is per
+thread. A failed batch is re-run one request at a time, so only the request that makes the engine fail gets the
+exception. Past max_queue waiting requests, submit raises BatcherFull at once (503) rather than letting every
+latency grow.
 """
 
 from __future__ import annotations
@@ -111,13 +116,14 @@ class Batcher:
 
     engine: an InferenceEngine, or any callable taking a uint8 (N, 32, 32, 3) NumPy batch and returning (N, classes)
     logits (cupy or NumPy). max_batch: the most images per engine call (default: the engine's largest captured batch
-    size `engine.batch_sizes[-1]`, else DEFAULT_MAX_BATCH). max_delay_ms: how long the oldest waiting request may
-    wait for the batch to fill before a smaller batch runs (0: run whatever is waiting as soon as the worker is
-    free). max_queue: the most requests waiting (not yet in an engine call); submit raises BatcherFull beyond it.
+    size `engine.batch_sizes[-1]`, else DEFAULT_MAX_BATCH). max_delay_ms: 0 (the default) runs whatever is queued
+    as soon as the worker is free, up to max_batch; > 0 lets a batch wait for more requests until it is full or its
+    oldest request has waited max_delay_ms. max_queue: the most requests waiting (not yet in an engine call);
+    submit raises BatcherFull beyond it.
     on_batch: called as on_batch(size, seconds) after every engine call, failed ones included, on the worker thread
     (see add_batch_listener)."""
 
-    def __init__(self, engine, *, max_batch=None, max_delay_ms=2.0, max_queue=1024, on_batch=None):
+    def __init__(self, engine, *, max_batch=None, max_delay_ms=0.0, max_queue=1024, on_batch=None):
         if not callable(engine):
             raise TypeError(f"engine: expected an InferenceEngine or a callable, got {type(engine).__name__}")
         if max_batch is None:
@@ -249,19 +255,21 @@ class Batcher:
             raise
 
     def _next_batch(self):
-        """Wait for requests, then until the batch is full, the oldest request has waited max_delay_ms, or the
-        batcher is closing (queued work then runs at once); pop up to max_batch. None: closed and drained."""
+        """Wait for a request, then take everything queued, up to max_batch. With max_delay_ms > 0, first wait
+        until max_batch are queued, the oldest has waited max_delay_ms, or the batcher is closing (queued work then
+        runs at once). None: closed and drained."""
         with self._cond:
             while not self._queue:
                 if self._closed:
                     return None
                 self._cond.wait()
-            deadline = self._queue[0].queued_at + self._delay
-            while len(self._queue) < self.max_batch and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            if self._delay > 0:
+                deadline = self._queue[0].queued_at + self._delay
+                while len(self._queue) < self.max_batch and not self._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
             self._in_flight = len(batch)
         # A request whose caller gave up (future cancelled, e.g. its HTTP client went away) is dropped here;

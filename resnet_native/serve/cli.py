@@ -35,7 +35,13 @@ from .fake_engine import FakeEngine
 from .images import DEFAULT_MAX_PIXELS
 from .kserve import KServeModel
 from .kserve_http import MODEL as KSERVE_MODEL
-from .server import DEFAULT_SHUTDOWN_TIMEOUT_S, start_server
+from .server import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    start_server,
+)
 from .workers import serve_workers
 
 
@@ -75,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: a free one, printed)")
     p.add_argument("--max-batch", type=_positive(int), default=None,
                    help="most images per engine call (default: the engine's largest batch size; 32 on the host)")
-    p.add_argument("--max-delay-ms", type=_positive(float, zero=True), default=2.0,
-                   help="how long the oldest queued request waits for a batch to fill (default 2)")
+    p.add_argument("--max-delay-ms", type=_positive(float, zero=True), default=0.0,
+                   help="extra wait for a batch to fill, from its oldest request (default 0: run what is queued "
+                        "as soon as the engine is free)")
     p.add_argument("--max-queue", type=_positive(int), default=1024,
                    help="most requests waiting; beyond it the server answers 503 (default 1024)")
     p.add_argument("--max-upload-bytes", type=_positive(int), default=DEFAULT_MAX_UPLOAD_BYTES,
@@ -87,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest image (declared width x height) decoded with --resize (default {DEFAULT_MAX_PIXELS})")
     p.add_argument("--shutdown-timeout", type=_positive(float), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                    help="on SIGTERM, how long in-flight requests may take to finish (default %(default)s s)")
+    p.add_argument("--read-timeout-s", type=_positive(float), default=DEFAULT_READ_TIMEOUT_S,
+                   help="close a connection whose client sends nothing for this long while the server waits on it "
+                        "(headers, body, or an idle kept-alive connection), and one whose request headers take "
+                        "longer (default %(default)s s)")
+    p.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULT_BODY_TIMEOUT_S,
+                   help="close a connection whose request body is not all in this long after its headers "
+                        "(default %(default)s s)")
+    p.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS,
+                   help="most open HTTP connections; one more is answered 503 and closed (default %(default)s)")
     p.add_argument("--model-name", type=_model_name_arg, default=None,
                    help="the model's name on the Open Inference Protocol (/v2) routes (default: the release's version "
                         f"folder name, e.g. version_A; {DEFAULT_MODEL_NAME} with --fake-engine-ms)")
@@ -134,7 +150,8 @@ def _print_grpc_listening(host: str, port: int) -> None:
     print(json.dumps({"event": "listening_grpc", "host": host, "port": port, "url": url}), flush=True)
 
 
-async def serve(app, batcher, host: str, port: int, shutdown_timeout: float, *, grpc=None) -> dict:
+async def serve(app, batcher, host: str, port: int, shutdown_timeout: float, *, grpc=None,
+                limits=None) -> dict:
     """Serve until SIGTERM or SIGINT, then shut down gracefully; returns the batcher's final counters. grpc: None,
     or (KServeModel, port, max_message_bytes) to serve the model over gRPC too, on the same host and loop."""
     loop = asyncio.get_running_loop()
@@ -142,7 +159,7 @@ async def serve(app, batcher, host: str, port: int, shutdown_timeout: float, *, 
     received = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda s=sig: (received.append(s.name), stop.set()))
-    runner, host, port = await start_server(app, host, port, shutdown_timeout=shutdown_timeout)
+    runner, host, port = await start_server(app, host, port, shutdown_timeout=shutdown_timeout, **(limits or {}))
     print(json.dumps({"event": "listening", "host": host, "port": port, "url": _url(host, port)}), flush=True)
     grpc_server = None
     try:
@@ -224,7 +241,10 @@ def main(argv=None) -> int:
         app = make_app(batcher, **app_kwargs)
         # The HTTP app's v2 model: gRPC answers for the same model with the same statistics.
         grpc = (app[KSERVE_MODEL], args.grpc_port, args.max_upload_bytes) if args.grpc_port else None
-        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc))
+        limits = {"read_timeout": args.read_timeout_s, "body_timeout": args.body_timeout_s,
+                  "max_connections": args.max_connections}
+        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc,
+                                     limits=limits))
     except _GrpcUnbound as e:
         print(f"serve: {e}", file=sys.stderr)
         return 1

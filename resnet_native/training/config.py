@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .._core.names import ENGINES, LAYOUTS, PRECISIONS
+from ..formats.yaml_file import load_plain_yaml
 from ..nn.models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
 from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of, section, text, variant
 
@@ -135,19 +136,10 @@ def recipe_path(name_or_path) -> pathlib.Path:
 
 def load_recipe(name_or_path) -> dict:
     """A recipe's YAML mapping, by name ('A', 'B') from the package or from a file path; 'name' defaults to the
-    file's stem. Read with yaml.safe_load only (plain data, no Python objects); ValueError naming the file when
-    it cannot be read, is not YAML, or is not a mapping."""
-    import yaml
-
+    file's stem. Read as plain data only (formats/yaml_file.py: at most 1 MiB, no Python objects, anchors,
+    aliases or tags); ValueError naming the file when it cannot be read, is not YAML, or is not a mapping."""
     p = recipe_path(name_or_path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"recipe {p}: cannot be read ({e})") from None
-    try:
-        recipe = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"recipe {p}: not valid YAML ({e})") from None
+    recipe = load_plain_yaml(p, label="recipe ")
     if not isinstance(recipe, dict):
         raise ValueError(f"recipe {p}: expected a YAML mapping at the top level, got "
                          f"{'nothing' if recipe is None else type(recipe).__name__}")

@@ -7,13 +7,14 @@ trainer, so serving a release never imports training code.
 
 from __future__ import annotations
 
-from ..._core.names import LAYOUTS, PRECISIONS, choice
+from ..._core.names import LAYOUTS, MODEL_NAMES, PRECISIONS, choice
 from ...data.cifar10 import CLASSES
 from .resnet import ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
 
 MODELS = {"resnet18": ResNet18, "resnet34": ResNet34, "resnet50": ResNet50, "resnet101": ResNet101,
           "resnet152": ResNet152}
-MODEL_NAMES = tuple(MODELS)
+if tuple(MODELS) != MODEL_NAMES:
+    raise ImportError(f"_core.names.MODEL_NAMES {MODEL_NAMES} must list the registered networks {tuple(MODELS)}")
 
 # CIFAR-10: ten classes of 32x32 images, hence the small-image stem (3x3 convolution, no max-pool).
 NUM_CLASSES = len(CLASSES)
