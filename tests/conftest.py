@@ -185,6 +185,9 @@ QUICK = {
     ),
     "test_optim_cpu.py": ALL,
     "test_package_layers_cpu.py": ALL,
+    "test_host_checks_cpu.py": ALL,
+    "test_file_schemas_cpu.py": ALL,
+    "test_atomic_files_cpu.py": ALL,
     "test_packaging_cpu.py": all_but(
         "test_gpu_skips_are_summarised_once_under_q",
     ),

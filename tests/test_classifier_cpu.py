@@ -163,7 +163,7 @@ def test_on_a_gpu_the_engine_gets_the_algorithm_cache(release_dir, tmp_path, mon
     monkeypatch.setattr(resnet_native.release.classifier, "InferenceEngine", FakeEngine)
     monkeypatch.setattr(resnet_native.release.classifier, "release_calibration", lambda *a: "calibration")
     path = tmp_path / "algos.json"
-    extra = {} if dtype is None else {"dtype": dtype, "quantize_from": "auto"}
+    extra = {} if dtype is None else {"precision": dtype, "quantize_from": "auto"}
     clf = CIFAR10Classifier(release_dir, algorithm_cache=path, **extra)
     assert built[-1]["algorithm_cache"] == path and clf.algorithm_cache == path
     assert clf.backend == ("engine" if dtype is None else "engine-int8")
