@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from conftest import child_env
+
 from resnet_native._core.files import atomic_write_bytes, atomic_write_text, remove_dead_temporaries
 
 WAIT_S = 20.0
@@ -26,8 +28,13 @@ atomic_write_bytes(sys.argv[1], write)
 
 def _start_blocked_writer(target):
     """A child process blocked inside atomic_write_bytes(target) with its temporary on disk."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(target)], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "writing"
+    # From the target's folder: run from the checkout, `python -c` would import the source tree (no extension).
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(target)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=child_env(), cwd=target.parent)
+    line = child.stdout.readline().strip()
+    if line != "writing":
+        child.kill()
+        raise AssertionError(f"the writer did not start: {child.communicate(timeout=WAIT_S)[1]}")
     return child
 
 
