@@ -22,10 +22,8 @@ Only this module imports grpc: the package and the Batcher work without the extr
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import re
-import threading
 
 try:
     import grpc
@@ -36,6 +34,7 @@ except ImportError as e:  # the gRPC server is part of the optional serve extra
                       f'installed): pip install "resnet_native[serve]"') from e
 
 from .kserve import KServeModel, ProtocolError, server_metadata, to_raw
+from .loop_thread import LoopThread
 
 # The largest request or answer message, as the HTTP server's default body limit (the CLI passes its
 # --max-upload-bytes): a batch of 256 FP32 images (3 MiB) fits with room to spare, where grpc's own default
@@ -234,35 +233,14 @@ async def stop_grpc_server(server, grace: float = DEFAULT_GRACE_S) -> None:
     await server.stop(grace)
 
 
-class GrpcServerThread:
+class GrpcServerThread(LoopThread):
     """A gRPC server on a daemon thread with its own event loop, until stop() (graceful): for tests, and beside
     the --workers HTTP processes, whose engine process has no event loop of its own."""
 
     def __init__(self, model: KServeModel, host: str = "127.0.0.1", port: int = 0, *,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, start_timeout: float = 30.0):
-        self.loop = asyncio.new_event_loop()
-        self._server = None
-        started = concurrent.futures.Future()
-
-        def run():
-            asyncio.set_event_loop(self.loop)
-            try:
-                self._server, self.host, self.port = self.loop.run_until_complete(
-                    start_grpc_server(model, host, port, max_message_bytes=max_message_bytes))
-            except BaseException as e:
-                started.set_exception(e)
-                return
-            started.set_result(None)
-            self.loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="resnet_native-serve-grpc", daemon=True)
-        self._thread.start()
-        try:
-            started.result(start_timeout)
-        except BaseException:
-            self._thread.join(1.0)
-            self.loop.close()
-            raise
+        self._start(start_grpc_server(model, host, port, max_message_bytes=max_message_bytes),
+                    "resnet_native-serve-grpc", start_timeout)
 
     @property
     def url(self) -> str:
@@ -270,16 +248,4 @@ class GrpcServerThread:
 
     def stop(self, grace: float = DEFAULT_GRACE_S, timeout: float | None = 60.0) -> None:
         """Stop gracefully, stop the loop and join the thread. Idempotent."""
-        if self._server is None:
-            return
-        server, self._server = self._server, None
-        asyncio.run_coroutine_threadsafe(stop_grpc_server(server, grace), self.loop).result(timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
-        self.loop.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+        self._stop(lambda server: stop_grpc_server(server, grace), timeout)

@@ -23,12 +23,11 @@ On shutdown every connection gets shutdown_timeout in all: a client stalled mid-
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
-import threading
 
 from .app import web  # aiohttp through app's guarded import: its ImportError names the serve extra
+from .loop_thread import LoopThread
 
 RequestHandler = web.RequestHandler  # aiohttp's connection handler (its web_protocol module)
 
@@ -127,10 +126,9 @@ class _GuardedHandler(RequestHandler):
 
     async def shutdown(self, timeout: float | None = 15.0) -> None:
         # aiohttp's waits up to timeout for the handler, then up to timeout again once cancelled: bound the whole.
-        try:
-            async with asyncio.timeout(timeout):
-                await super().shutdown(timeout)
-        except TimeoutError:
+        try:  # wait_for, not asyncio.timeout: the package supports Python 3.10
+            await asyncio.wait_for(super().shutdown(timeout), timeout)
+        except asyncio.TimeoutError:
             pass
         self.force_close()
 
@@ -180,35 +178,14 @@ async def start_server(app: web.Application, host: str = "127.0.0.1", port: int 
     return runner, bound_host, int(bound_port)
 
 
-class ServerThread:
+class ServerThread(LoopThread):
     """An app served from a daemon thread with its own event loop, until stop() (graceful, as the CLI's)."""
 
     def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, start_timeout: float = 30.0, **limits):
         """limits: start_server's read_timeout, body_timeout, max_connections."""
-        self.loop = asyncio.new_event_loop()
-        self._runner = None
-        started = concurrent.futures.Future()
-
-        def run():
-            asyncio.set_event_loop(self.loop)
-            try:
-                self._runner, self.host, self.port = self.loop.run_until_complete(
-                    start_server(app, host, port, shutdown_timeout=shutdown_timeout, **limits))
-            except BaseException as e:
-                started.set_exception(e)
-                return
-            started.set_result(None)
-            self.loop.run_forever()  # until stop() stops it, after the runner's cleanup
-
-        self._thread = threading.Thread(target=run, name="resnet_native-serve", daemon=True)
-        self._thread.start()
-        try:
-            started.result(start_timeout)
-        except BaseException:
-            self._thread.join(1.0)
-            self.loop.close()
-            raise
+        self._start(start_server(app, host, port, shutdown_timeout=shutdown_timeout, **limits), "resnet_native-serve",
+                    start_timeout)
 
     @property
     def url(self) -> str:
@@ -216,16 +193,4 @@ class ServerThread:
 
     def stop(self, timeout: float | None = 60.0) -> None:
         """Stop listening, let in-flight requests finish, stop the loop and join the thread. Idempotent."""
-        if self._runner is None:
-            return
-        runner, self._runner = self._runner, None
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), self.loop).result(timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
-        self.loop.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+        self._stop(lambda runner: runner.cleanup(), timeout)
