@@ -149,7 +149,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self._calibration_plan = self.plan  # the fp32 plan whose value names the calibration's scales are keyed by
         if self.quantized:
             self.calibration = (calibration if calibration is not None
-                                else release_calibration(model_or_release, models_dir, self.precision))
+                                else release_calibration(model_or_release, models_dir, self.precision, source))
             self._candidates = ((self.quantize_from,) if self.quantize_from != AUTO else
                                 tuple(q for q in quantize_from_choices(self.plan) if q != "stem" or
                                       self.plan.stem == "cifar"))

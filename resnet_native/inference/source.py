@@ -52,10 +52,10 @@ def model_source(model_or_release, models_dir=None) -> ModelSource:
                     f"{type(model_or_release).__name__}")
 
 
-def release_calibration(model_or_release, models_dir, dtype: str):
+def release_calibration(model_or_release, models_dir, dtype: str, source: ModelSource | None = None):
     """The calibration_<dtype>.json of a release (release --int8 / --fp8), checked to be for `dtype` and to fit the
     release's network (a scale for each of its layers, none for another's); ValueError for a model, which has
-    none."""
+    none. source: the release's ModelSource when the caller has read it already (else it is read here)."""
     if not isinstance(model_or_release, (str, os.PathLike)):
         raise ValueError(f"calibration: a {dtype} engine of a model needs calibration= (quantization.calibrate); "
                          "a release carries its own")
@@ -64,5 +64,5 @@ def release_calibration(model_or_release, models_dir, dtype: str):
         raise FileNotFoundError(f"{path}: this release has no {dtype} calibration; make one with `python -m "
                                 f"resnet_native.release --run RUN --version VERSION --{dtype} --data CIFAR10`")
     calibration = load_calibration(path, dtype)  # a file made for another dtype is refused, naming both
-    source = model_source(model_or_release, models_dir)
+    source = source if source is not None else model_source(model_or_release, models_dir)
     return check_calibration_fits(calibration, source.state, source.stem, path)
