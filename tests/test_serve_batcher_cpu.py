@@ -345,3 +345,55 @@ def test_the_batcher_needs_no_server_packages(tmp_path):
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'prometheus_client')))")
     stdout = run_child(script, tmp_path)
     assert stdout.strip() == "[]"
+
+
+def test_an_array_request_is_one_unit_in_one_engine_call(rng):
+    """submit_array: N images answered by one future with their (N, classes) rows; requests are packed whole
+    into batches of at most max_batch images; more than max_batch in one request is refused by name."""
+    engine = GatedEngine()
+    x = images(rng, 12)
+    with Batcher(engine, max_batch=8) as batcher:
+        first = batcher.submit(x[0])  # runs alone, holding the engine while the rest queue
+        assert engine.started.wait(WAIT_S)
+        parts = [x[1:6], x[6:9], x[9:12]]  # 5 + 3 fit in 8; the last 3 go to the next call
+        futures = [batcher.submit_array(p) for p in parts]
+        assert batcher.queue_depth == 11 and batcher.counters()["requests"] == 4
+        engine.gate.set()
+        got = [f.result(WAIT_S) for f in futures]
+        first.result(WAIT_S)
+        for p, rows in zip(parts, got, strict=True):
+            np.testing.assert_array_equal(rows, engine.expected_logits(p))
+        assert engine.calls == [1, 8, 3], engine.calls
+        c = batcher.counters()
+        assert (c["requests"], c["images"], c["completed"]) == (4, 12, 4), c
+        with pytest.raises(ValueError, match=r"^images: expected 1 to 8 images"):
+            batcher.submit_array(images(rng, 9))
+        with pytest.raises(ValueError, match=r"^images: expected shape \(N, 32, 32, 3\)"):
+            batcher.submit_array(x[0])
+        with pytest.raises(TypeError, match=r"^images: expected a uint8 array"):
+            batcher.submit_array(x.astype(np.float32))
+
+
+def test_a_callback_gets_its_rows_or_its_error_and_a_raising_callback_is_contained(rng):
+    engine = PickyEngine()  # fails any batch holding an image whose first byte is BAD
+    x = images(rng, 4)
+    bad = images(rng, 1, bad=(0,))
+    answers = []
+    done = threading.Event()
+
+    def note(rows, error):
+        answers.append((None if rows is None else rows.copy(), error))
+        if len(answers) == 3:
+            done.set()
+
+    with Batcher(engine, max_batch=8) as batcher:
+        assert batcher.submit_array(x[:2], callback=lambda rows, error: 1 / 0) is None
+        batcher.submit_array(x[:2], callback=note)
+        batcher.submit_array(bad, callback=note)
+        batcher.submit_array(x[2:], callback=note)
+        assert done.wait(WAIT_S)
+        assert batcher.submit(x[0]).result(WAIT_S) is not None  # the worker survived the raising callback
+    ok = [rows for rows, error in answers if error is None]
+    failed = [error for rows, error in answers if error is not None]
+    assert len(ok) == 2 and len(failed) == 1 and "picky engine" in str(failed[0]), answers
+    np.testing.assert_array_equal(ok[0], engine.expected_logits(x[:2]))

@@ -74,3 +74,64 @@ def test_server_answers_as_the_classifier(tmp_path, rng):
     assert answer["class"] == int(np.argmax(expected)) and answer["name"] == clf.classes[answer["class"]]
     np.testing.assert_allclose(answer["probabilities"], expected, rtol=1e-5, atol=1e-7)
     assert pathlib.Path(version, "model.onnx").is_file()
+
+
+def test_tritonclient_against_the_served_release_answers_as_the_classifier(tmp_path, rng):
+    """python -m resnet_native.serve --release R --workers 2 --grpc-port P on the GPU: tritonclient's HTTP and gRPC
+    clients (sync and asyncio) get the classifier's logits for uint8 tensors, through the shared-memory fronts."""
+    import asyncio
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    grpcaio = pytest.importorskip("tritonclient.grpc.aio")
+    httpclient = pytest.importorskip("tritonclient.http")
+    from conftest import child_env
+
+    from resnet_native.release.build import release
+    from resnet_native.release.classifier import CIFAR10Classifier
+
+    make_fake_run(tmp_path / "run")
+    version = release(tmp_path / "run", "A", tmp_path / "models", benchmark=False)
+    x = images(rng, 24)
+    clf = CIFAR10Classifier(version, engine_batch_sizes=(1, 8, 32))
+    try:
+        expected = np.asarray(clf.logits(x), np.float32)
+    finally:
+        clf.engine.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        grpc_port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "resnet_native.serve", "--release", str(version), "--port", "0", "--workers", "2",
+           "--grpc-port", str(grpc_port), "--model-name", "m"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=child_env())
+    try:
+        http_line, grpc_line = (json.loads(proc.stdout.readline()) for _ in range(2))
+        assert (http_line["event"], grpc_line["event"]) == ("listening", "listening_grpc"), (http_line, grpc_line)
+        got = []
+        for i, part in enumerate(np.split(x, 6)):  # fresh clients: connections spread over both fronts
+            module = (httpclient, grpcclient)[i % 2]
+            client = module.InferenceServerClient(f"127.0.0.1:{http_line['port']}" if i % 2 == 0 else grpc_line["url"])
+            inp = module.InferInput("images", list(part.shape), "UINT8")
+            inp.set_data_from_numpy(part, **({"binary_data": i % 4 == 0} if i % 2 == 0 else {}))
+            got.append(client.infer("m", [inp]).as_numpy("logits"))
+            client.close()
+
+        async def aio_infer():
+            async with grpcaio.InferenceServerClient(grpc_line["url"]) as client:
+                inp = grpcaio.InferInput("images", list(x.shape), "UINT8")
+                inp.set_data_from_numpy(x)
+                return (await client.infer("m", [inp])).as_numpy("logits")
+
+        got_aio = asyncio.run(aio_infer())
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    scale = float(np.abs(expected).max())
+    for answer in (np.concatenate(got), got_aio):
+        assert answer.shape == expected.shape and answer.dtype == np.float32
+        assert float(np.abs(answer - expected).max()) <= FP16_TOLERANCE * scale

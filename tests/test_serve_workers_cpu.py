@@ -1,7 +1,9 @@
-"""python -m resnet_native.serve --workers 2 as a child process, on the fake engine (--fake-engine-ms): two HTTP
-worker processes on one port in front of one engine process. Each answer is its own image's (the fake engine's
-logits are an image's first bytes), malformed uploads get the single-process app's 4xx, a full queue gives 503 with
-Retry-After, SIGTERM answers what is in flight and exits 0, and a worker's death stops the server with exit 1."""
+"""python -m resnet_native.serve --workers 2 as a child process, on the fake engine (--fake-engine-ms): two front
+processes on one port (and one gRPC port) in front of one engine process, through shared memory. Each answer is its
+own image's (the fake engine's logits are an image's first bytes), over /predict, v2 REST and gRPC (tritonclient);
+malformed uploads get the single-process app's 4xx, a full queue gives 503 with Retry-After, SIGTERM answers what
+is in flight and exits 0, a front's death stops the server with exit 1, and the engine process's death answers
+the waiting requests 503 before the fronts exit."""
 
 import concurrent.futures
 import json
@@ -123,7 +125,10 @@ def test_two_workers_answer_each_request_its_own_and_refuse_bad_uploads(tmp_path
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(20) == 0
         stopped = server.next_event(5)
-        assert stopped["event"] == "stopped" and stopped["batcher"]["completed"] == len(x) + 3
+        # The engine's counters: the multipart request is one request of three images.
+        counts = stopped["batcher"]
+        assert stopped["event"] == "stopped" and counts["completed"] == len(x) + 1, counts
+        assert counts["images"] == len(x) + 3 and counts["errors"] == 0, counts
 
 
 def test_a_full_queue_is_503_with_retry_after(tmp_path, rng):
@@ -189,3 +194,55 @@ def test_a_taken_port_exits_1_and_workers_must_be_positive(tmp_path):
         out = subprocess.run([sys.executable, "-m", "resnet_native.serve", *args], capture_output=True, text=True,
                              cwd=tmp_path, env=child_env(), timeout=60)
         assert out.returncode == 2 and args[-2] in out.stderr, out.stderr
+
+
+def test_v2_rest_and_grpc_reach_every_front_with_their_own_answers(tmp_path, rng):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    httpclient = pytest.importorskip("tritonclient.http")
+    x = images(rng, 24)
+    with socket.socket() as s:  # a free port for gRPC (its 0 means no gRPC server)
+        s.bind(("127.0.0.1", 0))
+        grpc_port = s.getsockname()[1]
+    with Server(tmp_path, "--fake-engine-ms", "1,0", "--grpc-port", str(grpc_port), "--model-name", "m") as server:
+        grpc_line = server.next_event(5)
+        assert grpc_line["event"] == "listening_grpc" and grpc_line["workers"] == server.workers, grpc_line
+        want = FakeEngine(classes=len(CLASSES)).expected_logits(x)
+        for i in range(0, len(x), 3):  # fresh clients: new connections, spread over both fronts by the kernel
+            part = x[i:i + 3]
+            if i % 2:
+                client = grpcclient.InferenceServerClient(grpc_line["url"])
+                inp = grpcclient.InferInput("images", list(part.shape), "UINT8")
+            else:
+                client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+                inp = httpclient.InferInput("images", list(part.shape), "UINT8")
+            inp.set_data_from_numpy(part)
+            result = client.infer("m", [inp])
+            np.testing.assert_allclose(result.as_numpy("logits"), want[i:i + 3], rtol=1e-6)
+            client.close()
+        stats = [request(server.port, "GET", "/v2/models/m/stats")[2] for _ in range(16)]
+        assert {s["model_stats"][0]["name"] for s in stats} == {"m"}
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(20) == 0
+        assert server.next_event(5)["batcher"]["images"] == len(x)
+
+
+def test_the_engine_process_s_death_answers_waiting_requests_503_and_the_fronts_exit(tmp_path, rng):
+    x = images(rng, 4)
+    with Server(tmp_path, "--fake-engine-ms", "3000,0") as server:
+        with concurrent.futures.ThreadPoolExecutor(len(x)) as pool:
+            futures = [pool.submit(request, server.port, "POST", "/predict", encode(im), PNG) for im in x]
+            time.sleep(0.5)  # every request waits on the engine (a call takes 3 s)
+            server.proc.kill()
+            answers = [f.result() for f in futures]
+        for status, headers, body in answers:
+            assert status == 503 and "engine process is gone" in body["error"], body
+            assert headers["Retry-After"] == "1"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the fronts stop listening and exit on their own
+            try:
+                request(server.port, "GET", "/health", timeout=1)
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a front still listens after the engine process died")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
 # Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm optimizer profile reliability sanitize quant-A sweep fusions (default: info build test bench)
+#   norm optimizer profile reliability sanitize quant-A sweep fusions serve-v2 (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -125,6 +125,27 @@ for stage in "${stages[@]}"; do
         # shellcheck disable=SC2086
         python3 benchmarks/bench_serve.py --model "$m" --out "$OUT/bench_serve_$m.json" ${SERVE_ARGS:-} \
           2>&1 | tee "$OUT/bench_serve_$m.txt" | tail -20
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    serve-v2)
+      # The KServe v2 load test (benchmarks/bench_serve_v2.py) on a release of an untrained ResNet-18 (the engine's
+      # speed does not depend on its weights): one JSON per SERVE_V2 entry ("name=ARGS;name=ARGS").
+      # Wheels carried in .gpu/wheels (tritonclient and its HTTP client's dependencies) are installed first.
+      ls .gpu/wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --no-index .gpu/wheels/*.whl
+      python3 - <<'PY'
+import pathlib, sys
+sys.path.insert(0, "tests")
+from test_release_cpu import make_fake_run
+from resnet_native.release.build import release
+make_fake_run(pathlib.Path("/tmp/serve_run"))
+print(release("/tmp/serve_run", "bench", "/tmp/serve_models", benchmark=False))
+PY
+      IFS=';' read -ra runs <<<"${SERVE_V2:-w8=--workers 8}"
+      for run in "${runs[@]}"; do
+        name=${run%%=*}; args=${run#*=}
+        # shellcheck disable=SC2086
+        python3 benchmarks/bench_serve_v2.py --release /tmp/serve_models/version_bench $args \
+          --out "$OUT/serve_v2_$name.json" 2>&1 | tee "/tmp/serve_v2_$name.txt" | grep -v "^[-a-z]" | tail -30
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     sweep)

@@ -265,24 +265,32 @@ def _unavailable(e: Exception) -> Refused:
     """503 with Retry-After: the queue is full (BatcherFull) or the batcher is closing (BatcherClosed)."""
     if isinstance(e, BatcherFull):
         return Refused(503, str(e), "queue_full", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
-    return Refused(503, "the server is shutting down", "closing", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
+    return Refused(503, f"the server is shutting down ({e})", "closing", {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)})
 
 
 async def _classify(state: _State, images: list) -> list:
+    """The images' logit rows, in order: one batcher request per max_batch images (each runs in one engine call)."""
+    batcher = state.batcher
+    if len(images) > batcher.max_queue:
+        raise Refused(413, f"{len(images)} images in one request: more than the server's queue holds "
+                           f"(max_queue={batcher.max_queue})", "too_large")
+    x, step = np.stack(images), batcher.settings()["max_batch"]
+    futures = []
     try:
-        futures = state.batcher.submit_many(images)
+        for i in range(0, len(x), step):
+            futures.append(batcher.submit_array(x[i:i + step]))
     except (BatcherFull, BatcherClosed) as e:
+        for f in futures:
+            f.cancel()
         raise _unavailable(e) from None
-    except ValueError as e:  # more images than the queue can ever hold
-        raise Refused(413, f"{len(images)} images in one request: more than the server's queue holds ({e})",
-                      "too_large") from None
     try:
         # Cancelling this (a cancelled handler) cancels the wrapped futures too: those not yet run are skipped.
-        return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     except (BatcherFull, BatcherClosed) as e:  # a RemoteBatcher's (--workers) refusal arrives in the future
         raise _unavailable(e) from None
     except Exception as e:
         raise Refused(500, f"inference failed: {type(e).__name__}: {e}", "inference") from None
+    return list(np.concatenate(rows))
 
 
 def _answer(classes: tuple, logits: np.ndarray) -> dict:

@@ -3,6 +3,7 @@
     with Batcher(clf.engine, max_batch=256) as batcher:
         future = batcher.submit(image)          # uint8 (32, 32, 3); returns at once
         logits = future.result()                # (classes,) float32, this image's row of its batch's logits
+        rows = batcher.submit_array(images).result()   # (N, 32, 32, 3) as one request -> (N, classes)
 
 An engine call costs a fixed overhead plus a little per image, so a GPU serves far more images in batches. The
 policy is Triton's default (max_queue_delay_microseconds = 0): when the worker is free and a request is queued, it
@@ -12,8 +13,9 @@ by themselves. max_delay_ms > 0 is an opt-in extra wait: the worker then holds a
 oldest request has waited max_delay_ms (a request that already waited out a busy engine call waits no more).
 One worker thread makes every call, since an InferenceEngine is not thread-safe and cupy's current device is per
 thread. A failed batch is re-run one request at a time, so only the request that makes the engine fail gets the
-exception. Past max_queue waiting requests, submit raises BatcherFull at once (503) rather than letting every
-latency grow.
+exception. Past max_queue waiting images, submit raises BatcherFull at once (503) rather than letting every
+latency grow. A request of several images (submit_array) stays one unit: one future (or one callback, for a
+caller that forwards answers without a future per request) and always inside one engine call.
 """
 
 from __future__ import annotations
@@ -81,6 +83,21 @@ def check_images(images, max_queue: int) -> list:
     return checked
 
 
+def check_array(images, max_images: int, name: str = "images", *, copy: bool = True) -> np.ndarray:
+    """A private C-contiguous copy (copy=False: the array itself) of a uint8 (N, 32, 32, 3) NumPy array with
+    1 <= N <= max_images, or a TypeError / ValueError naming `name`."""
+    if not isinstance(images, np.ndarray):
+        raise TypeError(f"{name}: expected a NumPy uint8 array of shape (N, {', '.join(map(str, IMAGE_SHAPE))}), got "
+                        f"{type(images).__name__}")
+    if images.dtype != np.uint8:
+        raise TypeError(f"{name}: expected a uint8 array, got {images.dtype}")
+    if images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
+        raise ValueError(f"{name}: expected shape (N, {', '.join(map(str, IMAGE_SHAPE))}), got {images.shape}")
+    if not 1 <= len(images) <= max_images:
+        raise ValueError(f"{name}: expected 1 to {max_images} images (one engine call), got {len(images)}")
+    return np.array(images, order="C", copy=True) if copy else images
+
+
 def _to_host_logits(out, n: int) -> np.ndarray:
     """An engine's output for a batch of n as a host float32 (n, classes) array (cupy arrays are copied over)."""
     if not isinstance(out, np.ndarray) and hasattr(out, "__cuda_array_interface__") and hasattr(out, "get"):
@@ -103,12 +120,31 @@ def _current_cuda_device():
 
 
 class _Request:
-    __slots__ = ("image", "future", "queued_at")
+    """k images answered together: by `future` (single: the row of a one-image request, else the (k, classes)
+    rows), or by callback(rows, error) on the worker thread, rows a view into the batch's logits."""
 
-    def __init__(self, image: np.ndarray):
-        self.image = image
-        self.future = concurrent.futures.Future()
+    __slots__ = ("images", "future", "callback", "single", "queued_at")
+
+    def __init__(self, images: np.ndarray, *, single: bool = False, callback=None):
+        self.images, self.single, self.callback = images, single, callback
+        self.future = None if callback is not None else concurrent.futures.Future()
         self.queued_at = time.monotonic()
+
+    def start(self) -> bool:
+        """False when its caller gave up (a cancelled future): then it is not run."""
+        return self.future is None or self.future.set_running_or_notify_cancel()
+
+    def resolve(self, rows: np.ndarray) -> None:
+        if self.callback is not None:
+            self.callback(rows, None)
+        else:  # its own copy: not a view keeping the whole batch alive
+            self.future.set_result(rows[0].copy() if self.single else rows.copy())
+
+    def fail(self, error: BaseException) -> None:
+        if self.callback is not None:
+            self.callback(None, error)
+        else:
+            self.future.set_exception(error)
 
 
 class Batcher:
@@ -139,10 +175,11 @@ class Batcher:
         if on_batch is not None:
             self.add_batch_listener(on_batch)
         self._queue = collections.deque()
-        self._in_flight = 0
+        self._queued = 0  # images in the queue
         self._closed = False
-        self._counts = {"requests": 0, "completed": 0, "errors": 0, "cancelled": 0, "rejected": 0, "batches": 0,
-                        "retried_batches": 0}
+        self._in_flight = 0
+        self._counts = {"requests": 0, "images": 0, "completed": 0, "errors": 0, "cancelled": 0, "rejected": 0,
+                        "batches": 0, "retried_batches": 0}
         self._device = _current_cuda_device()
         self._thread = threading.Thread(target=self._run, name="resnet_native-batcher", daemon=True)
         self._thread.start()
@@ -152,24 +189,41 @@ class Batcher:
         """Queue one uint8 (32, 32, 3) image; the future resolves to its (classes,) float32 logits, or to the
         exception its engine call raised. A bad image raises here (TypeError / ValueError); BatcherFull when
         max_queue requests wait; BatcherClosed after close()."""
-        return self._enqueue([_Request(check_image(image))])[0]
+        return self._enqueue([_Request(check_image(image)[None], single=True)])[0]
 
     def submit_many(self, images) -> list:
         """Queue several images at once (a sequence of (32, 32, 3) arrays or an (N, 32, 32, 3) array): all of them
         or, when they do not all fit in the queue, none (BatcherFull). Returns one future per image, in order.
         More images than max_queue can never fit: ValueError."""
-        return self._enqueue([_Request(im) for im in check_images(images, self.max_queue)])
+        return self._enqueue([_Request(im[None], single=True) for im in check_images(images, self.max_queue)])
+
+    def submit_array(self, images, callback=None):
+        """Queue a uint8 (N, 32, 32, 3) array as one request, run in one engine call (1 <= N <= max_batch; a
+        private copy is taken). Returns a future resolving to its (N, classes) float32 logits; or, given
+        callback, returns None and calls callback(rows, None) or callback(None, exception) on the worker thread
+        (rows: a view, valid during the call). BatcherFull / BatcherClosed as submit_many."""
+        images = check_array(images, self.max_batch)
+        return self.submit_owned(images, callback)
+
+    def submit_owned(self, images: np.ndarray, callback=None):
+        """submit_array for a caller that has checked `images` (check_array) and hands it over: no copy."""
+        request = _Request(images, callback=callback)
+        self._enqueue([request])
+        return request.future
 
     def _enqueue(self, requests: list) -> list:
+        n = sum(len(r.images) for r in requests)
         with self._cond:
             if self._closed:
                 raise BatcherClosed("Batcher: closed, no new requests are accepted")
-            if len(self._queue) + len(requests) > self.max_queue:
+            if self._queued + n > self.max_queue:
                 self._counts["rejected"] += len(requests)
-                raise BatcherFull(f"Batcher: the queue is full ({len(self._queue)} of max_queue={self.max_queue} "
-                                  f"requests waiting); retry later")
+                raise BatcherFull(f"Batcher: the queue is full ({self._queued} of max_queue={self.max_queue} "
+                                  f"images waiting); retry later")
             self._queue.extend(requests)
+            self._queued += n
             self._counts["requests"] += len(requests)
+            self._counts["images"] += n
             self._cond.notify()
         return [r.future for r in requests]
 
@@ -188,20 +242,21 @@ class Batcher:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for an engine call (not those in the one running)."""
-        return len(self._queue)
+        """Images waiting for an engine call (not those in the one running)."""
+        return self._queued
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def counters(self) -> dict:
-        """A snapshot: requests (accepted), completed (resolved with logits), errors (resolved with an exception),
-        cancelled (dropped before their engine call), rejected (BatcherFull), batches (engine calls, the
-        one-at-a-time re-runs included), retried_batches (batches re-run one request at a time after an error),
-        queued, in_flight (requests in the running engine call)."""
+        """A snapshot: requests (accepted; submit_many counts each image as one), images (in them), completed
+        (requests resolved with logits), errors (resolved with an exception), cancelled (dropped before their
+        engine call), rejected (BatcherFull), batches (engine calls, the one-at-a-time re-runs included),
+        retried_batches (batches re-run one request at a time after an error), queued (images waiting),
+        in_flight (images in the running engine call)."""
         with self._cond:
-            return dict(self._counts, queued=len(self._queue), in_flight=self._in_flight)
+            return dict(self._counts, queued=self._queued, in_flight=self._in_flight)
 
     def settings(self) -> dict:
         return {"max_batch": self.max_batch, "max_delay_ms": self.max_delay_ms, "max_queue": self.max_queue}
@@ -249,15 +304,16 @@ class Batcher:
                 self._closed = True
                 left = list(self._queue)
                 self._queue.clear()
+                self._queued = 0
             for r in left:
-                if r.future.set_running_or_notify_cancel():
-                    r.future.set_exception(BatcherClosed(f"Batcher: the worker thread failed: {e!r}"))
+                if r.start():
+                    r.fail(BatcherClosed(f"Batcher: the worker thread failed: {e!r}"))
             raise
 
     def _next_batch(self):
-        """Wait for a request, then take everything queued, up to max_batch. With max_delay_ms > 0, first wait
-        until max_batch are queued, the oldest has waited max_delay_ms, or the batcher is closing (queued work then
-        runs at once). None: closed and drained."""
+        """Wait for a request, then take queued requests in order while their images fit in max_batch (at least
+        one). With max_delay_ms > 0, first wait until max_batch images are queued, the oldest has waited
+        max_delay_ms, or the batcher is closing (queued work then runs at once). None: closed and drained."""
         with self._cond:
             while not self._queue:
                 if self._closed:
@@ -265,16 +321,21 @@ class Batcher:
                 self._cond.wait()
             if self._delay > 0:
                 deadline = self._queue[0].queued_at + self._delay
-                while len(self._queue) < self.max_batch and not self._closed:
+                while self._queued < self.max_batch and not self._closed:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-            self._in_flight = len(batch)
+            batch = [self._queue.popleft()]
+            images = len(batch[0].images)
+            while self._queue and images + len(self._queue[0].images) <= self.max_batch:
+                images += len(self._queue[0].images)
+                batch.append(self._queue.popleft())
+            self._queued -= images
+            self._in_flight = images
         # A request whose caller gave up (future cancelled, e.g. its HTTP client went away) is dropped here;
         # the others are marked running so they can no longer be cancelled halfway through their call.
-        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        live = [r for r in batch if r.start()]
         if len(live) < len(batch):
             with self._cond:
                 self._counts["cancelled"] += len(batch) - len(live)
@@ -287,42 +348,47 @@ class Batcher:
             logits = self._call(batch)
         except Exception as e:
             if len(batch) == 1:
-                self._fail(batch[0], e)
+                self._finish(batch[0], None, e)
                 return
             # Which request broke the batch is unknown: re-run each alone so only the failing ones fail.
             with self._cond:
                 self._counts["retried_batches"] += 1
             for r in batch:
                 try:
-                    self._resolve(r, self._call([r])[0])
+                    rows = self._call([r])
                 except Exception as single:
-                    self._fail(r, single)
+                    self._finish(r, None, single)
+                else:
+                    self._finish(r, rows, None)
             return
-        for r, row in zip(batch, logits, strict=True):
-            self._resolve(r, row)
+        start = 0
+        for r in batch:
+            self._finish(r, logits[start:start + len(r.images)], None)
+            start += len(r.images)
 
     def _call(self, batch: list) -> np.ndarray:
-        x = np.stack([r.image for r in batch])
+        x = batch[0].images if len(batch) == 1 else np.concatenate([r.images for r in batch])
         start = time.perf_counter()
         try:
-            return _to_host_logits(self.engine(x), len(batch))
+            return _to_host_logits(self.engine(x), len(x))
         finally:  # a failed call is reported too: it took the engine's time all the same
             seconds = time.perf_counter() - start
             with self._cond:
                 self._counts["batches"] += 1
             for callback in self._listeners:
                 try:
-                    callback(len(batch), seconds)
+                    callback(len(x), seconds)
                 except Exception:
                     _log.exception("Batcher: an on_batch callback raised (ignored)")
 
-    # Counted before the future is resolved: a caller that has its answer then always finds it in counters().
-    def _resolve(self, request: _Request, row: np.ndarray) -> None:
+    # Counted before the request is resolved: a caller that has its answer then always finds it in counters().
+    def _finish(self, request: _Request, rows, error) -> None:
         with self._cond:
-            self._counts["completed"] += 1
-        request.future.set_result(row.copy())  # its own row: not a view keeping the whole batch alive
-
-    def _fail(self, request: _Request, error: Exception) -> None:
-        with self._cond:
-            self._counts["errors"] += 1
-        request.future.set_exception(error)
+            self._counts["completed" if error is None else "errors"] += 1
+        try:
+            if error is None:
+                request.resolve(rows)
+            else:
+                request.fail(error)
+        except Exception:  # a caller's callback: its failure must not stop the batcher or its batch
+            _log.exception("Batcher: a request's callback raised (ignored)")

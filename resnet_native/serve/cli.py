@@ -7,13 +7,14 @@ listening it prints one JSON line on stdout, {"event": "listening", "host": ...,
 gives the port --port 0 picked. SIGTERM or SIGINT: stop accepting connections, let in-flight requests finish,
 close the batcher (its queue drains first), print {"event": "stopped", ...} and exit 0.
 
---workers N (N > 1): N HTTP processes on the one port in front of this process's engine (serve/workers.py: what
-/metrics and /health then report is per worker; a worker's death stops the server with exit code 1).
+--workers N (N > 1): N front processes on the one port (and gRPC port) in front of this process's engine
+(serve/workers.py: what /metrics, /health and the v2 statistics report is per front; a front's death stops the
+server with exit code 1).
 --fake-engine-ms A,B serves a FakeEngine instead of a release, for tests and load tests without a model.
 --grpc-port P (P > 0) also serves the Open Inference Protocol over gRPC (serve/kserve_grpc.py: Triton's clients)
 on --host:P, over the same Batcher, and prints a second line {"event": "listening_grpc", "host", "port", "url"}
-(after the HTTP one; before it with --workers, whose engine process runs it on a thread of its own). SIGTERM stops
-both gracefully before the batcher closes. It needs grpcio and tritonclient[grpc] (the serve extra).
+(after the HTTP one). SIGTERM stops both gracefully before the batcher closes. It needs grpcio and
+tritonclient[grpc] (the serve extra).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from .app import DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MODEL_NAME, make_app
 from .batcher import Batcher
 from .fake_engine import FakeEngine
 from .images import DEFAULT_MAX_PIXELS
-from .kserve import KServeModel
 from .kserve_http import MODEL as KSERVE_MODEL
 from .server import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -42,7 +42,7 @@ from .server import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
     start_server,
 )
-from .workers import serve_workers
+from .workers import grpc_url, serve_workers
 
 
 def _port(text: str) -> int:
@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "inference.GRPCInferenceService) on this port of --host (default 0: no gRPC server); "
                         "messages up to --max-upload-bytes")
     p.add_argument("--workers", type=_positive(int), default=1,
-                   help="HTTP front processes on the same port (SO_REUSEPORT, Linux), each decoding and answering "
-                        "requests for the one engine process (default 1: a single process); see serve/workers.py")
+                   help="front processes on the same ports (SO_REUSEPORT, Linux), each parsing, decoding and "
+                        "answering HTTP and gRPC requests for the one engine process through shared memory "
+                        "(default 1: a single process); see serve/workers.py")
     return p
 
 
@@ -146,8 +147,8 @@ class _GrpcUnbound(OSError):
 
 
 def _print_grpc_listening(host: str, port: int) -> None:
-    url = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # what tritonclient.grpc takes
-    print(json.dumps({"event": "listening_grpc", "host": host, "port": port, "url": url}), flush=True)
+    print(json.dumps({"event": "listening_grpc", "host": host, "port": port, "url": grpc_url(host, port)}),
+          flush=True)
 
 
 async def serve(app, batcher, host: str, port: int, shutdown_timeout: float, *, grpc=None,
@@ -195,22 +196,6 @@ def _model_name(args, model: dict) -> str:
     return pathlib.Path(model["release"]).name if "release" in model else DEFAULT_MODEL_NAME
 
 
-def _grpc_thread(args, batcher, app_kwargs):
-    """With --workers the v2 routes (and their statistics) live in the worker processes; the engine process serves
-    gRPC from a thread, with a model of its own over the one batcher."""
-    from .kserve_grpc import GrpcServerThread  # lazy: grpcio is needed only with --grpc-port
-
-    model = KServeModel(batcher, name=app_kwargs["model_name"], classes=app_kwargs["classes"],
-                        resize=app_kwargs["resize"], max_pixels=app_kwargs["max_pixels"])
-    model.attach()
-    try:
-        thread = GrpcServerThread(model, args.host, args.grpc_port, max_message_bytes=args.max_upload_bytes)
-    except OSError as e:
-        raise _GrpcUnbound(str(e)) from None
-    _print_grpc_listening(thread.host, thread.port)
-    return thread
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -224,25 +209,20 @@ def main(argv=None) -> int:
     batcher = Batcher(engine, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms, max_queue=args.max_queue)
     app_kwargs = {"classes": tuple(classes), "max_upload_bytes": args.max_upload_bytes, "resize": args.resize,
                   "model": model, "max_pixels": args.max_pixels, "model_name": _model_name(args, model)}
+    limits = {"read_timeout": args.read_timeout_s, "body_timeout": args.body_timeout_s,
+              "max_connections": args.max_connections}
     if args.workers > 1:
-        grpc_thread = None
+        front = {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "app": app_kwargs,
+                 "server": {"shutdown_timeout": args.shutdown_timeout, **limits},
+                 "max_message_bytes": args.max_upload_bytes}
         try:
-            if args.grpc_port:
-                grpc_thread = _grpc_thread(args, batcher, app_kwargs)
-            return serve_workers(batcher, app_kwargs, args.host, args.port, args.workers, args.shutdown_timeout, _url)
-        except _GrpcUnbound as e:
-            print(f"serve: {e}", file=sys.stderr)
-            return 1
+            return serve_workers(batcher, front, args.workers, _url)
         finally:
-            if grpc_thread is not None:
-                grpc_thread.stop(args.shutdown_timeout)
             batcher.close()
     try:
         app = make_app(batcher, **app_kwargs)
         # The HTTP app's v2 model: gRPC answers for the same model with the same statistics.
         grpc = (app[KSERVE_MODEL], args.grpc_port, args.max_upload_bytes) if args.grpc_port else None
-        limits = {"read_timeout": args.read_timeout_s, "body_timeout": args.body_timeout_s,
-                  "max_connections": args.max_connections}
         counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc,
                                      limits=limits))
     except _GrpcUnbound as e:

@@ -318,7 +318,7 @@ class KServeModel:
             raise ValueError(f"name: expected a model name without '/', got {name!r}")
         self.batcher, self.name, self.version, self.classes = batcher, name, VERSION, tuple(classes)
         self.resize, self.max_pixels = bool(resize), int(max_pixels)
-        limit = min(batcher.settings()["max_batch"], batcher.max_queue)  # a RemoteBatcher has no max_batch
+        limit = min(batcher.settings()["max_batch"], batcher.max_queue)  # one request: one engine call
         self.max_batch_size = limit if max_batch_size is None else int(max_batch_size)
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size: expected >= 1, got {max_batch_size}")
@@ -403,23 +403,21 @@ class KServeModel:
 
         try:
             try:
-                futures = self.batcher.submit_many(images)
+                future = self.batcher.submit_array(images)
             except (BatcherFull, BatcherClosed) as e:
                 raise _unavailable(e) from None
             except ValueError as e:
-                raise ProtocolError(503, f"inputs: {len(images)} images, more than the server's queue holds "
-                                         f"({e})") from None
-            for f in futures:
-                f.add_done_callback(note)
+                raise ProtocolError(400, f"inputs: {e}") from None
+            future.add_done_callback(note)
             try:
-                rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+                rows = await asyncio.wrap_future(future)
             except (BatcherFull, BatcherClosed) as e:  # a RemoteBatcher's refusal arrives in the future
                 raise _unavailable(e) from None
             except (concurrent.futures.CancelledError, asyncio.CancelledError):
                 raise
             except Exception as e:
                 raise ProtocolError(500, f"inference failed: {type(e).__name__}: {e}") from None
-            logits = np.stack(rows).astype(np.float32, copy=False)
+            logits = np.asarray(rows, np.float32)
             if not np.isfinite(logits).all():
                 bad = sorted({int(i) for i in np.nonzero(~np.isfinite(logits))[0]})
                 raise ProtocolError(500, f"outputs[{LOGITS}]: the model gave non-finite logits for batch "
@@ -435,4 +433,4 @@ class KServeModel:
 def _unavailable(e: Exception) -> ProtocolError:
     if isinstance(e, BatcherFull):
         return ProtocolError(503, f"the server is busy: {e}")
-    return ProtocolError(503, "the server is shutting down")
+    return ProtocolError(503, f"the server is shutting down ({e})")

@@ -203,13 +203,15 @@ for _name in ("ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad", "Rep
 
 
 async def start_grpc_server(model: KServeModel, host: str = "127.0.0.1", port: int = 0, *,
-                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, reuse_port: bool = False):
     """Serve `model` on host:port (on this event loop); returns (server, host, port) with the port bound. The
     model (and its batcher) stay the caller's: stop the server with stop_grpc_server before closing the batcher.
-    max_message_bytes bounds every message in either direction. An address that cannot be bound: OSError."""
+    max_message_bytes bounds every message in either direction. reuse_port: SO_REUSEPORT, for the --workers
+    fronts that share the port (off otherwise: grpc's default would share a port silently with another server).
+    An address that cannot be bound: OSError."""
     options = [("grpc.max_receive_message_length", int(max_message_bytes)),
                ("grpc.max_send_message_length", int(max_message_bytes)),
-               ("grpc.so_reuseport", 0)]  # grpc's default shares a port silently with another server
+               ("grpc.so_reuseport", int(bool(reuse_port)))]
     server = aio.server(options=options)
     servicer = InferenceServicer(model)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
