@@ -14,7 +14,8 @@ expected logits of the fake engine (or just shaped, for a release).
 
 Each row runs --seconds after a short warm-up and stops earlier after --max-requests; requests/s and images/s
 are successful answers over the row's wall time, latency is per request (send to whole answer; p50, p99 by
-nearest rank), server_cores is the CPU time the server's processes used per second of the row.
+nearest rank), server_cores and client_cores are the CPU time the server's and the clients' processes used per
+second of the row (client_cores near --client-processes: the clients were the limit).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from common import environment, format_table, markdown_table, write_json  # noqa
 
 COLUMNS = [("protocol", "protocol"), ("input", "input"), ("images", "images/request"), ("clients", "clients"),
            ("ok", "answers"), ("failed", "failed"), ("requests_per_s", "requests/s"), ("images_per_s", "images/s"),
-           ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("server_cores", "server cores")]
+           ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("server_cores", "server cores"),
+           ("client_cores", "client cores")]
 MODEL = "bench"
 
 
@@ -156,25 +158,29 @@ async def _grpc_clients(url, message, clients, stop_at, max_requests, out):
             await c.close()
 
 
-def client_process(core, target, protocol, payload, clients, warmup_s, seconds, max_requests, start_at, results):
+def client_process(core, target, protocol, payload, clients, seconds, max_requests, ready, go, results):
+    """Started, it says so on `ready` and waits for `go`; then it runs `seconds` (the row's window is the same for
+    every client process, however long each took to start)."""
     if core is not None:
         os.sched_setaffinity(0, {core})
     out = {"sent": 0, "failed": 0, "latencies": [], "first": None, "error": None}
 
     async def run():
-        now = time.monotonic()
-        await asyncio.sleep(max(0.0, start_at - now))
-        stop_at = start_at + warmup_s + seconds
+        ready.put(os.getpid())
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        stop_at = time.monotonic() + seconds
         if protocol == "rest":
             await asyncio.gather(*(_rest_client(target, payload, stop_at, max_requests, out) for _ in range(clients)))
         else:
             await _grpc_clients(target, grpc_request(*payload), clients, stop_at, max_requests, out)
 
+    cpu = time.process_time()
     try:
         asyncio.run(run())
     except Exception as e:  # reported in the row, not a hung benchmark
         out["error"] = f"client process: {type(e).__name__}: {e}"
-    results.put({k: out[k] for k in ("sent", "failed", "first", "error")} | {"latencies": out["latencies"]})
+    out["cpu_s"] = time.process_time() - cpu  # its busy time: near the row's seconds, the client is the limit
+    results.put({k: out[k] for k in ("sent", "failed", "first", "error", "cpu_s")} | {"latencies": out["latencies"]})
 
 
 # -- the server ---------------------------------------------------------------------------------------------
@@ -246,17 +252,18 @@ def run_row(server, args, protocol, kind, n, clients, inputs, client_cores) -> d
     target = server.port if protocol == "rest" else server.grpc_url
     procs = min(len(client_cores), clients)
     ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    start_at = time.monotonic() + 1.0  # every client process started and connected by then
+    results, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     workers = []
     for i in range(procs):
         share = clients // procs + (i < clients % procs)
-        p = ctx.Process(target=client_process, args=(client_cores[i], target, protocol, payload, share, 0.0,
-                                                     args.seconds, args.max_requests // procs, start_at, results))
+        p = ctx.Process(target=client_process, args=(client_cores[i], target, protocol, payload, share,
+                                                     args.seconds, args.max_requests // procs, ready, go, results))
         p.start()
         workers.append(p)
-    time.sleep(max(0.0, start_at - time.monotonic()))
+    for _ in workers:
+        ready.get(timeout=120)
     cpu0, t0 = server.cpu_seconds(), time.monotonic()
+    go.set()
     parts = [results.get(timeout=args.seconds + 120) for _ in workers]
     wall = time.monotonic() - t0
     cpu = server.cpu_seconds() - cpu0
@@ -269,6 +276,7 @@ def run_row(server, args, protocol, kind, n, clients, inputs, client_cores) -> d
            "failed": sum(part["failed"] for part in parts), "wall_s": wall,
            "requests_per_s": ok / wall, "images_per_s": ok * n / wall, "p50_ms": percentile(latencies, 50),
            "p99_ms": percentile(latencies, 99), "server_cores": cpu / wall, "client_processes": procs,
+           "client_cores": sum(part["cpu_s"] for part in parts) / wall,
            "error": next((part["error"] for part in parts if part["error"]), None)}
     if first is not None and args.fake_engine_ms:
         from resnet_native.serve import FakeEngine

@@ -72,6 +72,23 @@ def huge_header_member(shape=(2**27,), dtype="<f8") -> bytes:
     return header.getvalue() + b"\0" * 64
 
 
+def lzma_zip(members: dict) -> bytes:
+    """A zip whose members are LZMA-compressed: a method np.savez never writes, whose decompressor raises its own
+    errors (lzma.LZMAError) on damaged data."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_LZMA) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return out.getvalue()
+
+
+def npy_header_text(text: str) -> bytes:
+    """A version 1.0 .npy member with `text` as its header (NumPy's parser falls back to tokenize on a header
+    Python cannot parse, which raises tokenize.TokenError, no ValueError, for an unclosed bracket)."""
+    header = text.encode("latin1") + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 8
+
+
 def test_round_trip_still_works(tmp_path):
     state = load_checkpoint(good(tmp_path))
     np.testing.assert_array_equal(state["model"]["w"], np.arange(6.0).reshape(2, 3))
@@ -122,6 +139,11 @@ def malformed_files(tmp_path):
                     "member 'a0' is not a valid .npy array"),
         "objects": ({"__tree__.npy": tree_member({"format": FORMAT, "tree": ref}),
                      "a0.npy": npy_bytes(np.array([{}, 1], dtype=object))}, "holds Python objects"),
+        "lzma_member": (lzma_zip({"__tree__.npy": tree_member({"format": FORMAT, "tree": {}})}),
+                        "member '__tree__' uses zip compression method 14"),
+        "header_unclosed": ({"__tree__.npy": tree_member({"format": FORMAT, "tree": ref}),
+                             "a0.npy": npy_header_text("{'descr': '<f8', 'fortran_order': False, 'shape': (1,")},
+                            "member 'a0' is not a valid .npy array"),
     }
     out = {}
     for name, (content, message) in cases.items():
@@ -137,7 +159,7 @@ def malformed_files(tmp_path):
 CASES = ["truncated", "cut_at_the_end", "empty", "not_a_zip", "zip_of_other_files", "no_tree", "tree_not_json",
          "tree_of_floats", "meta_is_a_list", "unknown_format", "no_format", "missing_tree", "tree_is_a_list",
          "member_missing", "bad_reference", "bad_tuple", "bad_items", "unhashable_key", "header_claims_more",
-         "header_claims_less", "negative_dims", "not_npy", "objects"]
+         "header_claims_less", "negative_dims", "not_npy", "objects", "lzma_member", "header_unclosed"]
 
 
 @pytest.mark.parametrize("case", CASES)

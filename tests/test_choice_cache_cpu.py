@@ -161,6 +161,8 @@ BAD_SECTIONS = {
                          "not a positive duration"),
     "a boolean time": ({key(): dict(good_record(), times_ms=dict(TIMES, stem=True))}, "not a positive duration"),
     "a string time": ({key(): dict(good_record(), times_ms=dict(TIMES, stem="1.0"))}, "not a positive duration"),
+    "a time past float's range": ({key(): dict(good_record(), times_ms=dict(TIMES, stem=10**400))},
+                                  "not a positive duration"),  # was an OverflowError
 }
 
 

@@ -101,6 +101,7 @@ def test_recipe_from_a_yaml_file(tmp_path):
     ({"optimizer": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}}, "optimizer.betas: unknown setting"),
     ({"optimizer": {"name": "sgd", "lr": "fast"}}, "optimizer.lr: expected a number, got 'fast'"),
     ({"optimizer": {"name": "sgd", "lr": float("nan")}}, "optimizer.lr: expected a finite number"),
+    ({"optimizer": {"name": "sgd", "lr": 10**400}}, "optimizer.lr: expected a number"),  # was an OverflowError
     ({"optimizer": {"name": "sgd", "lr": -0.1}}, r"optimizer.lr: expected >= 0.0, got -0.1"),
     ({"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 1.5}}, "optimizer.momentum: expected < 1"),
     ({"optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 1.0]}}, r"optimizer.betas\[1\]: expected < 1"),

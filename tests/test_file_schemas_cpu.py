@@ -6,6 +6,7 @@ JSON."""
 import json
 import re
 import shutil
+import struct
 import time
 
 import numpy as np
@@ -83,6 +84,16 @@ def test_yaml_anchors_tags_and_size_are_bounded(tmp_path):
         load_plain_yaml(p)
 
 
+@pytest.mark.parametrize("scalar", ["2001-02-30", "2001-02-03 25:00:00", "!!float x", "1" * 5000, "0x" + "f" * 5000])
+def test_yaml_scalars_no_type_can_hold_name_the_file(tmp_path, scalar):
+    """An impossible date, an int of more digits than Python converts or prints: a ValueError naming the file (the
+    constructors' own ValueError named none; a 5000-digit hex int loaded, then failed every message naming it)."""
+    p = tmp_path / "x.yaml"
+    p.write_text(f"a: {scalar}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}: not valid YAML"):
+        load_plain_yaml(p)
+
+
 # 2. One schema for a release's config.yaml.
 
 @pytest.mark.parametrize("field, change", [
@@ -96,6 +107,7 @@ def test_yaml_anchors_tags_and_size_are_bounded(tmp_path):
     ("classes[0]", lambda c: c["classes"].__setitem__(0, 7)),
     ("input.mean", lambda c: c["input"].update(mean=[0.5, 0.5])),
     ("input.mean", lambda c: c["input"].update(mean=[0.5, float("nan"), 0.5])),
+    ("input.mean", lambda c: c["input"].update(mean=[10**400, 0.5, 0.5])),  # no float holds it
     ("input.std", lambda c: c["input"].update(std=[0.2, 0.0, 0.2])),
     ("input.std", lambda c: c["input"].update(std=[0.2, "x", 0.2])),
     ("input", lambda c: c.pop("input")),
@@ -171,9 +183,23 @@ def test_a_calibration_must_fit_the_release_s_layers(copy):
                                          rf"'{re.escape(layer)}'"):
         release_calibration(copy, None, "int8")
     data = good.to_json()
-    data["activation_scales"]["input"] = 0.0
-    (copy / "calibration_int8.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"calibration_int8\.json: field 'activation_scales\.input'"):
+    for bad in (0.0, 10**400):  # 10**400: no float holds it (math.isfinite raised OverflowError)
+        data["activation_scales"]["input"] = bad
+        (copy / "calibration_int8.json").write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=r"calibration_int8\.json: field 'activation_scales\.input'"):
+            release_calibration(copy, None, "int8")
+
+
+def test_a_calibration_has_one_weight_scale_per_output_channel(copy):
+    """One scale short passed the fit and failed building the int8 engine, with an error naming no file."""
+    good = make_calibration(copy)
+    layer, scales = next(iter(good.weight_scales.items()))
+    short = Calibration(good.dtype, good.method, None, good.values, good.activation_scales,
+                        dict(good.weight_scales, **{layer: scales[:-1]}))
+    save_calibration(short, copy / "calibration_int8.json")
+    with pytest.raises(ValueError, match=rf"calibration_int8\.json: field 'weight_scales\.{re.escape(layer)}': "
+                                         rf"expected {len(scales)} scales \(one per output channel\), got "
+                                         rf"{len(scales) - 1}"):
         release_calibration(copy, None, "int8")
 
 
@@ -190,6 +216,30 @@ def test_non_finite_weights_are_refused_naming_the_tensor(copy, bad):
     save_file(weights, str(copy / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"model\.safetensors: tensor '{re.escape(name)}' holds NaN or infinite"):
         load_weights(copy)
+
+
+def with_dtype(path, dtype: str, shape: list):
+    """The safetensors file at `path` with its first tensor's dtype and shape set in the header (same bytes)."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name].update(dtype=dtype, shape=shape)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    return name
+
+
+@pytest.mark.parametrize("dtype, per_byte", [("BF16", 2), ("F8_E4M3", 1), ("F8_E5M2", 1)])
+def test_weights_of_a_dtype_numpy_cannot_hold_are_refused_naming_the_tensor(tmp_path, dtype, per_byte):
+    """safetensors reads these for NumPy with a TypeError or AttributeError that names no file."""
+    from safetensors.numpy import save_file
+
+    save_file({"fc.bias": np.zeros(4, np.float32)}, str(tmp_path / "model.safetensors"))
+    name = with_dtype(tmp_path / "model.safetensors", dtype, [16 // per_byte])
+    with pytest.raises(ValueError, match=rf"model\.safetensors: tensor '{name}' is of dtype {dtype}, which NumPy "
+                                         "cannot hold"):
+        load_weights(tmp_path)
 
 
 class NaNNet:
@@ -220,6 +270,9 @@ def test_predict_refuses_non_finite_logits(run_and_release):
     ("scaler.scale", lambda s: s.update(scaler={"scale": 0.0})),
     ("scaler.scale", lambda s: s.update(scaler={"scale": np.array(np.nan, np.float32)})),
     ("scaler.scale", lambda s: s.update(scaler={"scale": float("inf")})),
+    ("scaler.scale", lambda s: s.update(scaler={"scale": 10**400})),  # beyond float: was an OverflowError
+    ("metrics.train_time_s", lambda s: s["metrics"].update(train_time_s=10**400)),
+    ("metrics.history", lambda s: s["metrics"]["history"][0].update(epoch=np.array([1, 2]))),  # was ambiguous
 ])
 def test_an_inconsistent_training_state_is_refused_on_resume(tmp_path, field, change):
     make_fake_run(tmp_path)
@@ -230,6 +283,23 @@ def test_an_inconsistent_training_state_is_refused_on_resume(tmp_path, field, ch
     checkpoint.save_checkpoint(tmp_path / "last.npz", state)
     with pytest.raises(ValueError, match=rf"last\.npz: field '{re.escape(field)}': expected"):
         trainer._resumed_state()
+
+
+def test_a_checkpoint_configuration_that_cannot_resume_names_the_file(tmp_path):
+    make_fake_run(tmp_path)
+    state = dict(checkpoint.load_checkpoint(tmp_path / "last.npz"), model={})  # the resume checks read no weights
+    trainer = loop.Trainer(TrainConfig.from_saved(state["config"]), tmp_path, progress=False, tensorboard=False)
+    for change, message in [
+        (lambda s: s.pop("config"), "configuration: expected a mapping of settings, got None"),  # was a KeyError
+        (lambda s: s.update(config=[1, 2]), r"configuration: expected a mapping of settings, got \[1, 2\]"),
+        (lambda s: s["config"]["optimizer"].update(lr=10**400), "optimizer.lr: expected a number"),  # OverflowError
+        (lambda s: s["config"].update(epochs=5), r"--resume: the configuration differs .* in \['epochs'\]"),
+    ]:
+        changed = json.loads(json.dumps(state, default=lambda a: None))  # a deep copy (no arrays are left)
+        change(changed)
+        checkpoint.save_checkpoint(tmp_path / "last.npz", changed)
+        with pytest.raises(ValueError, match=rf"last\.npz: .*{message}"):
+            trainer._resumed_state()
 
 
 # 6. Deeply nested JSON.

@@ -227,6 +227,22 @@ def test_python_batch_values_out_of_range_are_refused():
         cifar10.parse_python_batch(_batch(good.astype(np.float32), [1, 3]), "test_batch")
 
 
+@pytest.mark.parametrize("batch, message", [
+    ({b"\xff": 1}, r"expected keys 'data' and 'labels'"),  # a key that is no UTF-8: was a UnicodeDecodeError
+    ({1: 1, "a": 2}, r"expected keys 'data' and 'labels'"),  # keys that do not sort: was a TypeError
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": 3}, r"labels \(\) are not"),  # 0-d: was an IndexError
+    ({b"data": np.zeros((2, 3072), np.uint8), b"labels": {1, 2}}, "not a CIFAR-10 batch: refusing to load .*set"),
+])
+def test_python_batch_structures_are_refused_naming_the_batch(batch, message):
+    """Every refusal is a ValueError naming the batch; a pickle naming a global outside the allowed ones stays an
+    UnpicklingError too."""
+    with pytest.raises(ValueError, match=rf"^data_batch_1: .*{message}"):
+        cifar10.parse_python_batch(pickle.dumps(batch, protocol=2), "data_batch_1")
+    if "refusing" in message:
+        with pytest.raises(pickle.UnpicklingError):
+            cifar10.parse_python_batch(pickle.dumps(batch, protocol=2), "data_batch_1")
+
+
 def test_a_decode_cache_with_labels_out_of_range_is_refused_naming_the_file(tmp_path):
     arrays = dict(train_images=np.zeros((2, 32, 32, 3), np.uint8), train_labels=np.array([1, 12], np.int32),
                   test_images=np.zeros((1, 32, 32, 3), np.uint8), test_labels=np.array([3], np.int32))
@@ -252,6 +268,17 @@ def test_algorithm_cache_file_binary_or_deeply_nested_is_a_value_error_naming_it
     deep.write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(ValueError, match=rf"algorithm cache file .*{deep.name}: .*nested too deeply"):
         algo_cache.load_algorithm_cache(deep)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("1" * 5000, "not JSON .*Exceeds the limit"),  # json's int conversion raised a ValueError naming no file
+    ('"\\ud800"', "a string with an unpaired surrogate"),  # JSON, not UTF-8: the native core raised RuntimeError
+])
+def test_algorithm_cache_json_python_cannot_hold_is_a_value_error_naming_it(tmp_path, value, message):
+    path = tmp_path / "algos.json"
+    path.write_text('{"format": "resnet_native.algorithm_cache", "version": 1, "entries": [{"key": ' + value + "}]}")
+    with pytest.raises(ValueError, match=rf"^algorithm cache file .*{path.name}: {message}"):
+        algo_cache.load_algorithm_cache(path)
 
 
 def test_algorithm_cache_read_sections_names_a_binary_file(tmp_path):

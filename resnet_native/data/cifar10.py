@@ -135,29 +135,31 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
-        raise _Refused(f"CIFAR-10 batch: refusing to load {module}.{name}")
+        raise _Refused(f"refusing to load {module}.{name}")
 
 
-class _Refused(pickle.UnpicklingError):
-    """A pickle that names a global outside the allowed ones."""
+class _Refused(pickle.UnpicklingError, ValueError):
+    """A pickle that names a global outside the allowed ones: an UnpicklingError, and a ValueError as every other
+    malformed batch is."""
 
 
 def parse_python_batch(raw: bytes, name: str = "batch") -> tuple[np.ndarray, np.ndarray]:
     """One pickled batch of the python version -> (uint8 (N,32,32,3), int32 (N,))."""
     try:
         d = _ArrayOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
-    except _Refused:
-        raise
+    except _Refused as e:
+        raise _Refused(f"{name}: not a CIFAR-10 batch: {e}") from None
     except Exception as e:  # garbage makes the unpickler raise any of a dozen types
         raise ValueError(f"{name}: not a pickled CIFAR-10 batch ({type(e).__name__}: {e})") from None
     if not isinstance(d, dict):
         raise ValueError(f"{name}: expected a pickled dict, got {type(d).__name__}")
-    d = {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
+    # Keys are bytes (b'data') in the official batches; any other key is kept, by its text, for the message.
+    d = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in d.items()}
     if "data" not in d or "labels" not in d:
-        raise ValueError(f"{name}: expected keys 'data' and 'labels', got {sorted(d)}")
+        raise ValueError(f"{name}: expected keys 'data' and 'labels', got {sorted(map(repr, d))}")
     data = _integers(d["data"], name, "data", 0, 256, "pixel values", np.uint8)
     labels = _integers(d["labels"], name, "labels", 0, len(CLASSES), "labels", np.int32)
-    if data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
+    if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or data.shape[0] != labels.shape[0]:
         raise ValueError(f"{name}: data {data.shape} / labels {labels.shape} are not (N, 3072) / (N,)")
     return np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)), _check_labels(labels, name)
 

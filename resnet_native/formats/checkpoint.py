@@ -16,6 +16,7 @@ import math
 import os
 import zipfile
 import zlib
+from tokenize import TokenError
 
 import numpy as np
 
@@ -112,6 +113,10 @@ def _member_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path) -> tuple:
     name = info.filename[:-len(".npy")]
     if info.flag_bits & 0x1:
         raise _npz_error(path, f"member {name!r} is encrypted")
+    # np.savez stores, np.savez_compressed deflates; another method's decompressor (bzip2, LZMA) raises its own errors.
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise _npz_error(path, f"member {name!r} uses zip compression method {info.compress_type} (np.savez "
+                               "writes stored or deflated members)")
     stored = info.compress_type == zipfile.ZIP_STORED
     # Stored members (np.savez) hold their bytes as they are; deflate cannot shrink data more than ~1032:1.
     if (stored and info.compress_size != info.file_size) or info.file_size > 1032 * info.compress_size + 1024:
@@ -126,8 +131,8 @@ def _member_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path) -> tuple:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             else:
                 raise ValueError(f"unsupported .npy version {version}")
-        except ValueError as e:
-            raise _npz_error(path, f"member {name!r} is not a valid .npy array ({e})") from None
+        except (ValueError, SyntaxError, TokenError) as e:  # NumPy's header parser raises all three
+            raise _npz_error(path, f"member {name!r} is not a valid .npy array ({type(e).__name__}: {e})") from None
         header = f.tell()
     if dtype.hasobject:
         raise _npz_error(path, f"member {name!r} holds Python objects ({dtype}), which are never loaded")

@@ -7,9 +7,9 @@ so that none of them has to import the code that builds releases.
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
+import sys
 
 import numpy as np
 
@@ -41,6 +41,9 @@ def resolve_version_dir(version, models_dir=None) -> pathlib.Path:
 MAX_CLASSES = 100_000
 MAX_CLASS_NAME = 64
 STEMS = ("cifar", "imagenet")
+# The safetensors dtypes NumPy has a type for (BF16 and the FP8 / FP4 types have none: reading them fails in the
+# safetensors library with a TypeError or AttributeError, not naming the file).
+NUMPY_SAFETENSORS_DTYPES = ("BOOL", "U8", "I8", "U16", "I16", "F16", "U32", "I32", "F32", "U64", "I64", "F64", "C64")
 
 
 def _field_error(path, field: str, expected: str, got) -> ValueError:
@@ -48,7 +51,8 @@ def _field_error(path, field: str, expected: str, got) -> ValueError:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float that a float holds (not NaN, not infinite, no int past float's range)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and -sys.float_info.max <= v <= sys.float_info.max
 
 
 def check_release_config(config, path="config.yaml") -> dict:
@@ -107,15 +111,21 @@ def load_release_config(version_dir) -> dict:
 
 def load_weights(version_dir) -> dict:
     """The release's state_dict, as NumPy arrays: model.safetensors (or an older release's model.npz). A tensor
-    holding NaN or infinity is refused (a ValueError naming the file and the tensor)."""
+    holding NaN or infinity, or of a dtype NumPy has no type for, is refused (a ValueError naming the file and the
+    tensor)."""
     d = pathlib.Path(version_dir)
     if (d / "model.safetensors").is_file():
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
+        from safetensors import SafetensorError, safe_open
 
         path = d / "model.safetensors"
         try:
-            weights = dict(load_file(str(path)))
+            with safe_open(str(path), framework="np") as f:
+                for name in f.keys():
+                    dtype = f.get_slice(name).get_dtype()
+                    if dtype not in NUMPY_SAFETENSORS_DTYPES:
+                        raise ValueError(f"{path}: tensor {name!r} is of dtype {dtype}, which NumPy cannot hold "
+                                         f"(expected one of {', '.join(NUMPY_SAFETENSORS_DTYPES)})")
+                weights = {name: f.get_tensor(name) for name in f.keys()}
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
     elif (d / "model.npz").is_file():

@@ -32,6 +32,16 @@ def _plain_loader():
                 raise yaml.YAMLError(f"the tag {tag!r} is not allowed{where}")
             return super().compose_node(parent, index)
 
+        def construct_yaml_int(self, node):
+            value = super().construct_yaml_int(node)
+            try:  # a 5000-digit hex literal is an int Python cannot print: every message naming it would fail
+                str(value)
+            except ValueError as e:
+                raise yaml.constructor.ConstructorError(None, None, f"an int too large ({e})",
+                                                        node.start_mark) from None
+            return value
+
+    PlainLoader.add_constructor("tag:yaml.org,2002:int", PlainLoader.construct_yaml_int)
     return PlainLoader
 
 
@@ -62,7 +72,7 @@ def load_plain_yaml(path, *, label: str = "", invalid: str = "not valid YAML", m
         return yaml.load(text, Loader=_plain_loader())  # noqa: S506 (a SafeLoader subclass)
     except _Refused as e:
         raise ValueError(f"{name}: {e}") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: a scalar its type cannot hold (2001-02-30, 5000 digits)
         raise ValueError(f"{name}: {invalid} ({e})") from None
     except RecursionError:
         raise ValueError(f"{name}: nested too deeply") from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
+import sys
 
 from ..ops import algo_cache
 from ..quantization.prefix import QUANTIZE_FROM
@@ -78,7 +78,7 @@ def check_choices(section, path) -> dict:
             raise ValueError(f"{where}: {key!r}: 'times_ms' is not an object of one time per candidate "
                              f"({', '.join(candidates)})")
         for name, ms in times.items():
-            if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 < ms < math.inf:
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 < ms <= sys.float_info.max:
                 raise ValueError(f"{where}: {key!r}: 'times_ms' of {name!r} ({ms!r}) is not a positive duration")
         choices[key] = {"quantize_from": chosen, "times_ms": {name: float(times[name]) for name in candidates}}
     return choices

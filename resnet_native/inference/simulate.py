@@ -189,9 +189,10 @@ def activation_scales(plan, calibration: Calibration, quantize_from: str = "stem
 
 
 def check_calibration_fits(calibration: Calibration, state: dict, stem: str, where="calibration") -> Calibration:
-    """`calibration` if it has a scale for every layer and value of the network `state` (a 32x32 plan, quantised
-    from the stem, which covers every quantize_from) and none for a layer it does not have; else a ValueError naming
-    `where` (the file) and the layer. Every scale is finite and > 0 already (calibration_from_json)."""
+    """`calibration` if it has a scale for every layer (one per output channel) and value of the network `state` (a
+    32x32 plan, quantised from the stem, which covers every quantize_from) and none for a layer it does not have;
+    else a ValueError naming `where` (the file) and the layer. Every scale is finite and > 0 already
+    (calibration_from_json)."""
     plan = build_plan(state, stem, "fp32", image_size=(32, 32))
     names = value_names(plan)
     if tuple(calibration.values) != names:
@@ -208,6 +209,10 @@ def check_calibration_fits(calibration: Calibration, state: dict, stem: str, whe
     for step in steps:
         if step.name not in calibration.weight_scales:
             raise ValueError(f"{where}: field 'weight_scales': no scales for layer {step.name!r}")
+        k, n = plan.values[step.out].shape[0], len(calibration.weight_scales[step.name])
+        if n != k:
+            raise ValueError(f"{where}: field 'weight_scales.{step.name}': expected {k} scales (one per output "
+                             f"channel), got {n}")
     for v in quantized_values(plan):
         if names[v] not in calibration.activation_scales:
             raise ValueError(f"{where}: field 'activation_scales': no scale for value {names[v]!r}")

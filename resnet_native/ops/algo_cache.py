@@ -96,9 +96,13 @@ def _read_cache_file(path) -> dict:
         raw = f.read()
     try:
         payload = json.loads(raw.decode("utf-8"))
+        # A \ud800 escape is JSON, but no UTF-8 string: the native core could not take it (a RuntimeError).
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
     except UnicodeDecodeError as e:  # a binary file
         raise ValueError(f"algorithm cache file {path}: not UTF-8 text, so not JSON ({e})") from None
-    except json.JSONDecodeError as e:
+    except UnicodeEncodeError as e:
+        raise ValueError(f"algorithm cache file {path}: a string with an unpaired surrogate escape ({e})") from None
+    except ValueError as e:  # json.JSONDecodeError, or an int of more digits than Python converts
         raise ValueError(f"algorithm cache file {path}: not JSON ({e})") from None
     except RecursionError:  # nesting deeper than the parser's recursion limit
         raise ValueError(f"algorithm cache file {path}: not an algorithm cache (JSON nested too deeply)") from None

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
+import sys
 
 from .._core.files import atomic_write_text
 from .calibration import METHODS, QUANT_DTYPES
@@ -54,7 +54,8 @@ class _Fields:
         return ValueError(f"{self.path}: field {field!r}: expected {expected}, got {got!r}")
 
     def scale(self, field: str, value) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        # Compared with float's range, not math.isfinite: that raises OverflowError for an int of 400 digits.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= sys.float_info.max:
             raise self.error(field, "a finite number > 0", value)
         return float(value)
 

@@ -49,11 +49,13 @@ class RemoteBatcher:
         self._waiting_images = 0
         self._closed = False
         self._transport = None
+        self._outbox = []  # request frames of this loop iteration: one write (one system call) for them all
         self._counts = {"requests": 0, "images": 0, "completed": 0, "errors": 0, "cancelled": 0, "rejected": 0}
 
     async def connect(self, on_engine_lost) -> None:
         """Start reading answers on this loop; on_engine_lost() is called once the engine process is gone."""
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._on_lost = on_engine_lost
         self._transport, _ = await loop.create_unix_connection(lambda: _AnswerReader(self), sock=self._sock)
 
@@ -75,8 +77,15 @@ class RemoteBatcher:
         self._waiting_images += len(cells)
         self._counts["requests"] += 1
         self._counts["images"] += len(cells)
-        self._transport.write(request_frame(rid, cells))
+        if not self._outbox:
+            self._loop.call_soon(self._flush)
+        self._outbox.append(request_frame(rid, cells))
         return future
+
+    def _flush(self) -> None:
+        frames, self._outbox = self._outbox, []
+        if frames and not self._transport.is_closing():
+            self._transport.write(b"".join(frames))
 
     def _answered(self, rid: int, status: int, message: str) -> None:
         entry = self._pending.pop(rid, None)

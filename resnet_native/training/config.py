@@ -104,8 +104,9 @@ class TrainConfig(Settings):
 
     @classmethod
     def from_saved(cls, config: dict) -> TrainConfig:
-        """The configuration a checkpoint stored (an older checkpoint's too, with its old key names)."""
-        return cls.from_dict(rename_legacy_keys(config))
+        """The configuration a checkpoint stored (an older checkpoint's too, with its old key names); what is no
+        mapping goes to from_dict as it is, which refuses it."""
+        return cls.from_dict(rename_legacy_keys(config) if isinstance(config, dict) else config)
 
 
 # The settings whose change makes a resumed run differ from the interrupted one.

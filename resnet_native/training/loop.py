@@ -211,13 +211,13 @@ class Trainer:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"{path}: not a training state of this version ({state.get('format')!r})")
         try:
-            saved = TrainConfig.from_saved(state["config"])
+            saved = TrainConfig.from_saved(state.get("config"))
         except ValueError as e:
             raise ValueError(f"{path}: the checkpoint's configuration is not valid here: {e}") from None
         diff = resume_differences(saved, self.cfg)
         if diff:
-            raise ValueError(f"--resume: the configuration differs from the checkpoint's in {diff}; an exact resume "
-                             "needs the same settings")
+            raise ValueError(f"{path}: --resume: the configuration differs from the checkpoint's in {diff}; an exact "
+                             "resume needs the same settings")
         check_resumed_state(state, path, saved.epochs)
         return state
 
@@ -385,20 +385,21 @@ def check_resumed_state(state: dict, path, epochs: int) -> dict:
     if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
         raise bad("metrics.history", "a list of epoch rows", type(history).__name__)
     numbers = [r.get("epoch") for r in history]
-    if numbers != list(range(1, int(epoch) + 2)):
+    # Only ints compared: a list holding an array would make the comparison itself raise.
+    if not all(type(n) is int for n in numbers) or numbers != list(range(1, int(epoch) + 2)):
         raise bad("metrics.history", f"rows for epochs 1 to {int(epoch) + 1} ('epoch' is {int(epoch)}, counted "
                                      "from 0)", f"{len(numbers)} rows numbered {numbers[:3]}...{numbers[-3:]}")
     if not isinstance(metrics.get("best"), dict):
         raise bad("metrics.best", "a mapping", metrics.get("best"))
     t = metrics.get("train_time_s")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= sys.float_info.max:
         raise bad("metrics.train_time_s", "a finite number >= 0", t)
     scaler = state.get("scaler")
     if scaler is not None:
         scale = scaler.get("scale") if isinstance(scaler, dict) else None
         try:
             value = np.asarray(scale, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
             value = np.asarray(np.nan)
         if value.size != 1 or not math.isfinite(float(value.reshape(-1)[0])) or float(value.reshape(-1)[0]) <= 0:
             raise bad("scaler.scale", "a finite number > 0", scale)

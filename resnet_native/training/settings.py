@@ -56,7 +56,7 @@ def _as_float(key, value) -> float:
         if isinstance(value, bool) or value is None:
             raise TypeError
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
         raise ValueError(f"{key}: expected a number, got {value!r}") from None
     if not math.isfinite(out):
         raise ValueError(f"{key}: expected a finite number, got {value!r}")
