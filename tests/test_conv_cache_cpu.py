@@ -282,6 +282,7 @@ BAD_ENTRIES = [
     ("fwd", "workspace", -1, "'workspace' -1 is outside"),
     ("fwd", "time_ms", -1.0, "'time_ms' -1.0 is not a duration"),
     ("fwd", "time_ms", "fast", "'time_ms' 'fast' is not a duration"),
+    ("fwd", "time_ms", 1e39, "'time_ms' 1e+39 is not a duration"),  # finite, but past float32's range
     ("fwd", "knobs", 3, "'knobs' is not a string"),
     ("fwd", "mode", "guess", "'mode' 'guess' is not one of"),
     ("fwd", "engine", "auto", "'engine' 'auto' is not 'legacy' or 'graph'"),

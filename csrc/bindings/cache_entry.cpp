@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "../conv/conv_geometry.h"
@@ -130,7 +131,8 @@ AlgoChoice checked_choice(const ConvParams& params, py::handle obj) {
     const bool number = (PyLong_Check(t.ptr()) || PyFloat_Check(t.ptr())) && !PyBool_Check(t.ptr());
     const double ms = number ? PyFloat_AsDouble(t.ptr()) : -1.0;
     if (PyErr_Occurred()) PyErr_Clear();
-    if (!number || !(ms >= 0.0) || !std::isfinite(ms)) {
+    // Stored as a float: a finite double past its range would become inf and be written back as one.
+    if (!number || !(ms >= 0.0) || !(ms <= static_cast<double>(std::numeric_limits<float>::max()))) {
       throw ValueError("'time_ms' " + repr(d, "time_ms") + " is not a duration");
     }
     c.time_ms = static_cast<float>(ms);
