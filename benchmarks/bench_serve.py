@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import math
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, format_table, write_json  # noqa: E402
+from common import environment, format_table, package_env, percentile, write_json  # noqa: E402
 from common import markdown_table as common_markdown_table
 
 MODES = ("batched", "server_batch_1", "sequential")
@@ -49,14 +48,6 @@ COLUMNS = [("mode", "mode"), ("max_batch", "max batch"), ("max_delay_ms", "max d
            ("p99_ms", "p99 ms"), ("mean_batch", "mean batch"), ("wall_s", "wall s"), ("stopped_by", "stopped by")]
 DISTINCT_IMAGES = 64
 SERVE_MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
-
-
-def percentile(samples, q: float):
-    """Nearest-rank percentile (q in [0, 100]) of the samples; None when there are none."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
 def summarize(mode: str, latencies_s: list, failed: int, wall_s: float, stopped_by: str, **extra) -> dict:
@@ -182,19 +173,13 @@ def run_server_workers(mode: str, args, pngs, *, workers: int, requests: int, cl
     import subprocess
     import tempfile
 
-    import resnet_native
-
     source = ["--fake-engine-ms", args.fake_engine_ms] if args.fake_engine_ms else ["--release", args.release]
     cmd = [sys.executable, "-m", "resnet_native.serve", *source, "--workers", str(workers), "--port", "0",
            "--max-delay-ms", str(max_delay_ms), "--max-queue", str(max(1024, 4 * clients))]
     if max_batch is not None:
         cmd += ["--max-batch", str(max_batch)]
-    # The resnet_native this process imported, never a source tree in the working directory.
-    path = [os.path.dirname(os.path.dirname(os.path.realpath(resnet_native.__file__))),
-            os.environ.get("PYTHONPATH")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=cwd, env=package_env())
         try:
             listening = json.loads(proc.stdout.readline() or "{}")
             if listening.get("event") != "listening":

@@ -36,20 +36,13 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, format_table, markdown_table, write_json  # noqa: E402
+from common import environment, format_table, markdown_table, package_env, percentile, write_json  # noqa: E402
 
 COLUMNS = [("protocol", "protocol"), ("input", "input"), ("images", "images/request"), ("clients", "clients"),
            ("ok", "answers"), ("failed", "failed"), ("requests_per_s", "requests/s"), ("images_per_s", "images/s"),
            ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("server_cores", "server cores"),
            ("client_cores", "client cores")]
 MODEL = "bench"
-
-
-def percentile(samples, q: float):
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
 def make_inputs(n: int, seed: int = 0) -> tuple:
@@ -200,17 +193,12 @@ def _cpu_seconds(pids) -> float:
 
 class Server:
     def __init__(self, args, server_cores):
-        import resnet_native
-
         source = ["--fake-engine-ms", args.fake_engine_ms] if args.fake_engine_ms else ["--release", args.release]
         cmd = [sys.executable, "-m", "resnet_native.serve", *source, "--workers", str(args.workers), "--port", "0",
                "--grpc-port", str(_free_port()), "--model-name", MODEL, "--max-queue", str(args.max_queue),
                "--max-connections", "4096", "--max-upload-bytes", str(1 << 22)]
-        path = [os.path.dirname(os.path.dirname(os.path.realpath(resnet_native.__file__))),
-                os.environ.get("PYTHONPATH")]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
         self._cwd = tempfile.TemporaryDirectory()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=self._cwd.name, env=env,
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=self._cwd.name, env=package_env(),
                                      preexec_fn=lambda: os.sched_setaffinity(0, server_cores))
         lines = [json.loads(self.proc.stdout.readline() or "{}") for _ in range(2)]
         if [x.get("event") for x in lines] != ["listening", "listening_grpc"]:

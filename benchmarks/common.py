@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import platform
 import statistics
 import sys
@@ -281,3 +283,20 @@ def _numeric(text: str) -> bool:
 def write_json(path, payload: dict) -> None:
     """Write `payload` to `path` as JSON, atomically (a temporary file in the same folder, then a rename)."""
     atomic_write_text(path, json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def percentile(samples, q: float):
+    """Nearest-rank percentile (q in [0, 100]) of the samples; None when there are none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
+
+
+def package_env() -> dict:
+    """os.environ for a child process that must import the resnet_native this process imported, never a source
+    tree in its working directory."""
+    import resnet_native
+
+    path = [os.path.dirname(os.path.dirname(os.path.realpath(resnet_native.__file__))), os.environ.get("PYTHONPATH")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))

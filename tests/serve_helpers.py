@@ -35,6 +35,15 @@ class PickyEngine(FakeEngine):
         return super().__call__(images)
 
 
+def free_port() -> int:
+    """A port nothing listens on now (for a server option where 0 does not mean "any free port")."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def images(rng, n, *, bad=()):
     """n distinct uint8 (32, 32, 3) images (first byte < BAD, unless its index is in `bad`)."""
     x = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)

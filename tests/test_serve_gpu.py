@@ -7,7 +7,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from serve_helpers import encode, images, request
+from serve_helpers import encode, free_port, images, request
 from test_inference_plan_cpu import randomized_state
 from test_release_cpu import make_fake_run
 
@@ -81,7 +81,6 @@ def test_tritonclient_against_the_served_release_answers_as_the_classifier(tmp_p
     clients (sync and asyncio) get the classifier's logits for uint8 tensors, through the shared-memory fronts."""
     import asyncio
     import json
-    import socket
     import subprocess
     import sys
 
@@ -101,9 +100,7 @@ def test_tritonclient_against_the_served_release_answers_as_the_classifier(tmp_p
         expected = np.asarray(clf.logits(x), np.float32)
     finally:
         clf.engine.close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        grpc_port = s.getsockname()[1]
+    grpc_port = free_port()
     cmd = [sys.executable, "-m", "resnet_native.serve", "--release", str(version), "--port", "0", "--workers", "2",
            "--grpc-port", str(grpc_port), "--model-name", "m"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,

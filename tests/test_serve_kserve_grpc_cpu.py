@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 import pytest
-from serve_helpers import BAD, WAIT_S, GatedEngine, encode, images, request
+from serve_helpers import BAD, WAIT_S, GatedEngine, encode, free_port, images, request
 
 grpc = pytest.importorskip("grpc")
 tc = pytest.importorskip("tritonclient.grpc")
@@ -241,16 +241,10 @@ def test_full_queue_non_finite_logit_and_graceful_stop(rng):
             server.stop()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_grpc_port_beside_http(tmp_path, rng):
     from conftest import child_env
 
-    grpc_port = _free_port()
+    grpc_port = free_port()
     cmd = [sys.executable, "-m", "resnet_native.serve", "--fake-engine-ms", "0,0", "--port", "0", "--grpc-port",
            str(grpc_port), "--model-name", NAME]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,

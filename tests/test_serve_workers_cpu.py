@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from serve_helpers import encode, images, multipart, request
+from serve_helpers import encode, free_port, images, multipart, request
 
 from resnet_native.release.build import CLASSES
 from resnet_native.release.classifier import softmax
@@ -200,10 +200,7 @@ def test_v2_rest_and_grpc_reach_every_front_with_their_own_answers(tmp_path, rng
     grpcclient = pytest.importorskip("tritonclient.grpc")
     httpclient = pytest.importorskip("tritonclient.http")
     x = images(rng, 24)
-    with socket.socket() as s:  # a free port for gRPC (its 0 means no gRPC server)
-        s.bind(("127.0.0.1", 0))
-        grpc_port = s.getsockname()[1]
-    with Server(tmp_path, "--fake-engine-ms", "1,0", "--grpc-port", str(grpc_port), "--model-name", "m") as server:
+    with Server(tmp_path, "--fake-engine-ms", "1,0", "--grpc-port", str(free_port()), "--model-name", "m") as server:
         grpc_line = server.next_event(5)
         assert grpc_line["event"] == "listening_grpc" and grpc_line["workers"] == server.workers, grpc_line
         want = FakeEngine(classes=len(CLASSES)).expected_logits(x)

@@ -81,9 +81,6 @@ class FreeCells:
     def give(self, cells) -> None:
         self._free.extend(cells.tolist())
 
-    def __len__(self) -> int:
-        return len(self._free)
-
 
 def request_frame(rid: int, cells: np.ndarray) -> bytes:
     return REQUEST.pack(rid, len(cells)) + cells.tobytes()

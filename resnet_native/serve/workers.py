@@ -67,7 +67,6 @@ class EngineBridge:
     def __init__(self, batcher, links: list):
         """links: one (socket, Cells) per front, index = the front's number."""
         self.batcher, self._links = batcher, links
-        self._max_batch = batcher.max_batch
         self._out = queue.SimpleQueue()  # (front, answer frame), or None: stop
         self._stopping = False
         self._selector = selectors.DefaultSelector()
@@ -94,7 +93,7 @@ class EngineBridge:
 
     def _submit(self, front: int, rid: int, cells: np.ndarray) -> None:
         shared = self._links[front][1]
-        if not 1 <= len(cells) <= self._max_batch or cells.min() < 0 or cells.max() >= shared.count:
+        if not 1 <= len(cells) <= self.batcher.max_batch or cells.min() < 0 or cells.max() >= shared.count:
             self._out.put((front, answer_frame(rid, FAILED, f"ValueError: a request frame with {len(cells)} bad "
                                                            f"cell indices")))
             return
