@@ -172,13 +172,13 @@ def test_malformed_requests_get_their_4xx_and_the_server_keeps_serving(start, rn
         assert (status, set(answer)) == (want, {"error"}), (content_type, message, answer)
         assert message in answer["error"], answer
         assert_serving(server, rng)
-    # Chunked bodies have no Content-Length: aiohttp's client_max_size stops a plain one, the parts' running total
-    # a multipart one (each part fits, their sum does not).
+    # Chunked bodies have no Content-Length: the server counts what arrives, for a plain body and for a multipart
+    # one whose parts each fit while their sum does not.
     status, _, answer = predict(server, iter([b"\0" * 4096] * 32), chunked=True)
     assert status == 413 and "error" in answer
     body, content_type = multipart([("image/png", good)] * 40)
     status, _, answer = predict(server, iter([body]), content_type, chunked=True)
-    assert status == 413 and "multipart body: more than the" in answer["error"]
+    assert status == 413 and "request body: more than the" in answer["error"]
     assert request(server.port, "GET", "/predict")[:1] == (405,)
     status, _, answer = request(server.port, "GET", "/nope")
     assert status == 404 and "error" in answer

@@ -81,6 +81,10 @@ class Metrics:
                                  registry=registry)
         self.queue_depth.set_function(lambda: batcher.queue_depth)  # read at scrape time, no bookkeeping
 
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
     def observe_batch(self, size: int, seconds: float) -> None:  # the batcher's listener, on its worker thread
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
@@ -138,6 +142,24 @@ def _error(status: int, message: str, headers=None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+def refusal(state: _State, e: Exception, method: str, path: str) -> tuple:
+    """(status, message, headers) answering what a handler raised, counted in the error metric by reason. Any
+    exception: a bug is logged and answered 500, and the server keeps serving."""
+    if isinstance(e, Refused):
+        reason, status, message, headers = e.reason, e.status, str(e), e.headers
+    elif isinstance(e, ProtocolError):  # the /v2 routes' refusals
+        reason, status, message = _PROTOCOL_REASONS.get(e.status, "v2_bad_request"), e.status, str(e)
+        headers = {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if e.status == 503 else {}
+    elif isinstance(e, web.HTTPException):  # aiohttp's own: 404, 405, 413 from client_max_size, ...
+        reason, status, message = {413: "too_large"}.get(e.status, "http"), e.status, e.text or e.reason
+        headers = {k: v for k, v in e.headers.items() if k in (hdrs.ALLOW, hdrs.RETRY_AFTER)}
+    else:
+        _log.error("resnet_native.serve: %s %s failed", method, path, exc_info=e)
+        reason, status, message, headers = "internal", 500, f"internal error: {type(e).__name__}", {}
+    state.metrics.errors.labels(reason).inc()
+    return status, message, headers
+
+
 @web.middleware
 async def _answer_and_count(request: web.Request, handler):
     state = request.app[STATE]
@@ -146,22 +168,9 @@ async def _answer_and_count(request: web.Request, handler):
     route = resource.canonical if resource is not None else "unmatched"  # bounded label values, never raw paths
     try:
         response = await handler(request)
-    except Refused as e:
-        state.metrics.errors.labels(e.reason).inc()
-        response = _error(e.status, str(e), e.headers)
-    except ProtocolError as e:  # the /v2 routes' refusals
-        state.metrics.errors.labels(_PROTOCOL_REASONS.get(e.status, "v2_bad_request")).inc()
-        response = _error(e.status, str(e), {hdrs.RETRY_AFTER: str(RETRY_AFTER_S)} if e.status == 503 else None)
-    except web.HTTPException as e:  # aiohttp's own: 404, 405, 413 from client_max_size, ...
-        state.metrics.errors.labels({413: "too_large"}.get(e.status, "http")).inc()
-        keep = {k: v for k, v in e.headers.items() if k in (hdrs.ALLOW, hdrs.RETRY_AFTER)}
-        response = _error(e.status, e.text or e.reason, keep)
-    except Exception as e:  # a bug: answer 500 and keep serving
-        _log.exception("resnet_native.serve: %s %s failed", request.method, request.path)
-        state.metrics.errors.labels("internal").inc()
-        response = _error(500, f"internal error: {type(e).__name__}")
-    state.metrics.requests.labels(route, str(response.status)).inc()
-    state.metrics.latency.labels(route).observe(time.perf_counter() - start)
+    except Exception as e:
+        response = _error(*refusal(state, e, request.method, request.path))
+    state.metrics.answered(route, response.status, time.perf_counter() - start)
     return response
 
 

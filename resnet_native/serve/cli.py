@@ -35,6 +35,7 @@ from .batcher import Batcher
 from .fake_engine import FakeEngine
 from .images import DEFAULT_MAX_PIXELS
 from .kserve_http import MODEL as KSERVE_MODEL
+from .loop_thread import run as run_loop
 from .server import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
         app = make_app(batcher, **app_kwargs)
         # The HTTP app's v2 model: gRPC answers for the same model with the same statistics.
         grpc = (app[KSERVE_MODEL], args.grpc_port, args.max_upload_bytes) if args.grpc_port else None
-        counters = asyncio.run(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc,
+        counters = run_loop(serve(app, batcher, args.host, args.port, args.shutdown_timeout, grpc=grpc,
                                      limits=limits))
     except _GrpcUnbound as e:
         print(f"serve: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ from .app import make_app
 from .batcher import BatcherClosed, BatcherFull, check_array
 from .engine_link import FULL, OK, Cells, FrameBuffer, FreeCells, error_of, request_frame
 from .kserve_http import MODEL as KSERVE_MODEL
+from .loop_thread import run as run_loop
 from .server import start_server
 
 _RID_MODULO = 1 << 32
@@ -206,4 +207,4 @@ def worker_main(index: int, front: dict, settings: dict, sock: socket.socket, ce
             print(f"serve: front {os.getpid()}: the engine process is gone; exiting", file=sys.stderr, flush=True)
         return 1 if engine_gone else 0
 
-    sys.exit(asyncio.run(run()))
+    sys.exit(run_loop(run()))

@@ -26,6 +26,7 @@ except ImportError as e:  # the HTTP server is the serve extra; app.py, which im
 from .kserve import ENCODED, KServeModel, ProtocolError, server_metadata, to_json, to_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE, BINARY_TYPE = "application/json", "application/octet-stream"
 MODEL = web.AppKey("resnet_native_kserve_model", KServeModel)
 
 
@@ -180,10 +181,12 @@ def _requested_outputs(request: dict, model: KServeModel) -> list:
     return wanted
 
 
-async def infer(request: web.Request) -> web.Response:
-    model = _model(request)
-    body = await request.read()  # client_max_size: 413 past the app's upload limit
-    req, tail = _split_body(body, request.headers.get(HEADER_LENGTH))
+async def answer_infer(model: KServeModel, name: str, version, body: bytes, header) -> tuple:
+    """POST .../infer without its transport: the path's model `name` and `version` (None: none given), the whole
+    body and the Inference-Header-Content-Length header (None: absent) -> (answer bytes, content type, headers).
+    Refusals raise ProtocolError. The aiohttp route below and http_front.py's own route both answer through here."""
+    model.check(name, version)
+    req, tail = _split_body(body, header)
     name, datatype, shape, raw, data = _read_input(req, tail)
     wanted = _requested_outputs(req, model)
     if name == ENCODED and model.resize:  # megapixel uploads: decode and resize off the loop
@@ -205,8 +208,15 @@ async def infer(request: web.Request) -> web.Response:
         else:
             tensor["data"] = to_json(array)
         answer["outputs"].append(tensor)
-    if not chunks:
-        return web.json_response(answer)
     head = json.dumps(answer).encode()
-    return web.Response(body=b"".join([head, *chunks]), content_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(len(head))})
+    if not chunks:
+        return head, JSON_TYPE, {}
+    return b"".join([head, *chunks]), BINARY_TYPE, {HEADER_LENGTH: str(len(head))}
+
+
+async def infer(request: web.Request) -> web.Response:
+    body = await request.read()  # client_max_size: 413 past the app's upload limit
+    payload, content_type, headers = await answer_infer(request.app[MODEL], request.match_info["model"],
+                                                        request.match_info.get("version"), body,
+                                                        request.headers.get(HEADER_LENGTH))
+    return web.Response(body=payload, content_type=content_type, headers=headers)
