@@ -67,9 +67,24 @@ def test_the_average_is_checkpointed_resumed_exactly_and_released(cpu_backend, t
     for k, v in best["ema"].items():
         np.testing.assert_array_equal(weights[k], v, err_msg=k)
     assert load_release_config(path)["training"]["weights"] == "ema"
+    damaged = checkpoint.load_checkpoint(tmp_path / "part" / "last.npz")
+    del damaged["ema"]
+    with pytest.raises(ValueError, match="the checkpoint holds none"):
+        _load_into_parts(cfg, damaged)
     with pytest.raises(ValueError, match=r"differs from the checkpoint's in \['ema'\]"):
         run(config("--epochs", "3", "--tta", "flip", "--schedule", "linear"), tmp_path / "part", tiny).run(
             resume=True)
+
+
+def _load_into_parts(cfg, state):
+    """Parts of cfg (on the host stand-ins) loading `state`, as --resume does."""
+    from cpu_stand_ins import tiny_cifar
+
+    from resnet_native.distributed.world import World
+    from resnet_native.training import builders
+
+    parts = builders.build_parts(cfg, tiny_cifar(np.random.default_rng(0)), World())
+    parts.load_state_dict(state)
 
 
 def test_the_linear_schedule_runs_to_zero(cpu_backend, tiny, tmp_path):  # noqa: F811

@@ -178,6 +178,9 @@ class Parts:
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None:
+            if not isinstance(state.get("ema"), dict):
+                raise ValueError("ema: the run keeps a moving average of the weights and the checkpoint holds none "
+                                 "(field 'ema')")
             self.ema.shadow.load_state_dict(state["ema"])
 
 
