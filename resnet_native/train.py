@@ -1,4 +1,4 @@
-"""Train a ResNet on CIFAR-10 from a YAML recipe: `python -m resnet_native.train --recipe A|B [options]`.
+"""Train a ResNet on CIFAR-10 from a YAML recipe: `python -m resnet_native.train --recipe A|B|C [options]`.
 
 The command's entry point; the trainer is the package resnet_native.training (its __init__ lists the modules).
 """

@@ -33,7 +33,44 @@ def test_recipe_b_is_the_issue_recipe():
     assert cfg.schedule.name == "onecycle"
     assert cfg.augment.autoaugment is True and cfg.augment.cutout == 16
     assert cfg.label_smoothing == 0.1 and cfg.eval_every == 10
-    assert sorted(available_recipes())[:2] == ["A", "B"]
+    assert sorted(available_recipes())[:3] == ["A", "B", "C"]
+
+
+def test_recipe_c_is_the_fast_recipe():
+    """The same network as A, fewer epochs, a linear decay, evaluated once with flip TTA, on the weights' average;
+    A and B keep what they were (no TTA, no average)."""
+    cfg = cfg_from(["--recipe", "C"])
+    assert cfg.name == "C" and cfg.model == "resnet18" and cfg.epochs < 120 and cfg.engine == "graph"
+    assert cfg.optimizer.name == "sgd" and cfg.optimizer.nesterov and cfg.schedule.name == "linear"
+    assert cfg.tta == "flip" and cfg.ema.decay > 0 and cfg.eval_every >= cfg.epochs
+    assert (cfg.precision, cfg.layout, cfg.augment.autoaugment) == ("fp16", "NHWC", False)
+    for other in ("A", "B"):
+        cfg = cfg_from(["--recipe", other])
+        assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.0, "every": 1, "start": 0.0}
+
+
+def test_the_tta_ema_and_schedule_flags():
+    cfg = cfg_from(["--recipe", "C", "--tta", "none", "--ema-decay", "0.999", "--ema-every", "2", "--ema-start",
+                    "0.25", "--schedule", "onecycle", "--momentum", "0.85", "--crop-padding", "2"])
+    assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.999, "every": 2, "start": 0.25}
+    assert cfg.schedule.name == "onecycle" and cfg.optimizer.momentum == 0.85 and cfg.augment.crop_padding == 2
+    assert cfg_from(["--recipe", "A", "--tta", "flip", "--schedule", "linear"]).tta == "flip"
+    assert cfg_from(["--recipe", "C", "--ema-decay", "0"]).ema.decay == 0.0  # off
+    for argv in (["--tta", "mirror"], ["--schedule", "step"]):
+        with pytest.raises(SystemExit):
+            cfg_from(argv)
+    with pytest.raises(ValueError, match="ema.decay: expected < 1"):
+        cfg_from(["--recipe", "C", "--ema-decay", "1"])
+    with pytest.raises(ValueError, match="optimizer.momentum: unknown setting"):
+        cfg_from(["--recipe", "B", "--momentum", "0.9"])  # AdamW has betas
+    with pytest.raises(ValueError, match="--ema-every|ema.every: expected >= 1"):
+        cfg_from(["--recipe", "C", "--ema-every", "0"])
+
+
+def test_the_average_is_part_of_what_a_resume_must_repeat():
+    a, b = cfg_from(["--recipe", "C"]), cfg_from(["--recipe", "C", "--ema-decay", "0.9"])
+    assert resume_differences(a, b) == ["ema"]
+    assert resume_differences(a, cfg_from(["--recipe", "C", "--tta", "none"])) == []  # evaluation only
 
 
 def test_the_recipes_convolve_on_the_graph_engine_and_the_flag_overrides_it():
@@ -85,6 +122,15 @@ def test_recipe_from_a_yaml_file(tmp_path):
     ({"optimizer": {"name": "sgd"}}, "optimizer.lr"),
     ({"optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9]}}, "optimizer.betas"),
     ({"schedule": {"name": "step"}}, "schedule.name"),
+    ({"tta": "mirror"}, "tta: expected one of"),
+    ({"tta": True}, "tta"),
+    ({"ema": {"decay": 1.0}}, "ema.decay: expected < 1"),
+    ({"ema": {"decay": -0.5}}, "ema.decay: expected >= 0"),
+    ({"ema": {"decay": "high"}}, "ema.decay: expected a number"),
+    ({"ema": {"every": 0}}, "ema.every: expected >= 1"),
+    ({"ema": {"start": 1.0}}, "ema.start: expected < 1"),
+    ({"ema": {"warmup": 3}}, "ema.warmup: unknown setting"),
+    ({"ema": 0.999}, "ema: expected a mapping"),
     ({"schedule": {"name": "cosine", "warmup_epochs": 10}}, "warmup_epochs"),
     ({"augment": {"cutout": -2}}, "augment.cutout"),
     ({"batch_size": "many"}, "batch_size"),

@@ -11,7 +11,15 @@ import pytest
 from resnet_native import reference
 from resnet_native._core.placement import host
 from resnet_native.nn.params import Parameter, ParameterArena
-from resnet_native.optim import SGD, AdamW, CosineSchedule, GradScaler, OneCycleSchedule, WarmupSchedule
+from resnet_native.optim import (
+    SGD,
+    AdamW,
+    CosineSchedule,
+    GradScaler,
+    LinearSchedule,
+    OneCycleSchedule,
+    WarmupSchedule,
+)
 from resnet_native.optim.grad_scaler import update_scale
 
 
@@ -38,6 +46,28 @@ def test_cosine_schedule_values():
     assert lrs[25] == pytest.approx(0.01 + 0.19 * (1 + math.cos(math.pi / 4)) / 2)
     assert lrs[100] == pytest.approx(0.01) and lrs[120] == pytest.approx(0.01)  # held after total_steps
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_linear_schedule_decays_to_zero_after_a_warmup():
+    opt = _FakeOptimizer(lr=0.4)
+    sched = WarmupSchedule(opt, 10, after=LinearSchedule(opt, 90))
+    lrs = [opt.lr]
+    for _ in range(110):
+        sched.step()
+        lrs.append(opt.lr)
+    assert lrs[0] == pytest.approx(0.4 / 3) and lrs[10] == pytest.approx(0.4)  # the warm-up, then the peak
+    assert lrs[55] == pytest.approx(0.4 * (1 - 45 / 90)) and lrs[82] == pytest.approx(0.4 * (1 - 72 / 90))
+    assert lrs[100] == 0.0 and lrs[110] == 0.0  # zero at the end, and held there
+    assert all(a > b for a, b in zip(lrs[10:100], lrs[11:101], strict=True))  # strictly down, in equal steps
+    assert np.allclose(np.diff(lrs[10:101]), -0.4 / 90)
+    state = sched.state_dict()
+    again = WarmupSchedule(opt, 10, after=LinearSchedule(opt, 90, base_lr=1.0))  # a reload keeps the saved peak
+    again.load_state_dict({**state, "last_step": 40})
+    assert opt.lr == pytest.approx(0.4 * (1 - 30 / 90))
+    low = LinearSchedule(_FakeOptimizer(lr=1.0), 4, min_lr=0.2)
+    assert [low.lr_at(t) for t in range(6)] == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 0.2])
+    with pytest.raises(ValueError, match="total_steps"):
+        LinearSchedule(opt, 0)
 
 
 def test_onecycle_schedule_follows_pytorch():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90, run the GPU tests, run benchmarks; logs and JSON go to $OUT.
-# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B
-#   norm optimizer profile reliability sanitize quant-A sweep fusions serve-v2 (default: info build test bench)
+# Usage: tools/gpu_check.sh [STAGE ...]   stages: info build test bench models infer serve train-A train-B train-C
+#   ablate-C norm optimizer profile reliability sanitize quant-A sweep fusions serve-v2 (default: info build test bench)
 #   PYTEST_ARGS   extra pytest arguments (e.g. "-k conv -x", "-n 8"); PYTEST_TARGETS: files/dirs (default tests)
 #   PYTEST_LOG    log name under $OUT (default pytest.log); INFER_ARGS: extra bench_infer.py arguments
 #   BENCH_ARGS    extra bench_block.py arguments (e.g. "--quick"); MODEL_ARGS: extra bench_model.py arguments
@@ -9,6 +9,9 @@
 #   BASELINE_TAR  for the `baseline` stage: a `git archive` of the tree to compare with (built in /tmp/baseline);
 #                 BASELINE_RUNS alternating runs of each tree (default 2); BASELINE_MODEL_ARGS / BASELINE_INFER_ARGS
 #   RELEASE_ARGS  extra release arguments (quant-A, e.g. "--holdout-images 500"); ACCURACY_ARGS: quant_accuracy.py's
+#   SEEDS         train-A/B/C: one run per seed (e.g. "0 1 2 3 4"), summaries in $OUT/train_<recipe>_seeds.json
+#   FRESH=1       train-*, ablate-C: each run as on a fresh machine (an empty data cache and cupy kernel cache)
+#   ABLATE_C      ablate-C: "name=ARGS;name=ARGS" trainer arguments on top of recipe C, one run each (SEED, default 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rn_out}
@@ -18,6 +21,64 @@ export PYTHONUNBUFFERED=1 RESNET_NATIVE_CUDA_ARCHS=${RESNET_NATIVE_CUDA_ARCHS:-9
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(info build test bench)
 status=0
+
+# FRESH=1: trainer arguments (and CUPY_CACHE_DIR) for a run that finds no decoded data set and no compiled cupy
+# kernels, as on a new machine: the first run's cost, measured every time.
+# Sets FRESH_ARGS (and exports CUPY_CACHE_DIR); without FRESH, FRESH_ARGS is empty.
+fresh_setup() {
+  FRESH_ARGS=""
+  if [ "${FRESH:-0}" = 1 ]; then
+    local dir; dir=$(mktemp -d "/tmp/fresh_$1_XXXX")
+    export CUPY_CACHE_DIR="$dir/cupy"
+    FRESH_ARGS="--cache-dir $dir/data"
+  fi
+}
+
+# run_and_collect RECIPE NAME ARGS JSON LOG: one trainer run into /tmp/run_RECIPE_NAME; its summary, the process's
+# wall time and the arguments appended to the list in JSON, the last lines of its output to LOG.
+run_and_collect() {
+  local recipe=$1 name=$2 args=$3 json=$4 log=$5 start rc
+  fresh_setup "$recipe"
+  start=$(date +%s.%N)
+  echo "--- $name: $args" >>"$log"
+  # shellcheck disable=SC2086
+  timeout -s INT "${RUN_TIMEOUT:-300}" python3 -m resnet_native.train --recipe "$recipe" \
+    --data .data/cifar10-jpeg.tar.xz --out "/tmp/run_${recipe}_$name" --no-progress --no-tensorboard $FRESH_ARGS $args \
+    >"/tmp/run_${recipe}_$name.log" 2>&1
+  rc=$?
+  [ -n "$FRESH_ARGS" ] && rm -rf "${CUPY_CACHE_DIR%/cupy}"  # its decoded data set: one per fresh run
+  tail -4 "/tmp/run_${recipe}_$name.log" | tee -a "$log"
+  python3 - "$json" "$name" "$args" "/tmp/run_${recipe}_$name/summary.json" "$(date +%s.%N)" "$start" "$rc" <<'PY'
+import json, os, sys
+path, name, args, summary, end, start, rc = sys.argv[1:]
+runs = json.load(open(path)) if os.path.exists(path) else []
+s = json.load(open(summary)) if os.path.exists(summary) else None
+runs.append({"name": name, "args": args, "exit": int(rc), "process_s": round(float(end) - float(start), 2),
+             "fresh": os.environ.get("FRESH", "0") == "1", "summary": s})
+json.dump(runs, open(path, "w"), indent=1)
+PY
+  return "$rc"
+}
+
+# summarize_runs JSON: one line per run (plain and TTA accuracy, wall time) and the mean and minimum over them.
+summarize_runs() {
+  python3 - "$1" <<'PY'
+import json, statistics, sys
+runs = json.load(open(sys.argv[1]))
+acc = lambda s, k: None if not s or s.get(k) is None else 100 * s[k]
+rows = []
+for r in runs:
+    s = r["summary"]
+    rows.append((r["name"], acc(s, "test_acc"), acc(s, "test_acc_tta"), s and s.get("wall_time_s"), r["process_s"]))
+    print(f"{r['name']:>14}  acc {rows[-1][1]}  tta {rows[-1][2]}  wall {rows[-1][3]}  process {r['process_s']}  "
+          f"[{r['args']}]")
+for i, what in ((1, "acc"), (2, "tta acc"), (3, "wall s")):
+    values = [row[i] for row in rows if row[i] is not None]
+    if values:
+        print(f"{what}: mean {statistics.mean(values):.3f} min {min(values):.3f} max {max(values):.3f} "
+              f"over {len(values)}")
+PY
+}
 for stage in "${stages[@]}"; do
   echo "=== $stage $(date -u +%H:%M:%S)"
   case "$stage" in
@@ -166,19 +227,42 @@ runs.append({"name": name, "args": args, "summary": json.load(open(summary)) if 
 json.dump(runs, open(path, "w"), indent=1)
 PY
       done ;;
-    train-A|train-B)
+    train-A|train-B|train-C)
       recipe=${stage#train-}
-      # shellcheck disable=SC2086
-      # The run folder (checkpoints included) stays on the machine; its summary, curves and CSV come back, and the
-      # whole process's wall time (interpreter start and imports included) in train_<recipe>_process.txt.
-      start=$(date +%s.%N)
-      python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "/tmp/run_$recipe" \
-        --no-progress ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_$recipe.log" | tail -40
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      python3 -c "print(f'process seconds: {$(date +%s.%N) - $start:.2f}')" | tee "$OUT/train_${recipe}_process.txt"
-      for f in summary.json metrics.csv curves.png; do
-        [ -f "/tmp/run_$recipe/$f" ] && cp "/tmp/run_$recipe/$f" "$OUT/${recipe}_$f"
-      done ;;
+      if [ -z "${SEEDS:-}" ]; then
+        # The run folder (checkpoints included) stays on the machine; its summary, curves and CSV come back, and the
+        # whole process's wall time (interpreter start and imports included) in train_<recipe>_process.txt.
+        fresh_setup "$recipe"
+        start=$(date +%s.%N)
+        # shellcheck disable=SC2086
+        python3 -m resnet_native.train --recipe "$recipe" --data .data/cifar10-jpeg.tar.xz --out "/tmp/run_$recipe" \
+          --no-progress $FRESH_ARGS ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train_$recipe.log" | tail -40
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        python3 -c "print(f'process seconds: {$(date +%s.%N) - $start:.2f}')" | tee "$OUT/train_${recipe}_process.txt"
+        for f in summary.json metrics.csv curves.png; do
+          [ -f "/tmp/run_$recipe/$f" ] && cp "/tmp/run_$recipe/$f" "$OUT/${recipe}_$f"
+        done
+      else
+        # One run per seed; every summary (with the process's wall time) in one $OUT/train_<recipe>_seeds.json, the
+        # logs' tails in one train_<recipe>_seeds.log (at most 8 files come back).
+        for seed in $SEEDS; do
+          name="s$seed"
+          # shellcheck disable=SC2086
+          run_and_collect "$recipe" "$name" "--seed $seed ${TRAIN_ARGS:-}" "$OUT/train_${recipe}_seeds.json" \
+            "$OUT/train_${recipe}_seeds.log" || status=1
+        done
+        summarize_runs "$OUT/train_${recipe}_seeds.json"
+      fi ;;
+    ablate-C)
+      # Recipe C with each entry of ABLATE_C ("name=ARGS;name=ARGS", trainer arguments on top of the recipe) for one
+      # seed (SEED, default 0); every run's summary (plain and TTA accuracy, the wall-time split) goes into one
+      # $OUT/ablate_C.json, the logs' tails into ablate_C.log.
+      IFS=';' read -ra runs <<<"${ABLATE_C:?set ABLATE_C}"
+      for run in "${runs[@]}"; do
+        name=${run%%=*}; args=${run#*=}
+        run_and_collect C "$name" "--seed ${SEED:-0} $args" "$OUT/ablate_C.json" "$OUT/ablate_C.log" || status=1
+      done
+      summarize_runs "$OUT/ablate_C.json" ;;
     fusions)
       # tools/probe_fusions.cpp: the graph-API fusions of the MLPerf ResNet pattern, per layer, against the plain
       # convolution. It needs cudnn-frontend's headers, carried in .fe/include (git-ignore .fe; on a machine with

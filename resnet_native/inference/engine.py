@@ -2,6 +2,7 @@
 
     engine = InferenceEngine(model, batch_sizes=(1, 8, 32, 256, 1024), precision="fp16", layout="NHWC")
     logits = engine(images)        # uint8 (N, 32, 32, 3) pixels, or a normalised batch -> (N, classes) float32
+    InferenceEngine(model, tta="flip")   # the mean logits of each image and its mirror: two replays per chunk
 
 Building does the slow work once: BatchNorm folded into each convolution (fold.py, plan.py), activation buffers
 shared by liveness (buffers.py) in the engine's own cupy pool, per batch size an eager forward (algorithm searches,
@@ -14,7 +15,6 @@ next engine on the same GPU and cuDNN. An engine is not thread-safe.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import warnings
@@ -41,7 +41,9 @@ from ..ops import conv, kernels
 from ..ops.workspace import reserve_workspace
 from ..quantization.prefix import AUTO, QUANTIZE_FROM, quantize_from_choices
 from . import choice_cache
+from .batching import batch_chunks
 from .buffers import plan_buffers
+from .flip_tta import FlipAverage, tta_mode
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage, as_device_array
 from .plan import build_plan
@@ -66,24 +68,6 @@ QUANTIZED_FLOAT_PRECISION = "fp32"
 DEFAULT_BATCH_SIZES = (1, 8, 32, 256, 1024)
 
 
-def batch_chunks(n: int, batch_sizes: tuple, split: bool) -> list:
-    """[(start, count, captured batch size)] covering a batch of n: one chunk padded to the smallest captured size
-    that holds it, or (split) chunks of the largest size and the rest padded likewise."""
-    if n == 0:
-        return []
-    largest = batch_sizes[-1]
-    if n > largest and not split:
-        raise ValueError(f"x: a batch of {n} is over the largest captured batch size {largest} and split=False "
-                         f"(pass split=True, or build the engine with a batch size of at least {n})")
-    chunks, start = [], 0
-    while n - start > largest:
-        chunks.append((start, largest, largest))
-        start += largest
-    rest = n - start
-    chunks.append((start, rest, batch_sizes[bisect.bisect_left(batch_sizes, rest)]))
-    return chunks
-
-
 class InferenceEngine(contextlib.AbstractContextManager):
     """A model or release built into captured forwards; see the module docstring for its use.
 
@@ -95,7 +79,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
     def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, precision="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
                  tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None,
-                 quantize_from="stem", dtype=None):
+                 quantize_from="stem", tta=None, dtype=None):
         """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
         models_dir like CIFAR10Classifier). precision: what the engine computes in ('fp16', 'bf16', 'fp32'
         strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
@@ -120,8 +104,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
         version) and times only on a miss, storing the choice there after building. engine.quantize_from_source
         says which: 'timed', 'cache' (quantize_from_times then holds the stored times), or None without 'auto'.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
-        timing. dtype: the deprecated name of precision."""
-        self._graphs, self._hold, self._pool, self._closed = {}, None, None, False
+        timing. tta='flip': the mean of the logits of each image and its mirror image (flip_tta.py: the staged input
+        mirrored in place and replayed; twice the forward's latency); None or 'none': the logits alone. dtype: the
+        deprecated name of precision."""
+        self._graphs, self._hold, self._pool, self._closed, self._flip = {}, None, None, False, None
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         precision = precision_argument("InferenceEngine", precision, dtype, default="fp16")
         self.precision = choice("precision", precision, PRECISIONS + QUANT_PRECISIONS)
@@ -132,6 +118,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         if self.quantized and self.layout != "NHWC":
             raise ValueError(f"layout: the {self.precision} engine runs NHWC, got {self.layout!r}")
         self.split = flag("split", split)
+        self.tta = tta_mode(tta)
         self.cuda_graph = flag("cuda_graph", cuda_graph)
         self.deterministic = flag("deterministic", deterministic)
         self.tune_fusion = flag("tune_fusion", tune_fusion)
@@ -200,14 +187,21 @@ class InferenceEngine(contextlib.AbstractContextManager):
             self._input.write(x[start:start + count], kind, forward.input[:count])
             if count < batch:  # padding rows: zeros, not whatever bits (NaN included) the buffer last held
                 forward.input[count:].fill(0)
-            if self.cuda_graph:
-                launch_ordered(self._graphs[batch], stream)
-            else:
-                forward.run()
+            self._replay(batch, stream)
             cupy.copyto(out[start:start + count], forward.logits[:count])
+            if self._flip is not None:  # the mirrored chunk through the same forward, then the mean logits
+                self._flip.mirror(forward.input[:count])
+                self._replay(batch, stream)
+                self._flip.average(out[start:start + count], forward.logits[:count])
         self._done.record(stream)
         self._last_stream = stream.ptr
         return out
+
+    def _replay(self, batch: int, stream) -> None:
+        if self.cuda_graph:
+            launch_ordered(self._graphs[batch], stream)
+        else:
+            self._forwards[batch].run()
 
     @property
     def input_shape(self) -> tuple:
@@ -228,7 +222,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self._closed = True
         self._graphs = {}
         self._forwards, self._weights, self._arena, self._input = {}, {}, [], None
-        self._quantized, self._all_quantized, self._float_weights = {}, None, None
+        self._quantized, self._all_quantized, self._float_weights, self._flip = {}, None, None, None
         if self._hold is not None:
             self._hold.release()
             self._hold = None
@@ -250,8 +244,9 @@ class InferenceEngine(contextlib.AbstractContextManager):
             times = ", ".join(f"{q}: {ms:.3f} ms" for q, ms in self.quantize_from_times.items())
             auto = f" (auto, {self.quantize_from_source}: {times})" if self.quantize_from_source else ""
             quantized = f", quantize_from={self.quantize_from!r}{auto}"
+        tta = ", tta='flip'" if self.tta == "flip" else ""
         return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, precision={self.precision!r}"
-                f"{quantized}, layout={self.layout!r}, graphs={self.num_graphs})")
+                f"{quantized}, layout={self.layout!r}{tta}, graphs={self.num_graphs})")
 
     # -- calls -----------------------------------------------------------------------------------------------
     def _output(self, out, n: int):
@@ -300,6 +295,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
             reserve_workspace(workspace)
             if self.cuda_graph:
                 self._capture_all()
+            if self.tta == "flip":
+                self._flip = FlipAverage(self._forwards[self.batch_sizes[-1]].input, self.layout)
         cupy.cuda.get_current_stream().synchronize()
         if self.algorithm_cache is not None:
             conv.save_algorithm_cache(self.algorithm_cache)  # keeps the file's choices (this machine's)
@@ -307,6 +304,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 choice_cache.store_choice(self.algorithm_cache, key, self.quantize_from, self.quantize_from_times)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
+        if self._flip is not None:  # compiles the mirror's copy kernels now rather than in the first call
+            _, height, width = self.plan.values[self.plan.input].shape
+            self(cupy.zeros((1, height, width, 3), np.uint8))
+            cupy.cuda.get_current_stream().synchronize()
 
     def _choose_quantize_from(self, state: dict, stored) -> None:
         """'auto': the stored choice of this problem, else each candidate bound at the largest batch size and

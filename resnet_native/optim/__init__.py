@@ -1,10 +1,12 @@
 """Optimizers (fused multi-tensor SGD and AdamW), learning-rate schedules, fp16 loss scaling and the training step
-(TrainStep: forward, loss, backward and update, captured as one CUDA graph)."""
+(TrainStep: forward, loss, backward and update, captured as one CUDA graph), and the weights' moving average
+(WeightAverage)."""
 
 from .adamw import AdamW
+from .ema import WeightAverage
 from .grad_scaler import GradScaler
 from .optimizer import Optimizer
-from .schedules import CosineSchedule, OneCycleSchedule, Schedule, WarmupSchedule
+from .schedules import CosineSchedule, LinearSchedule, OneCycleSchedule, Schedule, WarmupSchedule
 from .sgd import SGD
 from .step import TrainStep
 
@@ -13,9 +15,11 @@ __all__ = [
     "AdamW",
     "CosineSchedule",
     "GradScaler",
+    "LinearSchedule",
     "OneCycleSchedule",
     "Optimizer",
     "Schedule",
     "TrainStep",
     "WarmupSchedule",
+    "WeightAverage",
 ]

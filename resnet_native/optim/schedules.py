@@ -1,6 +1,7 @@
 """Learning-rate schedules, stepped once per iteration after optimizer.step() (as PyTorch's):
 
     CosineSchedule(opt, total_steps, min_lr=0)          PyTorch CosineAnnealingLR (clamped at total_steps)
+    LinearSchedule(opt, total_steps, min_lr=0)          a straight line from the lr to min_lr (clamped)
     OneCycleSchedule(opt, total_steps, max_lr=None)     PyTorch OneCycleLR (two phases, momentum cycling)
     WarmupSchedule(opt, warmup_steps, after=None)       linear warmup, then `after` (a schedule) or constant
 
@@ -66,6 +67,25 @@ class CosineSchedule(Schedule):
             self.min_lr
             + (self.base_lr - self.min_lr) * (1.0 + math.cos(math.pi * t / self.total_steps)) / 2.0
         )
+
+
+class LinearSchedule(Schedule):
+    """lr_t = base_lr + (min_lr - base_lr) * t / total_steps, and min_lr after total_steps: a decay to zero (by
+    default) that keeps the rate high for longer than cosine does in the middle of a run, which short runs
+    favour."""
+
+    captured = ("base_lr",)
+
+    def __init__(self, optimizer, total_steps, *, min_lr=0.0, base_lr=None):
+        super().__init__(optimizer)
+        self.total_steps = whole_number("total_steps", total_steps, 1)
+        self.min_lr = float(min_lr)
+        self.base_lr = float(optimizer.lr if base_lr is None else base_lr)
+        self.apply(0)
+
+    def lr_at(self, t):
+        t = min(max(t, 0), self.total_steps)
+        return self.base_lr + (self.min_lr - self.base_lr) * t / self.total_steps
 
 
 class OneCycleSchedule(Schedule):

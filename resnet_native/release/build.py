@@ -271,7 +271,7 @@ def release(run_dir, version: str, out_dir="cifar10_models", *, checkpoint: str 
         calibrate_on = "gpu" if cuda_available() else "host"
     ckpt_path = find_checkpoint(run_dir, checkpoint)
     state = load_checkpoint(ckpt_path)
-    weights = {k: np.asarray(v) for k, v in state["model"].items()}
+    weights = {k: np.asarray(v) for k, v in released_weights(state).items()}
     config = release_config(state, version, run_name=pathlib.Path(run_dir).resolve().name,
                             checkpoint_name=ckpt_path.name)
     # The schema every backend reads a release with, checked before anything is written.
@@ -311,6 +311,12 @@ def calibrate_release(weights: dict, stem: str, data, dtypes, calibration_images
     return {d: c for d, (c, _) in chosen.items()}, {d: r for d, (_, r) in chosen.items()}
 
 
+def released_weights(state: dict) -> dict:
+    """The weights a training state releases: the moving average of a run that kept one (what it evaluated), else
+    the trained weights."""
+    return state["ema"] if isinstance(state.get("ema"), dict) else state["model"]
+
+
 def release_config(state: dict, version: str, *, run_name: str, checkpoint_name: str) -> dict:
     """config.yaml of a release of a training state: the network, classes, input normalisation, and where the
     weights come from (the run folder's name, never a path)."""
@@ -323,7 +329,7 @@ def release_config(state: dict, version: str, *, run_name: str, checkpoint_name:
                   "mean": list(MEAN), "std": list(STD)},
         "weights": WEIGHTS_FILE,
         "training": {"run": run_name, "checkpoint": checkpoint_name, "epoch": int(state["epoch"]) + 1,
-                     "recipe": recipe},
+                     "recipe": recipe, "weights": "ema" if isinstance(state.get("ema"), dict) else "model"},
     }
 
 
@@ -337,6 +343,7 @@ def release_metrics(state: dict, version: str, weights: dict, run_dir) -> dict:
         "version": version,
         "test_accuracy": row.get("test_acc"),
         "test_loss": row.get("test_loss"),
+        "test_accuracy_tta": row.get("test_acc_tta"),
         "epoch": epoch,
         "epochs": state["config"]["epochs"],
         "training_time_s": metrics.get("train_time_s"),

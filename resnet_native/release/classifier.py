@@ -5,6 +5,7 @@
     clf.predict([img1, img2])     -> array([3, 5])               # list, or an (N, 32, 32, 3) uint8 array
     clf.predict_proba(img)        -> (10,) float32 probabilities
     clf.classes                   -> ('airplane', 'automobile', ...)
+    CIFAR10Classifier("A", tta="flip")                         # mean logits of each image and its mirror
 
 The backend is picked once (clf.backend): on a GPU an InferenceEngine fed the uint8 pixels, whose input stage
 normalises through the trainer's lookup table, so the network sees the inputs it was evaluated on bit for bit;
@@ -32,6 +33,7 @@ from ..formats.release_folder import (  # noqa: F401  (re-exported: the classifi
     resolve_version_dir,
 )
 from ..inference import InferenceEngine
+from ..inference.flip_tta import tta_mode
 from ..inference.simulate import simulate_logits
 from ..inference.source import release_calibration
 from ..nn.models.registry import model_from_spec, rename_legacy_keys
@@ -150,13 +152,15 @@ class CIFAR10Classifier:
     logits and is fed normalised batches. precision='int8' / 'fp8': the release's calibration, from quantize_from on
     (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU).
     algorithm_cache: the engine's cache file (InferenceEngine's: the conv algorithm choices and 'auto''s choice, so
-    a classifier made again on the same GPU searches and times nothing); unused without a GPU. dtype: the
-    deprecated name of precision."""
+    a classifier made again on the same GPU searches and times nothing); unused without a GPU. tta='flip': the
+    mean of the logits of each image and its mirror image (the engine's, or on the CPU backends two batches
+    averaged in NumPy; twice the work, so off by default). dtype: the deprecated name of precision."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
                  engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, precision=None, quantize_from="stem",
-                 algorithm_cache=None, dtype=None):
+                 algorithm_cache=None, tta=None, dtype=None):
         quantized = precision_argument("CIFAR10Classifier", precision, dtype)
+        self.tta = tta_mode(tta)
         self.version_dir = resolve_version_dir(version, models_dir)
         # version_X is a symlink that a new release re-points: read config and weights from one release folder.
         folder = self.version_dir.resolve()
@@ -182,7 +186,7 @@ class CIFAR10Classifier:
             self.backend = "model"
         elif cuda_available():
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, precision=self.precision,
-                                          layout=self.layout, algorithm_cache=self.algorithm_cache)
+                                          layout=self.layout, algorithm_cache=self.algorithm_cache, tta=self.tta)
             self.backend = "engine"
         else:
             self.session = onnx_session(folder, len(self.classes))
@@ -205,7 +209,7 @@ class CIFAR10Classifier:
         if cuda_available():
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, precision=dtype,
                                           calibration=calibration, quantize_from=self.quantize_from,
-                                          algorithm_cache=self.algorithm_cache)
+                                          algorithm_cache=self.algorithm_cache, tta=self.tta)
             self.quantize_from = self.engine.quantize_from  # 'auto''s choice
             self.backend = f"engine-{dtype}"
             return
@@ -250,17 +254,28 @@ class CIFAR10Classifier:
         return np.array(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
 
     def logits(self, images) -> np.ndarray:
+        """float32 logits: (10,) for one image, (N, 10) for a batch; with tta='flip' the mean of each image's and
+        its mirror image's."""
         if self.engine is not None:
             import cupy
 
-            pixels, single = to_batch(images)  # the engine normalises the uint8 pixels on the device
+            pixels, single = to_batch(images)  # the engine normalises the uint8 pixels on the device (and flips)
             out = [self.engine(cupy.asarray(pixels[s:s + self.batch_size])).get()
                    for s in range(0, len(pixels), self.batch_size)]
+            logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
         else:
-            x, single = self.preprocess(images)
-            out = [self._forward(x[s:s + self.batch_size]) for s in range(0, len(x), self.batch_size)]
-        logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
+            pixels, single = to_batch(images)
+            logits = self._host_logits(pixels)
+            if self.tta == "flip":  # the mirror images' logits, averaged in float64, rounded once
+                mirrored = self._host_logits(np.ascontiguousarray(pixels[:, :, ::-1]))
+                logits = ((logits.astype(np.float64) + mirrored) / 2).astype(np.float32)
         return logits[0] if single else logits
+
+    def _host_logits(self, pixels: np.ndarray) -> np.ndarray:
+        """Logits of a uint8 (N, 32, 32, 3) batch through the CPU backend (or the given model), in batches."""
+        x, _ = self.preprocess(pixels)
+        out = [self._forward(x[s:s + self.batch_size]) for s in range(0, len(x), self.batch_size)]
+        return np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
 
     def _finite_logits(self, images) -> np.ndarray:
         """self.logits(images), or a ValueError when one is NaN or infinite (argmax would say class 0 and softmax

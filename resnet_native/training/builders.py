@@ -66,8 +66,8 @@ def warmup_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
 
 
 def build_schedule(cfg: TrainConfig, optimizer, steps_per_epoch: int):
-    """Per-step schedule over the whole run: linear warm-up (if any), then cosine / one-cycle / constant (None:
-    constant without warm-up)."""
+    """Per-step schedule over the whole run: linear warm-up (if any), then cosine / one-cycle / linear decay to zero
+    / constant (None: constant without warm-up)."""
     total = cfg.epochs * steps_per_epoch
     warm = warmup_steps(cfg, steps_per_epoch)
     main = None
@@ -75,6 +75,8 @@ def build_schedule(cfg: TrainConfig, optimizer, steps_per_epoch: int):
         main = optim.CosineSchedule(optimizer, total - warm)
     elif cfg.schedule.name == "onecycle":
         main = optim.OneCycleSchedule(optimizer, total - warm)
+    elif cfg.schedule.name == "linear":
+        main = optim.LinearSchedule(optimizer, total - warm)
     if warm:
         return optim.WarmupSchedule(optimizer, warm, after=main)
     return main
@@ -90,6 +92,23 @@ def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None)
     return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
                      cuda_graph=cfg.cuda_graph, allreduce=allreduce,
                      overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
+
+
+def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int):
+    """The weights' moving average of a recipe with ema.decay > 0 (else None), in a second copy of the network."""
+    e = cfg.ema
+    if e.decay == 0.0:
+        return None
+    start = int(round(e.start * cfg.epochs * steps_per_epoch))
+    return optim.WeightAverage(model, build_model(cfg), e.decay, every=e.every, start_step=start)
+
+
+def flipped_test_set(cfg: TrainConfig, test_images):
+    """The test set mirrored left to right and normalised, for flip TTA (else None): made once, so that an
+    evaluation's second pass is forwards alone."""
+    if cfg.tta != "flip":
+        return None
+    return normalize_on_gpu(np.ascontiguousarray(test_images[:, :, ::-1]), layout=cfg.layout, dtype=cfg.precision)
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:
@@ -138,6 +157,13 @@ class Parts:
     test_labels: Any
 
     world_size: int = 1
+    test_flipped: Any = None  # the test set mirrored, for flip TTA
+    ema: Any = None  # the weights' moving average (optim.WeightAverage)
+
+    @property
+    def eval_model(self):
+        """What is evaluated, checkpointed as the release's weights and released: the average when there is one."""
+        return self.model if self.ema is None else self.ema.shadow
 
     @property
     def images_per_epoch(self) -> int:
@@ -151,6 +177,11 @@ class Parts:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None:
+            if not isinstance(state.get("ema"), dict):
+                raise ValueError("ema: the run keeps a moving average of the weights and the checkpoint holds none "
+                                 "(field 'ema')")
+            self.ema.shadow.load_state_dict(state["ema"])
 
 
 def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Parts:
@@ -174,7 +205,9 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
-    return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n)
+    return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n,
+                 test_flipped=flipped_test_set(cfg, data.test_images),
+                 ema=build_weight_average(cfg, model, len(augmenter)))
 
 
 def default_allreduce(model, world, store, wire: str = "fp32"):

@@ -1,4 +1,4 @@
-"""The trainer's command line: `python -m resnet_native.train --recipe A|B [options]`.
+"""The trainer's command line: `python -m resnet_native.train --recipe A|B|C [options]`.
 
 Recipes live in resnet_native/recipes/*.yaml (or pass a path). Flags override the recipe's keys (OVERRIDES says which
 flag sets which key; its type and choices are the key's setting's), and the result goes through the same checks as
@@ -41,10 +41,19 @@ OVERRIDES = (
     ("--seed", "seed", "seed of the initial weights, subset, shuffling and augmentation"),
     ("--subset", "subset", "train on a seeded random subset of this many training images"),
     ("--warmup-epochs", "schedule.warmup_epochs", "linear learning-rate warm-up length in epochs"),
+    ("--schedule", "schedule.name", "learning rate after the warm-up: cosine, onecycle, linear (to zero) or constant"),
     ("--label-smoothing", "label_smoothing", "label smoothing of the training loss"),
     ("--lr", "optimizer.lr", "(peak) learning rate"),
     ("--weight-decay", "optimizer.weight_decay", "weight decay"),
+    ("--momentum", "optimizer.momentum", "SGD's momentum"),
     ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
+    ("--crop-padding", "augment.crop_padding", "random-crop padding in pixels, 0 for no crop"),
+    ("--tta", "tta", "test-time augmentation of the evaluation: flip (the mean logits of each image and its mirror, "
+                     "reported beside the plain accuracy) or none"),
+    ("--ema-decay", "ema.decay", "evaluate and release a moving average of the weights with this decay per update "
+                                 "(0: none)"),
+    ("--ema-every", "ema.every", "training steps between updates of the moving average"),
+    ("--ema-start", "ema.start", "fraction of the run's steps before the moving average starts"),
     ("--engine", "engine", "convolution engine: graph (cuDNN 9's graph API), legacy, or auto (both timed per "
                            "problem; the recipes: graph)"),
     ("--deterministic", "deterministic",
@@ -63,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m resnet_native.train",
         description="Train a ResNet on CIFAR-10 with resnet_native (recipe YAML + overrides).")
-    p.add_argument("--recipe", default="A", help="recipe name (A, B) or path to a YAML file (default A)")
+    p.add_argument("--recipe", default="A", help="recipe name (A, B, C) or path to a YAML file (default A)")
     for flag, key, help_text in OVERRIDES:
         f = setting_field(TrainConfig, key)
         if f.metadata["kind"] is bool:

@@ -1,8 +1,8 @@
 """The training recipe: what a run trains and how, one structure of declarative settings.
 
-A recipe is a YAML file (resnet_native/recipes/A.yaml, B.yaml, or any path); command-line flags are overrides of its
-keys, merged into it before the one check (TrainConfig.from_dict) that every source goes through. Each setting's
-type, default and bounds are declared on its field below.
+A recipe is a YAML file (resnet_native/recipes/A.yaml, B.yaml, C.yaml, or any path); command-line flags are
+overrides of its keys, merged into it before the one check (TrainConfig.from_dict) that every source goes through.
+Each setting's type, default and bounds are declared on its field below.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pathlib
 import re
 from dataclasses import dataclass
 
-from .._core.names import ENGINES, LAYOUTS, PRECISIONS
+from .._core.names import ENGINES, LAYOUTS, PRECISIONS, TTA_MODES
 from ..formats.yaml_file import load_plain_yaml
 from ..nn.models.registry import LEGACY_KEYS, MODEL_NAMES, rename_legacy_keys
 from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of, section, text, variant
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent.parent / "recipes"
-SCHEDULES = ("cosine", "onecycle", "constant")
+SCHEDULES = ("cosine", "onecycle", "linear", "constant")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,8 @@ OPTIMIZERS = {"sgd": SGDSettings, "adamw": AdamWSettings}
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleSettings(Settings):
-    """Per-step learning rate: a linear warm-up of warmup_epochs (if any), then cosine / one-cycle / constant."""
+    """Per-step learning rate: a linear warm-up of warmup_epochs (if any), then cosine / one-cycle / linear decay to
+    zero / constant."""
 
     name: str = one_of("cosine", SCHEDULES)
     warmup_epochs: float = number(0.0, minimum=0.0)
@@ -60,6 +61,18 @@ class AugmentSettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EMASettings(Settings):
+    """An exponential moving average of the weights and batch-norm running statistics (optim/ema.py), evaluated,
+    checkpointed and released in the trained weights' place. decay: per update, 0 for none (an average of decay 0
+    is the weights themselves); every: training steps between updates; start: the fraction of the run's steps
+    before which the average only follows the weights (it starts from a copy of them there)."""
+
+    decay: float = number(0.0, minimum=0.0, below=1.0)
+    every: int = integer(1, minimum=1)
+    start: float = number(0.0, minimum=0.0, below=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     engine: the convolutions' engine ('graph': cuDNN 9's graph API; 'legacy'; 'auto': both searched and timed,
@@ -69,7 +82,9 @@ class TrainConfig(Settings):
     every this many epochs and after the last (the epochs between log no test figures);
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
     batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
-    gradient bucket's all-reduce starts during backward (not with sync_bn)."""
+    gradient bucket's all-reduce starts during backward (not with sync_bn); tta: test-time augmentation of the
+    evaluation ('flip': the mean logits of each test image and its mirror, reported beside the plain figures);
+    ema: the weights' moving average (EMASettings)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -91,9 +106,11 @@ class TrainConfig(Settings):
     allreduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
     sync_bn: bool = flag(False)
     overlap_allreduce: bool = flag(False)
+    tta: str = one_of("none", TTA_MODES)
     optimizer: SGDSettings | AdamWSettings = variant(OPTIMIZERS, default="sgd")
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)
+    ema: EMASettings = section(EMASettings)
 
     def check(self) -> None:
         if self.sync_bn and self.overlap_allreduce:
@@ -111,7 +128,7 @@ class TrainConfig(Settings):
 
 # The settings whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
-               "optimizer", "schedule", "augment")
+               "optimizer", "schedule", "augment", "ema")
 
 
 def resume_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
@@ -125,7 +142,7 @@ def available_recipes() -> list[str]:
 
 
 def recipe_path(name_or_path) -> pathlib.Path:
-    """The file of a recipe: a name ('A', 'B') in the package's recipes folder, or a path."""
+    """The file of a recipe: a name ('A', 'B', 'C') in the package's recipes folder, or a path."""
     p = pathlib.Path(str(name_or_path))
     if not p.suffix:
         p = RECIPES_DIR / f"{name_or_path}.yaml"
@@ -136,7 +153,7 @@ def recipe_path(name_or_path) -> pathlib.Path:
 
 
 def load_recipe(name_or_path) -> dict:
-    """A recipe's YAML mapping, by name ('A', 'B') from the package or from a file path; 'name' defaults to the
+    """A recipe's YAML mapping, by name ('A', 'B', 'C') from the package or from a file path; 'name' defaults to the
     file's stem. Read as plain data only (formats/yaml_file.py: at most 1 MiB, no Python objects, anchors,
     aliases or tags); ValueError naming the file when it cannot be read, is not YAML, or is not a mapping."""
     p = recipe_path(name_or_path)

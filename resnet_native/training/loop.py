@@ -23,8 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .._core import runtime
 from .._core.files import atomic_write_text
 from .._core.names import whole_number
@@ -39,8 +37,9 @@ from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algori
 from .config import TrainConfig, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
-from .metrics_log import MetricsLog, plot_curves, preload_plotting
+from .metrics_log import TTA_COLUMNS, MetricsLog, plot_curves, preload_plotting
 from .queued_epoch import QueuedEpoch, record_event, reserve_buffers, stage_state, state_sources
+from .resumed_state import check_resumed_state
 from .snapshot import HostSnapshot
 from .stopwatch import Stopwatch
 from .warm_start import load_while_priming
@@ -148,8 +147,8 @@ class Trainer:
                 writer = stack.enter_context(CheckpointWriter(self.out, RUN_FILES))
             else:  # the other ranks keep their rows and write nothing
                 log, writer = _RowsOnly(rows), None
-            evaluation = Evaluation(parts.model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
-                                    cuda_graph=cfg.eval_cuda_graph)
+            evaluation = Evaluation(parts.eval_model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
+                                    cuda_graph=cfg.eval_cuda_graph, x_flipped=parts.test_flipped)
             algos = AlgorithmCacheFile(self.out / ALGOS_FILE)
             reserving.result()
             skipped, between = 0, 0.0
@@ -258,6 +257,8 @@ class Trainer:
             for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
                 with partial_batch_search(len(y), parts.augmenter.batch_size):
                     parts.step.run(x, y)  # loss and correct count stay on the device, summed
+                if parts.ema is not None:  # queued behind the step: one launch or two, no wait
+                    parts.ema.after_step(parts.optimizer.step_count)
                 if parts.schedule is not None:
                     parts.schedule.step()
                 if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):
@@ -273,6 +274,8 @@ class Trainer:
             return queued
         with spent("evaluate"):
             if _due(epoch, self.cfg.eval_every, end_epoch):
+                if parts.ema is not None:
+                    parts.ema.before_evaluation(parts.optimizer.step_count)
                 queued.test = evaluation.queue()
         if queued.test is not None or _due(epoch, self.checkpoint_every, end_epoch):
             with spent("checkpoint"):
@@ -287,14 +290,18 @@ class Trainer:
         with spent("train"):
             train_loss, train_acc, epoch_time = queued.training_figures()
         with spent("evaluate"):
-            test_loss, test_acc = queued.test_figures() if primary else (math.nan, math.nan)
+            test_loss, test_acc, *tta = queued.test_figures() if primary else (math.nan, math.nan)
         row = {"epoch": epoch + 1, "lr": queued.lr, "train_loss": train_loss, "train_acc": train_acc,
                "test_loss": test_loss, "test_acc": test_acc, "epoch_time_s": epoch_time,
                "images_per_s": parts.images_per_epoch / epoch_time}
+        if self.cfg.tta != "none":  # the TTA figures beside the plain ones (None where not evaluated)
+            row.update(zip(TTA_COLUMNS, tta or (None, None, None), strict=True))
         with spent("log"):
             log.log_epoch(row)
             rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""
             test = "not evaluated" if test_acc is None else f"loss {test_loss:.4f} acc {test_acc:.4f}"
+            if row.get("test_acc_tta") is not None:
+                test += f" tta acc {row['test_acc_tta']:.4f}"
             print(f"{rank}epoch {epoch + 1}/{self.cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                   f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
         is_best = progress.record(row)
@@ -327,8 +334,11 @@ class Trainer:
         def state() -> dict:
             copies = arrays.resolve()
             scaler = None if host["scaler"] is None else {**host["scaler"], **copies["scaler"]}
-            return {**scalars, "model": copies["model"], "optimizer": {**host["optimizer"], **copies["optimizer"]},
-                    "scaler": scaler}
+            out = {**scalars, "model": copies["model"], "optimizer": {**host["optimizer"], **copies["optimizer"]},
+                   "scaler": scaler}
+            if "ema" in copies:  # the weights' average: what is evaluated and released
+                out["ema"] = copies["ema"]
+            return out
 
         return state
 
@@ -344,8 +354,12 @@ class Trainer:
             "train_images": parts.augmenter.num_images, "train_time_s": train_time,
             "train_images_per_s": (len(rows) * parts.images_per_epoch / train_time) if train_time > 0 else None,
             "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
-            "out": str(self.out),
+            "out": str(self.out), "tta": cfg.tta, "ema": parts.ema is not None,
         }
+        if cfg.tta != "none":
+            # The last evaluation's TTA figures, and the GPU seconds every evaluation's mirrored pass took.
+            summary["test_acc_tta"], summary["test_loss_tta"] = final.get("test_acc_tta"), final.get("test_loss_tta")
+            summary["tta_s"] = round(sum(r.get("tta_s") or 0.0 for r in rows), 3)
         if self.world.world_size > 1:
             summary["rank"], summary["world_size"] = self.world.rank, self.world.world_size
         return summary
@@ -364,46 +378,6 @@ class _RowsOnly:
 
     def log_epoch(self, row: dict) -> None:
         self.rows.append(dict(row))
-
-
-def check_resumed_state(state: dict, path, epochs: int) -> dict:
-    """A training state read for --resume, if its progress is consistent: 'epoch' (the last completed epoch, from
-    0) an int below `epochs`, 'metrics.history' one row per completed epoch numbered 1, 2, ..., 'metrics.best' and
-    'metrics.train_time_s' present, and the loss scaler's 'scale' (with mixed precision) finite and > 0. Else a
-    ValueError naming the file and the field."""
-
-    def bad(field: str, expected: str, got):
-        return ValueError(f"{path}: field {field!r}: expected {expected}, got {got!r}"[:1000])
-
-    epoch = state.get("epoch")
-    if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or not 0 <= epoch < epochs:
-        raise bad("epoch", f"an int in [0, {epochs}) (the last completed epoch of a {epochs}-epoch run)", epoch)
-    metrics = state.get("metrics")
-    if not isinstance(metrics, dict):
-        raise bad("metrics", "a mapping with 'history', 'best' and 'train_time_s'", metrics)
-    history = metrics.get("history")
-    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
-        raise bad("metrics.history", "a list of epoch rows", type(history).__name__)
-    numbers = [r.get("epoch") for r in history]
-    # Only ints compared: a list holding an array would make the comparison itself raise.
-    if not all(type(n) is int for n in numbers) or numbers != list(range(1, int(epoch) + 2)):
-        raise bad("metrics.history", f"rows for epochs 1 to {int(epoch) + 1} ('epoch' is {int(epoch)}, counted "
-                                     "from 0)", f"{len(numbers)} rows numbered {numbers[:3]}...{numbers[-3:]}")
-    if not isinstance(metrics.get("best"), dict):
-        raise bad("metrics.best", "a mapping", metrics.get("best"))
-    t = metrics.get("train_time_s")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= sys.float_info.max:
-        raise bad("metrics.train_time_s", "a finite number >= 0", t)
-    scaler = state.get("scaler")
-    if scaler is not None:
-        scale = scaler.get("scale") if isinstance(scaler, dict) else None
-        try:
-            value = np.asarray(scale, dtype=np.float64)
-        except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
-            value = np.asarray(np.nan)
-        if value.size != 1 or not math.isfinite(float(value.reshape(-1)[0])) or float(value.reshape(-1)[0]) <= 0:
-            raise bad("scaler.scale", "a finite number > 0", scale)
-    return state
 
 
 @dataclass

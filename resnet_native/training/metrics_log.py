@@ -21,6 +21,9 @@ import time
 from .._core.files import atomic_write_bytes, atomic_write_text
 
 COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "images_per_s")
+# A run with test-time augmentation adds these (the mean logits' loss and accuracy, the GPU seconds of the mirrored
+# pass); a run without it keeps the columns above alone.
+TTA_COLUMNS = ("test_loss_tta", "test_acc_tta", "tta_s")
 
 
 _SAID = set()  # the optional packages whose absence has been reported
@@ -79,10 +82,11 @@ class MetricsLog:
 
     def _write_csv(self):
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        columns = COLUMNS + (TTA_COLUMNS if any(TTA_COLUMNS[1] in r for r in self.rows) else ())
+        w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for r in self.rows:
-            w.writerow({k: r.get(k, "") for k in COLUMNS})
+            w.writerow({k: r.get(k, "") for k in columns})
         atomic_write_text(self.csv_path, buf.getvalue())
 
     def log_epoch(self, row: dict) -> None:
@@ -93,6 +97,7 @@ class MetricsLog:
             scalars = {
                 "loss/train": row.get("train_loss"), "loss/test": row.get("test_loss"),
                 "accuracy/train": row.get("train_acc"), "accuracy/test": row.get("test_acc"),
+                "accuracy/test_tta": row.get("test_acc_tta"),
                 "lr": row.get("lr"), "throughput/images_per_s": row.get("images_per_s"),
             }
             writer.add_event(make_event(row["epoch"], {k: v for k, v in scalars.items() if v is not None}))

@@ -26,7 +26,7 @@ class QueuedEpoch:
     start: Any  # cupy Events, recorded before the first step and after the last
     end: Any
     totals: Any  # DeviceValues: (loss sum, correct sum, samples)
-    test: Any = None  # DeviceValues: (mean loss, accuracy) when the epoch is evaluated
+    test: Any = None  # DeviceValues: (mean loss, accuracy[, the three TTA figures]) when the epoch is evaluated
     staged: Any = None  # PendingSnapshot of the arrays, when the epoch may be checkpointed
     host_state: dict | None = None  # the host's part of that state, read when the epoch was queued
     previous_end: Any = None  # the end event of the epoch queued before this one
@@ -39,8 +39,9 @@ class QueuedEpoch:
         self.end.synchronize()
         return loss_sum / seen, correct_sum / seen, cupy.cuda.get_elapsed_time(self.start, self.end) / 1e3
 
-    def test_figures(self) -> tuple[float | None, float | None]:
-        """(mean loss, accuracy) on the test set, or (None, None) when the epoch was not evaluated."""
+    def test_figures(self) -> tuple:
+        """(mean loss, accuracy) on the test set, followed with flip TTA by (TTA mean loss, TTA accuracy, seconds of
+        the mirrored pass); (None, None) when the epoch was not evaluated."""
         return self.test.result() if self.test is not None else (None, None)
 
     def seconds_before(self) -> float:
@@ -86,6 +87,8 @@ def state_sources(parts) -> dict:
     groups = {"model": parts.model.state_sources(), "optimizer": parts.optimizer.state_sources()}
     if parts.scaler is not None:
         groups["scaler"] = parts.scaler.state_sources()
+    if parts.ema is not None:
+        groups["ema"] = parts.ema.shadow.state_sources()
     return groups
 
 

@@ -1,0 +1,87 @@
+"""Recipe C's pieces on the GPU: the engine's flip TTA against the float64 reference of both views and against two
+plain calls; the trainer's captured TTA evaluation against the eager one and the mean logits; the weights' average
+(one fused launch) against the float64 recurrence."""
+
+import numpy as np
+import pytest
+from test_inference_gpu import _assert_close, _images, _model
+
+import resnet_native as rn
+from resnet_native.data.augment import normalize_on_gpu, normalize_on_host
+from resnet_native.inference import InferenceEngine
+from resnet_native.optim import SGD, WeightAverage
+from resnet_native.optim.ema import running_statistics
+from resnet_native.optim.step import TrainStep
+from resnet_native.training.evaluation import Evaluation
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+
+def _host_twin(model):
+    twin = rn.ResNet18(num_classes=10, layout="NHWC", precision="fp32", seed=0).to_host(np.float64)
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_the_engine_averages_the_logits_of_both_views(rng, layout):
+    model = _model(rng, layout=layout)
+    images = _images(rng, 21)  # split over 8s and padded
+    host = cp.asnumpy(images)
+    twin = _host_twin(model)
+    mirrored = np.ascontiguousarray(host[:, :, ::-1])
+    want = (twin.forward(normalize_on_host(host, dtype="fp32").astype(np.float64))
+            + twin.forward(normalize_on_host(mirrored, dtype="fp32").astype(np.float64))) / 2
+    with InferenceEngine(model, batch_sizes=(4, 8), layout=layout, deterministic=True, tta="flip") as tta, \
+            InferenceEngine(model, batch_sizes=(4, 8), layout=layout, deterministic=True) as plain:
+        got = tta(images)
+        _assert_close(got, want, "fp16")
+        two = (plain(images) + plain(cp.asarray(mirrored))) * np.float32(0.5)
+        cp.testing.assert_array_equal(got, two)  # the same replays, the same fp32 arithmetic
+        x = normalize_on_gpu(images, layout=layout, dtype="fp16")  # a normalised batch is mirrored alike
+        cp.testing.assert_array_equal(tta(x), got)
+        cp.testing.assert_array_equal(tta(images[:3]), got[:3])
+        assert tta.capture_error is None and "tta='flip'" in repr(tta)
+
+
+def test_the_captured_tta_evaluation_replays_the_eager_one(rng):
+    model = _model(rng)
+    images = _images(rng, 2500)
+    x = normalize_on_gpu(images)
+    x_flipped = normalize_on_gpu(cp.ascontiguousarray(images[:, :, ::-1]))
+    labels = cp.asarray(rng.integers(0, 10, 2500).astype(np.int32))
+    eager = Evaluation(model, x, labels, 1000, x_flipped=x_flipped)
+    captured = Evaluation(model, x, labels, 1000, cuda_graph=True, x_flipped=x_flipped)
+    logits = (model.forward(x, train=False) + model.forward(x_flipped, train=False)) / 2
+    want_acc = float((cp.argmax(logits, axis=1) == labels).mean())
+    for round_ in range(3):  # warm-up, capture, replay
+        a, b = eager(), captured()
+        assert a[:4] == b[:4] and b[4] > 0, (round_, a, b)
+        assert b[3] == pytest.approx(want_acc, abs=1.5e-4)  # ties aside: the mean logits' accuracy
+        assert captured.captured == (round_ >= 1) and captured.capture_error is None
+    captured.reset()
+
+
+def test_the_average_on_the_gpu_follows_the_float64_recurrence(rng):
+    model = rn.ResNet18(num_classes=10, precision="fp16", seed=0).cuda()
+    shadow = rn.ResNet18(num_classes=10, precision="fp16", seed=1).cuda()
+    opt = SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = TrainStep(model, opt, scaler=rn.optim.GradScaler(), cuda_graph=True)
+    average = WeightAverage(model, shadow, 0.9)
+    want = {n: cp.asnumpy(p.data).astype(np.float64) for n, p in model.named_parameters()}
+    stats = [cp.asnumpy(a).astype(np.float64) for a in running_statistics(model)]
+    x = cp.asarray(rng.standard_normal((64, 32, 32, 3)).astype(np.float16))
+    y = cp.asarray(rng.integers(0, 10, 64).astype(np.int32))
+    for _ in range(4):
+        step.run(x, y)
+        average.after_step(opt.step_count)
+        want = {n: 0.9 * want[n] + 0.1 * cp.asnumpy(p.data) for n, p in model.named_parameters()}
+        stats = [0.9 * s + 0.1 * cp.asnumpy(a) for s, a in zip(stats, running_statistics(model), strict=True)]
+    for n, p in shadow.named_parameters():
+        np.testing.assert_allclose(cp.asnumpy(p.data), want[n], rtol=1e-5, atol=1e-6, err_msg=n)
+        cp.testing.assert_array_equal(p.low, p.data.astype(cp.float16))  # the kernel rounds its fp32 result
+    for got, s in zip(running_statistics(shadow), stats, strict=True):
+        np.testing.assert_allclose(cp.asnumpy(got), s, rtol=1e-5, atol=1e-6)
+    step.reset_graphs()
