@@ -10,7 +10,8 @@
 #   CUDNN_DIR    a directory with include/cudnn.h and lib/libcudnn.so.9 (default: the nvidia-cudnn-cu13 wheel of the
 #                active python's site-packages, else pip-downloaded into build/deps/).
 #   NVCC         (default: nvcc)   JOBS (default: nproc)
-# Writes build/compile_times.jsonl: one line per translation unit with wall seconds and peak RSS (/usr/bin/time -v).
+# Writes build/compile_times.jsonl: one line per translation unit with wall seconds and peak RSS (/usr/bin/time -v),
+# from the build that last compiled it. Objects newer than their inputs are kept (FORCE=1 rebuilds everything).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="$HERE/build"
@@ -75,16 +76,18 @@ compile() {  # compile SRC OBJ: one TU, its wall time and peak RSS appended to c
   local rss
   rss=$(awk -F: '/Maximum resident set size/{gsub(/ /,"",$2); print $2}' "$log")
   printf '{"tu":"%s","seconds":%.1f,"max_rss_mb":%s,"jobs":%s}\n' "$(basename "$src")" \
-    "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "$(( ${rss:-0} / 1024 ))" "$JOBS" >>"$BUILD/compile_times.jsonl"
+    "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "$(( ${rss:-0} / 1024 ))" "$JOBS" >"$obj.time.json"
 }
 
-: >"$BUILD/compile_times.jsonl"
 SOURCES=("$HERE"/inst/*.cu "$HERE/probe.cu" "$HERE/instances.cpp")
 START=$(date +%s)
 pids=()
 running=0
 for src in "${SOURCES[@]}"; do
   obj="$BUILD/obj/$(basename "$src").o"
+  # Up to date: the object is newer than its source, the shared headers and this script (FORCE=1 rebuilds all).
+  if [[ -z "${FORCE:-}" && -f "$obj" && "$obj" -nt "$src" && "$obj" -nt "$HERE/conv_instance.cuh" \
+        && "$obj" -nt "$HERE/probe_api.h" && "$obj" -nt "$HERE/build.sh" ]]; then continue; fi
   compile "$src" "$obj" &
   pids+=($!)
   running=$((running + 1))
@@ -97,6 +100,7 @@ for p in "${pids[@]}"; do wait "$p" || fail=1; done
 "$NVCC" -arch=sm_90a -cudart static -o "$BUILD/probe" "$BUILD"/obj/*.o \
   -L"$CUDNN_DIR/lib" -l:libcudnn.so.9 -Xlinker -rpath="$GPU_CUDNN_LIB" -ldl -lpthread -lrt
 END=$(date +%s)
+cat "$BUILD"/obj/*.time.json >"$BUILD/compile_times.jsonl"
 echo "built $BUILD/probe in $((END - START)) s with JOBS=$JOBS (CUTLASS $CUTLASS_VERSION, cuDNN from $CUDNN_DIR)"
 cat "$BUILD/compile_times.jsonl"
 ls -la "$BUILD/probe"

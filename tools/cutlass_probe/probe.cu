@@ -34,6 +34,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -205,19 +206,46 @@ struct CheckStats {
   long long nonzero = 0, saturated = 0;
 };
 
-// Compares the outputs at the given flat indices (n,p,q,k order) with the host reference.
-void check_outputs(const ConvShape& s, DType dt, bool residual, const Epilogue& e, const void* y_host,
-                   const std::vector<size_t>& idx, CheckStats& st) {
+// The host's accumulators at the given flat output indices (n,p,q,k order), exact for int8 (|sum| < 2^53), float64
+// sums of the fp16 products otherwise; computed once per shape, dtype and index set, on every host core.
+struct Reference {
+  std::vector<size_t> idx;
+  std::vector<double> acc;
+};
+
+Reference reference(const ConvShape& s, DType dt, std::vector<size_t> idx) {
+  Reference ref;
+  ref.idx = std::move(idx);
+  ref.acc.resize(ref.idx.size());
   const int P = s.p(), Q = s.q();
-  for (size_t i : idx) {
+  const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t j = t; j < ref.idx.size(); j += threads) {
+        const size_t i = ref.idx[j];
+        const int k = int(i % s.k);
+        size_t rest = i / s.k;
+        const int q = int(rest % Q); rest /= Q;
+        const int p = int(rest % P);
+        const int n = int(rest / P);
+        ref.acc[j] = dt == DType::S8 ? double(acc_s8(s, n, p, q, k)) : acc_f16(s, n, p, q, k);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return ref;
+}
+
+// Compares the outputs at the reference's indices with the host epilogue applied to its accumulators.
+void check_outputs(const ConvShape& s, DType dt, bool residual, const Epilogue& e, const void* y_host,
+                   const Reference& ref, CheckStats& st) {
+  for (size_t j = 0; j < ref.idx.size(); ++j) {
+    const size_t i = ref.idx[j];
     const int k = int(i % s.k);
-    size_t rest = i / s.k;
-    const int q = int(rest % Q); rest /= Q;
-    const int p = int(rest % P);
-    const int n = int(rest / P);
     ++st.n;
     if (dt == DType::S8) {
-      const int64_t acc = acc_s8(s, n, p, q, k);
+      const int64_t acc = int64_t(ref.acc[j]);
       float t = std::fmaf(e.alpha[k], float(acc), e.bias[k]);
       double t64 = double(e.alpha[k]) * double(acc) + double(e.bias[k]);
       if (residual) {
@@ -237,7 +265,7 @@ void check_outputs(const ConvShape& s, DType dt, bool residual, const Epilogue& 
       st.nonzero += ref != 0;
       st.saturated += ref == 127;
     } else {
-      double t = double(e.alpha[k]) * acc_f16(s, n, p, q, k) + double(e.bias[k]);
+      double t = double(e.alpha[k]) * ref.acc[j] + double(e.bias[k]);
       if (residual) t += double(e.beta) * double(__half2float(f16_value(kR, i, 1.f)));
       t = std::max(t, 0.0);
       const double got = __half2float(static_cast<const __half*>(y_host)[i]);
@@ -481,6 +509,31 @@ bool matches(const std::vector<std::string>& filters, const std::string& name) {
 
 }  // namespace
 
+#ifdef PROBE_REFERENCE_BENCH
+// Host-only: times the reference accumulators the full run computes (no GPU needed). Build with
+//   nvcc -DPROBE_REFERENCE_BENCH ... probe.cu -o ref_bench
+int main() {
+  const auto t0 = std::chrono::steady_clock::now();
+  double total_macs = 0;
+  for (const Layer& layer : kLayers)
+    for (DType dt : {DType::S8, DType::F16}) {
+      ConvShape s = make_shape(layer, 2);
+      size_t y_n = size_t(s.n) * s.p() * s.q() * s.k;
+      Reference r = reference(s, dt, sample_indices(y_n, y_n, 0));
+      total_macs += double(y_n) * s.c * s.r * s.s;
+      for (int n : {256, 1024}) {
+        s = make_shape(layer, n);
+        y_n = size_t(s.n) * s.p() * s.q() * s.k;
+        Reference q = reference(s, dt, sample_indices(y_n, 4096, 7 + n));
+        total_macs += 4098.0 * s.c * s.r * s.s;
+      }
+    }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("{\"reference_seconds\":%.2f,\"threads\":%u,\"macs\":%.3g}\n", secs,
+              std::max(1u, std::min(32u, std::thread::hardware_concurrency())), total_macs);
+  return 0;
+}
+#else
 int main(int argc, char** argv) {
   std::vector<int> batches = {256, 1024};
   int iters = 50, warmup = 10, check_n = 2;
@@ -562,7 +615,7 @@ int main(int argc, char** argv) {
         const ConvShape s = make_shape(layer, check_n);
         const Epilogue e = make_epilogue(s, dt);
         Buffers b(s, dt, e);
-        const auto all = sample_indices(b.y_n, b.y_n, 0);
+        const Reference all = reference(s, dt, sample_indices(b.y_n, b.y_n, 0));
         for (auto& k : kernels) {
           if (k->dtype() != dt) continue;
           ConvCall call;
@@ -591,6 +644,7 @@ int main(int argc, char** argv) {
         const Epilogue e = make_epilogue(s, dt);
         Buffers b(s, dt, e);
         const double ops = 2.0 * s.macs();
+        const Reference sampled = reference(s, dt, sample_indices(b.y_n, samples, 7 + n));
         for (auto& k : kernels) {
           if (k->dtype() != dt) continue;
           ConvCall call;
@@ -615,7 +669,7 @@ int main(int argc, char** argv) {
           }
           const auto y = b.y_host();
           CheckStats st;
-          check_outputs(s, dt, k->has_residual(), e, y.data(), sample_indices(b.y_n, samples, 7 + n), st);
+          check_outputs(s, dt, k->has_residual(), e, y.data(), sampled, st);
           const bool ok = check_passed(st, dt);
           failures += !ok;
           std::ostringstream o;
@@ -653,3 +707,4 @@ int main(int argc, char** argv) {
   if (g_out != stdout) std::fclose(g_out);
   return failures ? 1 : 0;
 }
+#endif  // PROBE_REFERENCE_BENCH
