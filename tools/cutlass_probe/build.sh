@@ -29,6 +29,7 @@ if [[ -z "${CUTLASS_DIR:-}" ]]; then
     python3 -m pip download --no-deps --quiet "nvidia-cutlass==$CUTLASS_WHEEL_VERSION" -d "$DEPS"
     rm -rf "$DEPS/cutlass" && mkdir -p "$DEPS/cutlass"
     python3 -m zipfile -e "$DEPS"/nvidia_cutlass-"$CUTLASS_WHEEL_VERSION"-*.whl "$DEPS/cutlass"
+    rm -f "$DEPS"/nvidia_cutlass-*.whl
   fi
 fi
 for f in cutlass/conv/collective/collective_builder.hpp cutlass/conv/kernel/conv_universal.hpp \
@@ -49,6 +50,8 @@ if [[ -z "${CUDNN_DIR:-}" ]]; then
       rm -rf "$DEPS/cudnn" && mkdir -p "$DEPS/cudnn"
       python3 -m zipfile -e "$DEPS"/nvidia_cudnn_cu13-"$CUDNN_WHEEL_VERSION"-*.whl "$DEPS/cudnn"
       rm -f "$DEPS"/nvidia_cudnn_cu13-*.whl
+      # Linking needs only the headers and the 100 KB front library; the engines (~1 GB unpacked) load at run time.
+      find "$CUDNN_DIR/lib" -type f ! -name libcudnn.so.9 -delete
     fi
   fi
 fi
