@@ -58,7 +58,10 @@ using Residual = Sm90EVT<Sm90Compute<cutlass::epilogue::thread::ReLu, Out, float
                                  ScaleBias<Tile>>>;
 }  // namespace evt
 
-template <class Element, bool WithResidual, int TM, int TN, int TK, int CM, int CN>
+// Stages: 0 = as many mainloop stages as fit in shared memory beside the epilogue (CUTLASS's auto carveout: then one
+// CTA per SM), else that many (fewer stages leave room for two or more CTAs per SM, so one CTA's epilogue overlaps
+// another's mainloop: the non-persistent schedule's only overlap).
+template <class Element, bool WithResidual, int TM, int TN, int TK, int CM, int CN, int Stages = 0>
 class ConvInstance final : public ConvKernel {
  public:
   using Acc = typename ProbeDType<Element>::Acc;
@@ -80,8 +83,10 @@ class ConvInstance final : public ConvKernel {
       Element, cutlass::layout::TensorNHWC, kAlign,
       Element, cutlass::layout::TensorNHWC, kAlign,
       Acc, TileShape, ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      std::conditional_t<Stages == 0,
+                         cutlass::conv::collective::StageCountAutoCarveout<
+                             static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+                         cutlass::conv::collective::StageCount<(Stages > 0 ? Stages : 1)>>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
@@ -101,6 +106,16 @@ class ConvInstance final : public ConvKernel {
     o << "\"tile\":[" << TM << "," << TN << "," << TK << "],\"cluster\":[" << CM << "," << CN << ",1]"
       << ",\"stages\":" << CollectiveMainloop::DispatchPolicy::Stages
       << ",\"smem_bytes\":" << int(Kernel::SharedStorageSize) << ",\"threads\":" << int(Kernel::MaxThreadsPerBlock);
+    // Resident CTAs per SM (cluster limits aside), once the kernel may use that much dynamic shared memory.
+    int ctas = -1;
+    if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(Kernel::SharedStorageSize)) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, cutlass::device_kernel<Kernel>,
+                                                      int(Kernel::MaxThreadsPerBlock),
+                                                      int(Kernel::SharedStorageSize)) != cudaSuccess)
+      ctas = -1;
+    cudaGetLastError();
+    o << ",\"ctas_per_sm\":" << ctas;
     return o.str();
   }
 
@@ -169,11 +184,12 @@ class ConvInstance final : public ConvKernel {
 
 }  // namespace probe
 
-// One instantiation per translation unit: PROBE_INSTANCE(s8_res_128x128x128_1x1, int8_t, true, 128, 128, 128, 1, 1)
-// defines probe::make_<name>().
-#define PROBE_INSTANCE(NAME, ELEMENT, RESIDUAL, TM, TN, TK, CM, CN)                                           \
+// One instantiation per translation unit: PROBE_INSTANCE(s8_res_128x128x128_1x1, int8_t, true, 128, 128, 128, 1, 1, 0)
+// defines probe::make_<name>() (the last argument: mainloop stages, 0 = auto).
+#define PROBE_INSTANCE(NAME, ELEMENT, RESIDUAL, TM, TN, TK, CM, CN, STAGES)                                   \
   namespace probe {                                                                                            \
   std::unique_ptr<ConvKernel> make_##NAME() {                                                                  \
-    return std::unique_ptr<ConvKernel>(new ConvInstance<ELEMENT, RESIDUAL, TM, TN, TK, CM, CN>(#NAME));       \
+    return std::unique_ptr<ConvKernel>(                                                                        \
+        new ConvInstance<ELEMENT, RESIDUAL, TM, TN, TK, CM, CN, STAGES>(#NAME));                              \
   }                                                                                                            \
   }

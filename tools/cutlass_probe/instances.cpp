@@ -10,6 +10,9 @@ std::unique_ptr<ConvKernel> make_s8_res_128x128x128_2x1();
 std::unique_ptr<ConvKernel> make_f16_128x128x64_1x1();
 std::unique_ptr<ConvKernel> make_f16_128x64x64_1x1();
 std::unique_ptr<ConvKernel> make_f16_res_128x128x64_1x1();
+std::unique_ptr<ConvKernel> make_s8_128x64x64_1x1_s4();
+std::unique_ptr<ConvKernel> make_s8_res_128x64x64_1x1_s4();
+std::unique_ptr<ConvKernel> make_f16_128x64x64_1x1_s4();
 
 std::vector<KernelFactory> kernels() {
   return {
@@ -20,6 +23,9 @@ std::vector<KernelFactory> kernels() {
       &make_s8_res_128x128x128_2x1,
       &make_f16_128x128x64_1x1,
       &make_f16_128x64x64_1x1,
-      &make_f16_res_128x128x64_1x1};
+      &make_f16_res_128x128x64_1x1,
+      &make_s8_128x64x64_1x1_s4,
+      &make_s8_res_128x64x64_1x1_s4,
+      &make_f16_128x64x64_1x1_s4};
 }
 }  // namespace probe

@@ -4,7 +4,7 @@
 # JSON lines to $OUT/cutlass_probe.jsonl when OUT is set, else stdout; a summary table to stderr (and
 # $OUT/cutlass_probe_summary.txt). If the whole run dies (a kernel fault poisons the CUDA context), each kernel and
 # cuDNN are rerun in their own process so the others still report (12 s each). Budget: under 2 minutes
-# (the whole run is expected to take well under a minute: 8 kernels x 10 shapes x 2 dtypes x 2 batches).
+# (the whole run is expected to take well under a minute: 11 kernels x 10 shapes x 2 dtypes x 2 batches).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/tools/cutlass_probe/build/probe"
