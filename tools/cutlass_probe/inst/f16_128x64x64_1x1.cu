@@ -1,0 +1,3 @@
+// One instantiation (its own translation unit, so build.sh compiles and measures each alone).
+#include "../conv_instance.cuh"
+PROBE_INSTANCE(f16_128x64x64_1x1, cutlass::half_t, false, 128, 64, 64, 1, 1, 0)
