@@ -8,7 +8,8 @@
 
 One piece per file: batcher, images (upload bytes -> uint8 32x32 RGB), app (aiohttp: /predict, /health, /metrics),
 kserve (the Open Inference Protocol's model, inputs, outputs, statistics) and kserve_http (its /v2 REST routes),
-server, workers (several HTTP processes, one engine), cli, fake_engine (a stand-in with a set cost, for load tests
+server and http_front (httptools connections: the v2 infer route answered there, the rest relayed to the app),
+workers (several HTTP processes, one engine), cli, fake_engine (a stand-in with a set cost, for load tests
 and tests without a GPU). Importing this package or the Batcher needs neither aiohttp nor prometheus_client; the
 app, the server and the command do, and say `pip install "resnet_native[serve]"` when they are missing.
 """
