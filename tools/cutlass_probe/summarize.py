@@ -30,10 +30,13 @@ def main(path: str) -> int:
           " (marked ! below)")
     for r in checks:
         if r["dtype"] == "int8":
-            print(f"  {r['kernel']:26s} {r['layer']:28s} max|d| {r['max_abs_diff']:g} (vs f64 {r['max_abs_diff_f64']:g}, "
-                  f"{r['mismatches_f64']} of {r['checked']}) nonzero {r['nonzero']} {'ok' if r['pass'] else 'FAIL'}")
+            ok = "ok" if r["pass"] else "FAIL"
+            print(f"  {r['kernel']:26s} {r['layer']:28s} max|d| {r['max_abs_diff']:g} "
+                  f"(vs f64 {r['max_abs_diff_f64']:g}, {r['mismatches_f64']} of {r['checked']}) "
+                  f"nonzero {r['nonzero']} {ok}")
         else:
-            print(f"  {r['kernel']:26s} {r['layer']:28s} max rel {r['max_rel_err']:.2e} {'ok' if r['pass'] else 'FAIL'}")
+            ok = "ok" if r["pass"] else "FAIL"
+            print(f"  {r['kernel']:26s} {r['layer']:28s} max rel {r['max_rel_err']:.2e} {ok}")
     errors = [r for r in rows if r["kind"] == "error"]
     for r in errors:
         print("error:", json.dumps(r)[:300])
@@ -69,7 +72,8 @@ def main(path: str) -> int:
             else:
                 cells.append("-".rjust(18))
         print(f"{layer:28s} {n:5d} " + " ".join(cells))
-    print("\nResNet-18 convolutions after the stem, sum of count x best ms (a shape missing from a column leaves it short):")
+    print("\nResNet-18 convolutions after the stem, sum of count x best ms "
+          "(a shape missing from a column leaves it short):")
     for n, t in sorted(totals.items()):
         ref = t.get("cudnn_legacy_fp16")
         print(f"  n={n}: " + ", ".join(f"{c} {v:.3f}" + (f" (x{ref / v:.2f})" if ref else "") for c, v in t.items()))
