@@ -264,29 +264,42 @@ PY
       done
       summarize_runs "$OUT/ablate_C.json" ;;
     fusions)
-      # tools/probe_fusions.cpp: the graph-API fusions of the MLPerf ResNet pattern, per layer, against the plain
-      # convolution. It needs cudnn-frontend's headers, carried in .fe/include (git-ignore .fe; on a machine with
+      # tools/probe_fusions*.cpp: the graph-API fusions of the MLPerf ResNet pattern, per layer, against the plain
+      # convolution. It needs cudnn-frontend's headers, carried in .fe/include (git-ignored; on a machine with
       # PyPI: pip download --no-deps nvidia-cudnn-frontend, then unzip the wheel's include/ into .fe/). A binary
-      # built elsewhere may be carried as .fe/bin/probe_fusions, else it is built here.
+      # built elsewhere may be carried as .fe/bin/probe_fusions with .fe/bin/probe_fusions.src, the sha256 of the
+      # sources it was built from (tools/build_probe_fusions.sh writes both); else, or if the sources differ, it is
+      # built here (about a minute).
+      # PROBE: "MODEL:BATCH:DTYPE[:PATTERNS[:DEADLINE_S]]" entries separated by spaces (empty PATTERNS: the default
+      # list). FUSIONS_ENUM=all: every heuristics mode and every engine cuDNN offers per graph (the probe's header
+      # lists FUSIONS_MAX_PLANS, FUSIONS_MAX_RTC, FUSIONS_GRAPH_S); DEADLINE_S bounds one probe's run.
       site=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(list(nvidia.cudnn.__path__)[0]))")
-      nvrtc_lib=$(find "$site" -name 'libnvrtc.so.*' | head -1)
-      nvrtc=$(dirname "$nvrtc_lib")
-      export LD_LIBRARY_PATH="$site/cudnn/lib:$nvrtc:${LD_LIBRARY_PATH:-}"
+      nvrtc_lib=$(find "$site" -name 'libnvrtc.so.13*' | head -1)
+      [ -n "$nvrtc_lib" ] || nvrtc_lib=$(find "$site" -name 'libnvrtc.so.*' | head -1)
+      export CUDNN_DIR="$site/cudnn" NVRTC_DIR=$(dirname "$(dirname "$nvrtc_lib")")
+      export LD_LIBRARY_PATH="$CUDNN_DIR/lib:$NVRTC_DIR/lib:${LD_LIBRARY_PATH:-}"
       bin=.fe/bin/probe_fusions
-      if ! "$bin" 2>&1 | grep -q usage; then
-        mkdir -p .fe/bin
-        g++ -std=c++17 -O2 -DCUDNN_FRONTEND_SKIP_JSON_LIB -I.fe/include -I"$site/cudnn/include" \
-          -I"${CUDA_HOME:-/usr/local/cuda}/include" -I"$nvrtc/../include" tools/probe_fusions.cpp -o "$bin" \
-          "$site/cudnn/lib/libcudnn.so.9" "$nvrtc_lib" \
-          -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -ldl -lpthread || { status=1; continue; }
+      # (The binary exits 2 after its usage line: `|| true` keeps pipefail from failing the test.)
+      if ! { "$bin" 2>&1 || true; } | grep -q usage \
+        || [ "$(cat "$bin.src" 2>/dev/null)" != "$(tools/build_probe_fusions.sh --hash)" ]; then
+        tools/build_probe_fusions.sh || { status=1; continue; }
       fi
-      # PROBE: "MODEL:BATCH:DTYPE[:PATTERNS]" entries separated by spaces.
+      # The enumeration's per-plan lines (megabytes) go to fusions_plans.jsonl, gzipped at the end.
+      rm -f "$OUT/fusions_plans.jsonl" "$OUT/fusions_plans.jsonl.gz"
+      export FUSIONS_PLANS="$OUT/fusions_plans.jsonl"
       for cfg in ${PROBE:-resnet50:512:fp16}; do
-        IFS=: read -r model batch dtype patterns <<<"$cfg"
-        timeout "${PROBE_TIMEOUT:-300}" "$bin" "$model" "$batch" "$dtype" ${patterns:+"$patterns"} \
+        IFS=: read -r model batch dtype patterns deadline <<<"$cfg"
+        timeout "${PROBE_TIMEOUT:-300}" "$bin" "$model" "$batch" "$dtype" "$patterns" "$deadline" \
           >>"$OUT/fusions.jsonl" 2>>"$OUT/fusions.err" || { echo "probe $cfg: exit $?"; status=1; }
       done
-      python3 tools/fusion_report.py "$OUT/fusions.jsonl" | tee "$OUT/fusions.txt" ;;
+      plans=()
+      if [ -s "$FUSIONS_PLANS" ]; then
+        gzip -f "$FUSIONS_PLANS"
+        plans=(--plans "$FUSIONS_PLANS.gz")
+      else
+        rm -f "$FUSIONS_PLANS"
+      fi
+      python3 tools/fusion_report.py "$OUT/fusions.jsonl" ${plans[@]+"${plans[@]}"} | tee "$OUT/fusions.txt" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

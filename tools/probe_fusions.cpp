@@ -1,68 +1,45 @@
 // Probe: which of the MLPerf ResNet fusions cuDNN's graph API offers on this GPU, and what each costs per layer
-// against the plain convolution it would replace. Each graph is built through cudnn-frontend's C++ API, up to
-// MAX_PLANS of its heuristic candidates are built and timed, and the fastest plan's median counts.
+// against the plain convolution it would replace. Each graph is built through cudnn-frontend's C++ API, its plans
+// are built and timed, and the fastest plan's median counts.
 //
-// Patterns, per convolution of a ResNet (NHWC, fp16 or bf16 storage, fp32 accumulation):
+// Patterns, per convolution of a ResNet (NHWC, fp16 or bf16 storage, fp32 accumulation). The first set:
 //   fprop            Y = conv(X, W)                                         the forward baseline
 //   fprop_genstats   Y = conv(X, W); sum, sum of squares of Y per channel   BN statistics in the epilogue
 //   sbr_fprop_gen    Y = conv(relu(X * s + b), W) + the statistics         the previous BN applied in the prologue
+//                                                                           (prologue stored in the io type)
 //   dgrad            dX = dgrad(dY, W)                                      the backward-data baseline
 //   dgrad_drelu_dbn  dgrad, ReLU backward against relu(bn(X)) recomputed, and BN's weight gradients and
-//                    dX coefficients (dbn_weight)                          the backward fusion
+//                    dX coefficients (dbn_weight, fp32 outputs)            the backward fusion
 //   wgrad            dW = wgrad(dY, X)                                      the backward-filter baseline
 //   sbr_wgrad        dW = wgrad(dY, relu(X * s + b))                         the previous BN applied in the prologue
-//   dx_apply         dX = a * dY + b * X + c per channel                   the BN-backward pass the fusion leaves
+//   dx_apply         dX = a * dY + b * X + c per channel                   cuDNN's dBNApply pattern: the BN-backward
+//                                                                           pass the fusion leaves
+// and the graphs of cudnn-frontend's samples, in probe_fusions_specialized.cpp: sbrcs, conv_genstats, dbarcs,
+// dbarcs_relu, convbn_wgrad, dgrad_drelu_bnbwdw.
 //
-// Usage: probe_fusions MODEL BATCH DTYPE [PATTERN,...]   (MODEL resnet18|resnet50, CIFAR stem; DTYPE fp16|bf16;
-//        DTYPE list: print the model's distinct convolutions and exit, without a GPU)
-// Prints one JSON object per line: {model, layer, dtype, pattern, shape, count, ok, ms, plans, built, tag, error}.
-#include <cuda_runtime.h>
-#include <cudnn.h>
+// Usage: probe_fusions MODEL BATCH DTYPE [PATTERN,...] [DEADLINE_S]
+//   MODEL resnet18|resnet50 (CIFAR stem); DTYPE fp16|bf16, or list: print the distinct convolutions and exit.
+//   FUSIONS_ENUM=all: every heuristics mode (A, B, FALLBACK) and every engine of cuDNN's global list that takes the
+//     graph (CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT; default knobs unless a heuristics mode chose others; a
+//     precompiled engine only that list offers for a fused graph also gets each knob swept over its range),
+//     up to FUSIONS_MAX_PLANS (24) built per graph, FUSIONS_MAX_RTC (3) of them runtime-compiled, no new build
+//     after FUSIONS_GRAPH_S (1) seconds on a graph; each plan timed as the median of 5 trials of 4 back-to-back runs.
+//     One JSON line per plan (to the file FUSIONS_PLANS names, else stdout) and one per graph listing its engines
+//     and their knobs' ranges, besides the graph's own line.
+//     Without it: heuristics A + FALLBACK, 8 plans per graph, 15 single runs each, as the first runs of this probe.
+//   DEADLINE_S: past 3/4 of it plans are capped at 4 per graph, past it the remaining graphs are skipped.
+//   Every plan's outputs are poisoned (NaN) before its first run and sampled after it: one that leaves them unwritten
+//   or not finite is counted in bad_output, and its time (in its plan line) is not a result.
+//   FUSIONS_DRY=1: build and validate every graph, no GPU needed (a check of the graphs on a machine without one).
+// Prints one JSON object per graph: {model, layer, dtype, pattern, shape, count, ok, ms, plans, built, tag, ...}.
+#include "probe_fusions.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <random>
-#include <sstream>
-#include <string>
-#include <unordered_map>
-#include <vector>
 
-#include <cudnn_frontend.h>
+namespace probe {
 
-namespace fe = cudnn_frontend;
-using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
-
-#define CHECK_CUDA(e)                                                                                  \
-  do {                                                                                                 \
-    cudaError_t s_ = (e);                                                                              \
-    if (s_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #e, cudaGetErrorString(s_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                    \
-    }                                                                                                  \
-  } while (0)
-
-namespace {
-
-constexpr int MAX_PLANS = 8;
-constexpr int WARMUP = 3;
-constexpr int REPEATS = 15;
-constexpr size_t WORKSPACE_BYTES = size_t(2) << 30;
-
-struct Layer {
-  std::string name;
-  int64_t n, c, k, h, w, r, stride;
-  int count;  // how many convolutions of the model have this shape
-  int64_t p() const { return (h + 2 * (r / 2) - r) / stride + 1; }
-  int64_t q() const { return (w + 2 * (r / 2) - r) / stride + 1; }
-};
-
-// The distinct convolutions of torchvision's ResNet-18 / ResNet-50 with the CIFAR stem (3x3, stride 1, no max
-// pool) at 32x32, with how often each occurs.
 std::vector<Layer> layers_of(const std::string& model, int64_t n) {
   std::vector<Layer> out;
   auto add = [&](const std::string& name, int64_t c, int64_t k, int64_t hw, int64_t r, int64_t s, int count) {
@@ -102,113 +79,74 @@ std::vector<Layer> layers_of(const std::string& model, int64_t n) {
   return out;
 }
 
-std::vector<int64_t> nhwc_strides(int64_t c, int64_t h, int64_t w) {
-  return {c * h * w, 1, w * c, c};
-}
-
-// A graph being probed: the frontend graph and every tensor that needs memory, with its element count and whether
-// it is a per-channel float tensor (filled with small positive values) or an activation/filter (random values).
-struct Probe {
-  fe::graph::Graph graph;
-  std::vector<std::pair<TensorPtr, std::pair<int64_t, bool>>> tensors;
-
-  TensorPtr act(const std::string& name, int64_t n, int64_t c, int64_t h, int64_t w) {
-    auto t = graph.tensor(
-        fe::graph::Tensor_attributes().set_name(name).set_dim({n, c, h, w}).set_stride(nhwc_strides(c, h, w)));
-    tensors.push_back({t, {n * c * h * w, false}});
-    return t;
-  }
-  TensorPtr channel(const std::string& name, int64_t c, bool fp32 = true) {
-    auto a = fe::graph::Tensor_attributes().set_name(name).set_dim({1, c, 1, 1}).set_stride({c, 1, c, c});
-    if (fp32) a.set_data_type(fe::DataType_t::FLOAT);
-    auto t = graph.tensor(a);
-    tensors.push_back({t, {c, fp32}});
-    return t;
-  }
-  void output(const TensorPtr& t, int64_t elements, bool fp32) {
-    t->set_output(true);
-    if (fp32) t->set_data_type(fe::DataType_t::FLOAT);
-    tensors.push_back({t, {elements, fp32}});
-  }
-  TensorPtr pw(const TensorPtr& a, fe::PointwiseMode_t mode) {
-    return graph.pointwise(a, fe::graph::Pointwise_attributes().set_mode(mode));
-  }
-  TensorPtr pw(const TensorPtr& a, const TensorPtr& b, fe::PointwiseMode_t mode) {
-    return graph.pointwise(a, b, fe::graph::Pointwise_attributes().set_mode(mode));
-  }
-  // relu(x * s + b): the previous batch norm, applied per channel.
-  TensorPtr scale_bias_relu(const TensorPtr& x, int64_t c, bool fp32_params) {
-    auto s = channel("bn_scale", c, fp32_params), b = channel("bn_bias", c, fp32_params);
-    return pw(pw(pw(x, s, fe::PointwiseMode_t::MUL), b, fe::PointwiseMode_t::ADD), fe::PointwiseMode_t::RELU_FWD);
-  }
-};
-
-void build_pattern(Probe& pr, const std::string& pattern, const Layer& l) {
-  const int64_t p = l.p(), q = l.q(), pad = l.r / 2;
-  auto W = [&] {
-    auto t = pr.graph.tensor(fe::graph::Tensor_attributes()
-                                 .set_name("w")
-                                 .set_dim({l.k, l.c, l.r, l.r})
-                                 .set_stride({l.c * l.r * l.r, 1, l.r * l.c, l.c}));
-    pr.tensors.push_back({t, {l.k * l.c * l.r * l.r, false}});
-    return t;
+bool build_first_patterns(Probe& pr, const std::string& pattern, const Layer& l, DataType io) {
+  using PW = fe::PointwiseMode_t;
+  // The prologue's output feeds the convolution, so these store it in the io type.
+  const bool prologue = pattern.rfind("sbr_", 0) == 0;
+  pr.graph.set_io_data_type(io)
+      .set_intermediate_data_type(prologue ? io : DataType::FLOAT)
+      .set_compute_data_type(DataType::FLOAT);
+  const int64_t p = l.p(), q = l.q(), pad = l.pad();
+  auto sbr = [&](const TensorPtr& x) {  // relu(x * s + b), the previous batch norm, s and b in the io type
+    auto s = pr.channel("bn_scale", l.c), b = pr.channel("bn_bias", l.c);
+    return pr.pw(pr.pw(pr.pw(x, s, PW::MUL), b, PW::ADD), PW::RELU_FWD);
   };
-  auto fprop_opts =
-      fe::graph::Conv_fprop_attributes().set_padding({pad, pad}).set_stride({l.stride, l.stride}).set_dilation({1, 1});
   if (pattern == "fprop" || pattern == "fprop_genstats" || pattern == "sbr_fprop_gen") {
     TensorPtr x = pr.act("x", l.n, l.c, l.h, l.w);
-    if (pattern == "sbr_fprop_gen") x = pr.scale_bias_relu(x, l.c, false);
-    auto y = pr.graph.conv_fprop(x, W(), fprop_opts);
-    pr.output(y, l.n * l.k * p * q, false);
+    if (pattern == "sbr_fprop_gen") x = sbr(x);
+    auto y = pr.graph.conv_fprop(x, pr.filter(l),
+                                 fe::graph::Conv_fprop_attributes()
+                                     .set_padding({pad, pad})
+                                     .set_stride({l.stride, l.stride})
+                                     .set_dilation({1, 1}));
+    pr.output(y);
     if (pattern != "fprop") {
       auto [sum, sq] = pr.graph.genstats(y, fe::graph::Genstats_attributes().set_name("genstats"));
-      pr.output(sum, l.k, true);
-      pr.output(sq, l.k, true);
+      pr.output(sum, DataType::FLOAT);
+      pr.output(sq, DataType::FLOAT);
     }
   } else if (pattern == "dgrad" || pattern == "dgrad_drelu_dbn") {
     auto dy = pr.act("dy", l.n, l.k, p, q);
-    auto dx = pr.graph.conv_dgrad(dy, W(),
+    auto dx = pr.graph.conv_dgrad(dy, pr.filter(l),
                                   fe::graph::Conv_dgrad_attributes()
                                       .set_padding({pad, pad})
                                       .set_stride({l.stride, l.stride})
                                       .set_dilation({1, 1}));
     dx->set_dim({l.n, l.c, l.h, l.w});
     if (pattern == "dgrad") {
-      pr.output(dx, l.n * l.c * l.h * l.w, false);
+      pr.output(dx);
     } else {
       auto x = pr.act("x", l.n, l.c, l.h, l.w);
-      auto mean = pr.channel("mean", l.c), invstd = pr.channel("invstd", l.c), scale = pr.channel("gamma", l.c),
-           bias = pr.channel("beta", l.c);
-      auto y = pr.pw(pr.pw(pr.pw(pr.pw(x, mean, fe::PointwiseMode_t::SUB), invstd, fe::PointwiseMode_t::MUL), scale,
-                           fe::PointwiseMode_t::MUL),
-                     bias, fe::PointwiseMode_t::ADD);
-      auto drelu = pr.pw(dx, y, fe::PointwiseMode_t::RELU_BWD);
-      pr.output(drelu, l.n * l.c * l.h * l.w, false);
-      auto outs = pr.graph.dbn_weight(drelu, x, mean, invstd, scale, fe::graph::DBN_weight_attributes());
-      for (auto& t : outs) pr.output(t, l.c, true);
+      auto mean = pr.channel("mean", l.c, DataType::FLOAT), invstd = pr.channel("invstd", l.c, DataType::FLOAT),
+           gamma = pr.channel("gamma", l.c, DataType::FLOAT), beta = pr.channel("beta", l.c, DataType::FLOAT);
+      auto y = pr.pw(pr.pw(pr.pw(pr.pw(x, mean, PW::SUB), invstd, PW::MUL), gamma, PW::MUL), beta, PW::ADD);
+      auto drelu = pr.pw(dx, y, PW::RELU_BWD);
+      pr.output(drelu);
+      auto outs = pr.graph.dbn_weight(drelu, x, mean, invstd, gamma, fe::graph::DBN_weight_attributes());
+      for (auto& t : outs) pr.output(t, DataType::FLOAT);
     }
   } else if (pattern == "wgrad" || pattern == "sbr_wgrad") {
     auto dy = pr.act("dy", l.n, l.k, p, q);
     TensorPtr x = pr.act("x", l.n, l.c, l.h, l.w);
-    if (pattern == "sbr_wgrad") x = pr.scale_bias_relu(x, l.c, false);
+    if (pattern == "sbr_wgrad") x = sbr(x);
     auto dw = pr.graph.conv_wgrad(dy, x,
                                   fe::graph::Conv_wgrad_attributes()
                                       .set_padding({pad, pad})
                                       .set_stride({l.stride, l.stride})
                                       .set_dilation({1, 1}));
     dw->set_dim({l.k, l.c, l.r, l.r}).set_stride({l.c * l.r * l.r, 1, l.r * l.c, l.c});
-    pr.output(dw, l.k * l.c * l.r * l.r, false);
+    pr.output(dw);
   } else if (pattern == "dx_apply") {
-    // BN backward's last pass, on the convolution's input (n, c, h, w): dx = a * dy + b * x + c.
+    // BN backward's last pass, on the convolution's input (n, c, h, w): dx = a * dy + b * x + c, with the fp32
+    // coefficients dbn_weight produces: the dBNApply form of cuDNN's specialized engines.
     auto dy = pr.act("dy", l.n, l.c, l.h, l.w), x = pr.act("x", l.n, l.c, l.h, l.w);
-    auto a = pr.channel("a", l.c), b = pr.channel("b", l.c), c = pr.channel("c", l.c);
-    auto dx = pr.pw(
-        pr.pw(pr.pw(dy, a, fe::PointwiseMode_t::MUL), pr.pw(x, b, fe::PointwiseMode_t::MUL), fe::PointwiseMode_t::ADD),
-        c, fe::PointwiseMode_t::ADD);
-    pr.output(dx, l.n * l.c * l.h * l.w, false);
+    auto a = pr.channel("a", l.c, DataType::FLOAT), b = pr.channel("b", l.c, DataType::FLOAT),
+         c = pr.channel("c", l.c, DataType::FLOAT);
+    pr.output(pr.pw(pr.pw(pr.pw(dy, a, PW::MUL), pr.pw(x, b, PW::MUL), PW::ADD), c, PW::ADD));
   } else {
-    throw std::runtime_error("unknown pattern " + pattern);
+    return false;
   }
+  return true;
 }
 
 std::string json_escape(const std::string& s) {
@@ -225,134 +163,71 @@ std::string json_escape(const std::string& s) {
   return o.size() > 400 ? o.substr(0, 400) : o;
 }
 
-struct Device {
-  cudnnHandle_t handle{};
-  cudaStream_t stream{};
-  void* workspace{};
-  char* arena{};
-  size_t arena_bytes{};
-  float* channels{};
-  cudaEvent_t start{}, stop{};
-};
-
-double time_plan(Device& d, Probe& pr, std::unordered_map<TensorPtr, void*>& pack, int64_t index, std::string& err) {
-  for (int i = 0; i < WARMUP; ++i) {
-    auto s = pr.graph.execute_plan_at_index(d.handle, pack, d.workspace, index);
-    if (s.is_bad()) {
-      err = s.get_message();
-      return -1;
-    }
+void init_device(Device& d, int64_t batch, const std::string& dtype, const Options& o) {
+  if (o.dry) return;
+  const cudnnStatus_t s = cudnnCreate(&d.handle);
+  if (s != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cudnnCreate failed: %s\n", cudnnGetErrorString(s));
+    std::exit(2);
   }
-  CHECK_CUDA(cudaStreamSynchronize(d.stream));
-  std::vector<float> ms;
-  for (int i = 0; i < REPEATS; ++i) {
-    CHECK_CUDA(cudaEventRecord(d.start, d.stream));
-    auto s = pr.graph.execute_plan_at_index(d.handle, pack, d.workspace, index);
-    CHECK_CUDA(cudaEventRecord(d.stop, d.stream));
-    CHECK_CUDA(cudaEventSynchronize(d.stop));
-    if (s.is_bad()) {
-      err = s.get_message();
-      return -1;
-    }
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, d.start, d.stop));
-    ms.push_back(t);
+  CHECK_CUDA(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  if (cudnnSetStream(d.handle, d.stream) != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cudnnSetStream failed\n");
+    std::exit(2);
   }
-  CHECK_CUDA(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  // Which cuDNN, frontend and GPU measured: the report's header.
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("{\"kind\": \"device\", \"gpu\": \"%s\", \"cc\": \"%d.%d\", \"cudnn\": %zu, \"frontend\": %d}\n",
+              json_escape(prop.name).c_str(), prop.major, prop.minor, cudnnGetVersion(), CUDNN_FRONTEND_VERSION);
+  CHECK_CUDA(cudaEventCreate(&d.start));
+  CHECK_CUDA(cudaEventCreate(&d.stop));
+  d.workspace_bytes = size_t(2) << 30;
+  CHECK_CUDA(cudaMalloc(&d.workspace, d.workspace_bytes));
+  // The largest activation of either model: batch x 256 channels x 32 x 32 (and its equals at lower resolutions).
+  const size_t act = size_t(batch) * 256 * 32 * 32 * 2;
+  d.input_bytes = 3 * act + (size_t(64) << 20);   // x, a residual or dy, a filter
+  d.output_bytes = 2 * act + (size_t(64) << 20);  // y and a written ReLU (or dgrad's ReLU backward), statistics
+  CHECK_CUDA(cudaMalloc(&d.inputs, d.input_bytes));
+  CHECK_CUDA(cudaMalloc(&d.outputs, d.output_bytes));
+  // Random finite values (the same bits read as fp16 or bf16 stay in [-1, 1)), never zeros: zeros can run faster.
+  std::mt19937 rng(1234);
+  std::vector<uint16_t> host(size_t(1) << 24);
+  for (auto& v : host) v = static_cast<uint16_t>((rng() & 0x80FF) | (dtype == "bf16" ? 0x3E00 : 0x3000));
+  for (size_t at = 0; at < d.input_bytes; at += host.size() * 2) {
+    CHECK_CUDA(
+        cudaMemcpy(d.inputs + at, host.data(), std::min(host.size() * 2, d.input_bytes - at), cudaMemcpyHostToDevice));
+  }
+  // 0.5 in HALF, BFLOAT16 and FLOAT, for every per-channel input (at most 2048 channels).
+  const uint32_t half[3] = {0x3800, 0x3F00, 0x3F000000};
+  for (int b = 0; b < 3; ++b) {
+    const size_t eb = b == 2 ? 4 : 2;
+    std::vector<unsigned char> block(8192 * eb);
+    for (size_t i = 0; i < 8192; ++i) std::memcpy(block.data() + i * eb, &half[b], eb);
+    CHECK_CUDA(cudaMalloc(&d.params[b], block.size()));
+    CHECK_CUDA(cudaMemcpy(d.params[b], block.data(), block.size(), cudaMemcpyHostToDevice));
+  }
 }
 
-void run_one(Device& d, const std::string& model, const Layer& l, const std::string& dtype,
-             const std::string& pattern) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Probe pr;
-  const auto io = dtype == "bf16" ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-  // The prologue's output feeds the convolution, so it is stored in the io type.
-  const bool prologue = pattern.rfind("sbr_", 0) == 0;
-  pr.graph.set_io_data_type(io)
-      .set_intermediate_data_type(prologue ? io : fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  std::string error, tag;
-  int64_t plans = 0;
-  int built = 0;
-  double best = -1;
-  std::ostringstream shape;
-  shape << l.n << "x" << l.c << "x" << l.h << "x" << l.w << " k" << l.k << " r" << l.r << " s" << l.stride;
-  try {
-    build_pattern(pr, pattern, l);
-    auto check = [&](fe::error_object s, const char* step) {
-      if (s.is_bad()) throw std::runtime_error(std::string(step) + ": " + s.get_message());
-    };
-    check(pr.graph.validate(), "validate");
-    check(pr.graph.build_operation_graph(d.handle), "build_operation_graph");
-    check(pr.graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans");
-    plans = pr.graph.get_execution_plan_count();
-    check(pr.graph.check_support(d.handle), "check_support");
-    // Memory: activations and filters from the random arena, per-channel floats from the constant block.
-    std::unordered_map<TensorPtr, void*> pack;
-    size_t offset = 0;
-    int64_t channel_offset = 0;
-    for (auto& [t, info] : pr.tensors) {
-      const auto [elements, fp32] = info;
-      if (fp32) {
-        pack[t] = d.channels + channel_offset;
-        channel_offset += (elements + 63) / 64 * 64;
-      } else {
-        const size_t bytes = (size_t(elements) * 2 + 255) / 256 * 256;
-        if (offset + bytes > d.arena_bytes) throw std::runtime_error("arena too small");
-        pack[t] = d.arena + offset;
-        offset += bytes;
-      }
-    }
-    for (int64_t i = 0; i < plans && built < MAX_PLANS; ++i) {
-      if (pr.graph.build_plan_at_index(i).is_bad()) continue;
-      int64_t ws = 0;
-      if (pr.graph.get_workspace_size_plan_at_index(i, ws).is_bad() || size_t(ws) > WORKSPACE_BYTES) continue;
-      ++built;
-      std::string e;
-      const double ms = time_plan(d, pr, pack, i, e);
-      if (ms < 0) {
-        error = e;
-        continue;
-      }
-      if (best < 0 || ms < best) {
-        best = ms;
-        if (pr.graph.get_plan_name_at_index(i, tag).is_bad()) tag = "?";
-      }
-    }
-    if (built == 0 && error.empty()) error = "no plan could be built";
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf(
-      "{\"model\": \"%s\", \"layer\": \"%s\", \"dtype\": \"%s\", \"pattern\": \"%s\", \"shape\": \"%s\", "
-      "\"count\": %d, \"ok\": %s, \"ms\": %.5f, \"plans\": %lld, \"built\": %d, \"tag\": \"%s\", \"seconds\": %.2f, "
-      "\"error\": \"%s\"}\n",
-      model.c_str(), l.name.c_str(), dtype.c_str(), pattern.c_str(), shape.str().c_str(), l.count,
-      best >= 0 ? "true" : "false", best, static_cast<long long>(plans), built, json_escape(tag).c_str(), seconds,
-      json_escape(error).c_str());
-  std::fflush(stdout);
+}  // namespace probe
+
+namespace {
+
+double env_or(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atof(v) : fallback;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  using namespace probe;
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s resnet18|resnet50 BATCH fp16|bf16 [pattern,...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s resnet18|resnet50 BATCH fp16|bf16|list [pattern,...] [deadline_s]\n", argv[0]);
     return 2;
   }
   const std::string model = argv[1], dtype = argv[3];
   const int64_t batch = std::atoll(argv[2]);
-  std::string list =
-      argc > 4 ? argv[4] : "fprop,fprop_genstats,sbr_fprop_gen,dgrad,dgrad_drelu_dbn,wgrad,sbr_wgrad,dx_apply";
-  std::vector<std::string> patterns;
-  for (size_t at = 0; at <= list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    if (comma > at) patterns.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
   if (dtype == "list") {
     for (const auto& l : layers_of(model, batch)) {
       std::printf("%s %lldx%lldx%lldx%lld k%lld r%lld s%lld x%d\n", l.name.c_str(), (long long)l.n, (long long)l.c,
@@ -360,34 +235,47 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  Device d;
-  if (cudnnCreate(&d.handle) != CUDNN_STATUS_SUCCESS) {
-    std::fprintf(stderr, "cudnnCreate failed\n");
+  if (dtype != "fp16" && dtype != "bf16") {
+    std::fprintf(stderr, "DTYPE must be fp16, bf16 or list, not %s\n", dtype.c_str());
     return 2;
   }
-  CHECK_CUDA(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
-  cudnnSetStream(d.handle, d.stream);
-  CHECK_CUDA(cudaEventCreate(&d.start));
-  CHECK_CUDA(cudaEventCreate(&d.stop));
-  CHECK_CUDA(cudaMalloc(&d.workspace, WORKSPACE_BYTES));
-  // Enough for the largest pattern's activations (x, dy, dx, y: four of 512x256x32x32 at 2 bytes) and a filter.
-  d.arena_bytes = size_t(4) * batch * 256 * 32 * 32 * 2 + (size_t(64) << 20);
-  CHECK_CUDA(cudaMalloc(&d.arena, d.arena_bytes));
-  CHECK_CUDA(cudaMalloc(&d.channels, size_t(1) << 20));
-  {
-    // Random finite values (the same bits read as fp16 or bf16 stay in [-1, 1)), never zeros: zeros can run faster.
-    std::mt19937 rng(1234);
-    std::vector<uint16_t> host(size_t(1) << 24);
-    for (auto& v : host) v = static_cast<uint16_t>((rng() & 0x80FF) | (dtype == "bf16" ? 0x3E00 : 0x3000));
-    for (size_t at = 0; at < d.arena_bytes; at += host.size() * 2) {
-      CHECK_CUDA(
-          cudaMemcpy(d.arena + at, host.data(), std::min(host.size() * 2, d.arena_bytes - at), cudaMemcpyHostToDevice));
-    }
-    std::vector<float> ones((size_t(1) << 20) / 4, 0.5f);
-    CHECK_CUDA(cudaMemcpy(d.channels, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+  Options o;
+  const char* mode = std::getenv("FUSIONS_ENUM");
+  o.enumerate = mode && std::string(mode) == "all";
+  o.dry = env_or("FUSIONS_DRY", 0) != 0;
+  if (o.enumerate) {
+    o.max_plans = 24;
+    o.max_rtc = 3;  // a pointwise graph's runtime compilation costs about 0.6 s a plan
+    o.graph_s = 1;
+    o.warmup = 1;
+    o.repeats = 5;
+    o.batch = 4;
   }
+  o.max_plans = static_cast<int>(env_or("FUSIONS_MAX_PLANS", o.max_plans));
+  o.max_rtc = static_cast<int>(env_or("FUSIONS_MAX_RTC", o.max_rtc));
+  o.graph_s = env_or("FUSIONS_GRAPH_S", o.graph_s);
+  if (const char* path = std::getenv("FUSIONS_PLANS"); path && *path && !(o.plans = std::fopen(path, "a"))) {
+    std::fprintf(stderr, "cannot open %s\n", path);
+    return 2;
+  }
+  o.deadline_s = argc > 5 && *argv[5] ? std::atof(argv[5]) : 1e9;
+  const std::string first = "fprop,fprop_genstats,sbr_fprop_gen,dgrad,dgrad_drelu_dbn,wgrad,sbr_wgrad,dx_apply";
+  // The enumeration's list: the baselines, the samples' graphs, the two first-set variants they differ from
+  // (prologue stored in the io type; fp32 dbn_weight outputs) and dBNApply.
+  const std::string all =
+      "fprop,dgrad,wgrad,conv_genstats,sbrcs,sbr_fprop_gen,dbarcs,dbarcs_relu,convbn_wgrad,dgrad_drelu_bnbwdw,"
+      "dgrad_drelu_dbn,dx_apply";
+  const std::string list = argc > 4 && *argv[4] ? argv[4] : (o.enumerate ? all : first);
+  std::vector<std::string> patterns;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) patterns.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  Device d;
+  init_device(d, batch, dtype, o);
   for (const auto& l : layers_of(model, batch)) {
-    for (const auto& pattern : patterns) run_one(d, model, l, dtype, pattern);
+    for (const auto& pattern : patterns) run_graph(d, o, model, l, dtype, pattern);
   }
   return 0;
 }
