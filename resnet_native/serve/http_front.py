@@ -26,7 +26,6 @@ import collections
 import email.utils
 import json
 import logging
-import socket
 import time
 from urllib.parse import unquote
 
@@ -37,6 +36,7 @@ except ImportError as e:  # the serve extra; app.py's guarded import has already
                       f'pip install "resnet_native[serve]"') from e
 
 from .app import STATE, refusal
+from .app_relay import AppRelay
 from .kserve_http import MODEL, answer_infer
 
 MAX_URL_BYTES = 8190  # aiohttp's limit on a request line
@@ -332,7 +332,7 @@ class _Connection(asyncio.Protocol):
         head.append(b"Content-Length: %d\r\nConnection: %s\r\n\r\n" % (len(body), b"keep-alive" if keep else b"close"))
         try:
             if self.relay is None:
-                self.relay = await _Relay.open(self.front.app_server)
+                self.relay = await AppRelay.open(self.front.app_server)
             data, app_keeps = await self.relay.exchange(b"".join(head) + body, head_only=req.method == "HEAD")
         except ConnectionError as e:  # the app's side closed mid-answer: a bug, answered like one
             _log.error("resnet_native.serve: relaying %s %s failed: %s", req.method, req.path, e)
@@ -414,62 +414,3 @@ def _infer_route(path: str):
             and parts[3] and parts[5]):
         return parts[3], parts[5], _INFER_ROUTES[1]
     return None
-
-
-class _Relay(asyncio.Protocol):
-    """The client connection's line to the aiohttp app: one request at a time, its whole answer back."""
-
-    @classmethod
-    async def open(cls, app_server) -> _Relay:
-        loop = asyncio.get_running_loop()
-        ours, theirs = socket.socketpair()
-        try:
-            await loop.connect_accepted_socket(app_server, theirs)
-            _, relay = await loop.create_unix_connection(cls, sock=ours)
-        except BaseException:
-            ours.close()
-            theirs.close()
-            raise
-        return relay
-
-    def connection_made(self, transport) -> None:
-        self.transport, self.waiter, self.chunks, self.head_only = transport, None, [], False
-
-    def exchange(self, data: bytes, *, head_only: bool):
-        """A future of (the answer's bytes, whether the app keeps the connection)."""
-        if self.transport is None:
-            raise ConnectionError("the app closed the connection")
-        self.parser, self.chunks, self.head_only = httptools.HttpResponseParser(self), [], head_only
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
-        return self.waiter
-
-    def data_received(self, data: bytes) -> None:
-        self.chunks.append(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            self._done(ConnectionError(f"the app's answer is malformed ({e})"))
-
-    def on_headers_complete(self) -> None:
-        if self.head_only:
-            self._done()
-
-    def on_message_complete(self) -> None:
-        self._done()
-
-    def _done(self, error=None) -> None:
-        if self.waiter is None or self.waiter.done():
-            return
-        if error is not None:
-            self.waiter.set_exception(error)
-        else:
-            self.waiter.set_result((b"".join(self.chunks), self.parser.should_keep_alive()))
-
-    def connection_lost(self, exc) -> None:
-        self.transport = None
-        self._done(ConnectionError("the app closed the connection"))
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
