@@ -184,6 +184,7 @@ QUICK = {
         "test_onnxruntime_matches_the_float64_forward",
     ),
     "test_optim_cpu.py": ALL,
+    "test_own_conv_cpu.py": ALL,
     "test_package_layers_cpu.py": ALL,
     "test_host_checks_cpu.py": ALL,
     "test_file_schemas_cpu.py": ALL,

@@ -22,12 +22,13 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "build_backend"))
 
 import resnet_native_build as backend  # noqa: E402
-from resnet_native_build import fatbinary, flavours, toolchain  # noqa: E402
+from resnet_native_build import cutlass, fatbinary, flavours, toolchain  # noqa: E402
 
 
 @pytest.fixture
 def no_build_env(monkeypatch):
-    for name in ("RESNET_NATIVE_CUDA", "CUDNN_HOME", "CUDA_HOME", "CUDA_PATH", "RESNET_NATIVE_CLANG"):
+    for name in ("RESNET_NATIVE_CUDA", "CUDNN_HOME", "CUDA_HOME", "CUDA_PATH", "RESNET_NATIVE_CLANG",
+                 "RESNET_NATIVE_CUDA_ARCHS", "RESNET_NATIVE_CUTLASS", "CUTLASS_DIR"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -83,7 +84,72 @@ def test_build_requirements_ask_only_for_what_is_missing(no_build_env, tmp_path)
     assert flavours.FLAVOURS[13].cudnn not in backend.extension_build_requirements()
     assert toolchain.locate_cudnn(13).source == "CUDNN_HOME"
     no_build_env.setattr(toolchain, "local_toolkit", lambda major=None: "/opt/cuda")
+    assert backend.extension_build_requirements() == [cutlass.REQUIREMENT]  # the sm_90 kernels' headers
+    no_build_env.setenv("RESNET_NATIVE_CUTLASS", "0")
     assert backend.extension_build_requirements() == []
+
+
+def fake_cutlass(root, version=(4, 2, 0)):
+    for rel in ("include/cutlass/conv/collective/collective_builder.hpp",
+                "tools/util/include/cutlass/util/packed_stride.hpp"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    (root / "include/cutlass/version.h").write_text(
+        "".join(f"#define CUTLASS_{p} {v}\n" for p, v in zip(("MAJOR", "MINOR", "PATCH"), version, strict=True)))
+    return root
+
+
+def test_the_cutlass_kernels_build_only_with_nvcc_sm90_and_cutlass_4_2(no_build_env, tmp_path):
+    nvcc = toolchain.CudaToolchain(13, "nvcc", "/opt/cuda/bin/nvcc", [], "/opt/cuda/lib64", "toolkit /opt/cuda")
+    no_build_env.setattr(cutlass, "_nvcc_version", lambda tc: (13, 0))
+    find = cutlass.find_cutlass
+    no_build_env.setattr(cutlass, "find_cutlass", lambda: None)
+    assert cutlass.plan(nvcc, ["80", "90"]).reason.startswith("not built: no CUTLASS headers (pip install")
+    no_build_env.setattr(cutlass, "find_cutlass", find)
+    no_build_env.setenv("CUTLASS_DIR", str(fake_cutlass(tmp_path / "good")))
+    plan = cutlass.plan(nvcc, ["80", "90"])
+    assert plan.built and plan.reason == "" and plan.cutlass.version_text == "4.2.0"
+    assert plan.cutlass.source == "CUTLASS_DIR"
+    assert plan.sources and all(cutlass.is_source(s) and s.endswith(".cu") for s in plan.sources)
+    flags = cutlass.device_flags(plan.cutlass, ["-O3", "-gencode=arch=compute_80,code=sm_80"])
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags and "-gencode=arch=compute_80,code=sm_80" not in flags
+    assert f"-I{tmp_path / 'good' / 'include'}" in flags
+    assert "no 90" in cutlass.plan(nvcc, ["80"]).reason
+    clang = toolchain.CudaToolchain(12, "clang", "/usr/bin/clang++-19", [], "/lib", "wheels")
+    assert "the device compiler is clang" in cutlass.plan(clang, ["80", "90"]).reason
+    no_build_env.setattr(cutlass, "_nvcc_version", lambda tc: (11, 8))
+    assert "nvcc >= 12.0" in cutlass.plan(nvcc, ["90"]).reason
+    no_build_env.setattr(cutlass, "_nvcc_version", lambda tc: (13, 0))
+    no_build_env.setenv("CUTLASS_DIR", str(fake_cutlass(tmp_path / "old", (3, 5, 1))))
+    assert "CUTLASS 3.5.1" in cutlass.plan(nvcc, ["90"]).reason
+    no_build_env.setenv("RESNET_NATIVE_CUTLASS", "1")
+    with pytest.raises(SystemExit, match="RESNET_NATIVE_CUTLASS=1 but the own convolution kernels cannot be built"):
+        cutlass.plan(nvcc, ["90"])
+    no_build_env.setenv("RESNET_NATIVE_CUTLASS", "0")
+    assert cutlass.plan(nvcc, ["90"]).reason == "not built: RESNET_NATIVE_CUTLASS=0"
+    no_build_env.setenv("RESNET_NATIVE_CUTLASS", "yes")
+    with pytest.raises(SystemExit, match="expected auto, 0 or 1"):
+        cutlass.plan(nvcc, ["90"])
+    no_build_env.setenv("RESNET_NATIVE_CUTLASS", "auto")
+    no_build_env.setenv("CUTLASS_DIR", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match="holds no CUTLASS"):
+        cutlass.plan(nvcc, ["90"])
+
+
+def test_an_isolated_build_asks_for_the_cutlass_wheel_only_where_the_kernels_build(no_build_env):
+    no_build_env.setattr(toolchain, "local_toolkit", lambda major=None: "/opt/cuda")
+    no_build_env.setattr(toolchain, "_system_cudnn", lambda major: toolchain.Cudnn("/i", "/l", "system"))
+    assert cutlass.REQUIREMENT in backend.extension_build_requirements()
+    no_build_env.setenv("RESNET_NATIVE_CUDA_ARCHS", "80")
+    assert cutlass.REQUIREMENT not in backend.extension_build_requirements()
+    no_build_env.setenv("RESNET_NATIVE_CUDA_ARCHS", "80;90")
+    no_build_env.setenv("CUTLASS_DIR", "/opt/cutlass")
+    assert cutlass.REQUIREMENT not in backend.extension_build_requirements()
+    no_build_env.delenv("CUTLASS_DIR")
+    no_build_env.setenv("RESNET_NATIVE_CUDA", "12")  # a CUDA 12 build from wheels compiles with clang
+    no_build_env.setattr(toolchain, "local_toolkit", lambda major=None: None)
+    no_build_env.setattr(toolchain, "find_clang", lambda: ("/usr/bin/clang++-19", 19))
+    assert cutlass.REQUIREMENT not in backend.extension_build_requirements()
 
 
 def test_cudnn_home_without_cudnn_is_refused(no_build_env, tmp_path):

@@ -18,6 +18,8 @@ OUT=${OUT:-/tmp/rn_out}
 mkdir -p "$OUT"
 [ -x /opt/torch/.venv/bin/python3 ] && export PATH=/opt/torch/.venv/bin:$PATH
 export PYTHONUNBUFFERED=1 RESNET_NATIVE_CUDA_ARCHS=${RESNET_NATIVE_CUDA_ARCHS:-90}
+# CUTLASS's headers for the own convolution kernels (the machine has no index): a carried .cutlass/ (docs/building.md).
+[ -z "${CUTLASS_DIR:-}" ] && [ -d .cutlass/include ] && export CUTLASS_DIR=$PWD/.cutlass
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(info build test bench)
 status=0

@@ -1,7 +1,9 @@
 """resnet_native's build backend: setuptools.build_meta, with build requirements that follow the CUDA flavour.
 
 Only what is missing is asked for: the CUDA toolkit wheels when no local toolkit of the flavour exists, the cuDNN
-wheel (with the cuBLAS and NVRTC wheels it depends on) when neither CUDNN_HOME nor a system cuDNN 9 is there.
+wheel (with the cuBLAS and NVRTC wheels it depends on) when neither CUDNN_HOME nor a system cuDNN 9 is there, and
+the nvidia-cutlass wheel (headers of the own convolution kernels) when the build would compile them and no
+CUTLASS_DIR is set (cutlass.py).
 With `pip install --no-build-isolation` pip installs nothing, and the build uses what the interpreter has.
 The build itself is setup.py with this package's build_ext (build_ext.py).
 """
@@ -16,7 +18,7 @@ from setuptools.build_meta import (  # noqa: F401  (the PEP 517 / PEP 660 hooks 
     prepare_metadata_for_build_wheel,
 )
 
-from . import flavours, toolchain
+from . import cutlass, flavours, toolchain
 
 
 def extension_build_requirements():
@@ -30,6 +32,8 @@ def extension_build_requirements():
         reqs += flavour.toolkit_wheels
     if toolchain.cudnn_needs_wheel(major):
         reqs.append(flavour.cudnn)
+    if cutlass.needs_wheel(major):
+        reqs.append(cutlass.REQUIREMENT)
     return reqs
 
 

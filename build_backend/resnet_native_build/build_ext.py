@@ -9,33 +9,26 @@ Environment:
   RESNET_NATIVE_BUILD_JOBS    parallel compile jobs (default: all cores)
   RESNET_NATIVE_DEBUG_INFO    1: keep host debug info (default: none, and the linker strips what libraries bring)
   RESNET_NATIVE_CLANG         the clang++ for a CUDA 12 build from wheels (default: the newest clang++-NN >= 19)
+  RESNET_NATIVE_CUTLASS       auto|0|1: the own convolution kernels (csrc/ownconv/sm90/, CUTLASS), see cutlass.py
+  CUTLASS_DIR                 a CUTLASS tree for them (default: the nvidia-cutlass wheel)
 """
 
 import glob
 import os
-import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from pybind11.setup_helpers import Pybind11Extension
 from setuptools.command.build_ext import build_ext
 
-from . import toolchain
+from . import cutlass, toolchain
 
-ARCHS_ENV = "RESNET_NATIVE_CUDA_ARCHS"
-DEFAULT_ARCHS = "80;90"
+cuda_archs = toolchain.cuda_archs  # the option is parsed where the build backend can read it too (cutlass.py)
+
 DEBUG_ENV = "RESNET_NATIVE_DEBUG_INFO"
 JOBS_ENV = "RESNET_NATIVE_BUILD_JOBS"
-
-
-def cuda_archs():
-    """The compute capabilities to build SASS for, e.g. ['80', '90'] (the last also gets PTX)."""
-    text = os.environ.get(ARCHS_ENV, DEFAULT_ARCHS)
-    archs = [a.strip() for a in text.replace(",", ";").split(";") if a.strip()]
-    if not archs or not all(re.fullmatch(r"\d{2,3}[af]?", a) for a in archs):
-        raise SystemExit(f"resnet_native: {ARCHS_ENV}={text!r}: expected compute capabilities such as '80;90'")
-    return archs
 
 
 def debug_info():
@@ -45,6 +38,7 @@ def debug_info():
 def extension():
     """The extension with its sources; where CUDA and cuDNN come from is settled when it is built."""
     sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True))
+    sources = [s for s in sources if not cutlass.is_source(s)]  # added by BuildExt when the build compiles them
     return Pybind11Extension("resnet_native._C", sources=sources, include_dirs=["csrc"], cxx_std=17)
 
 
@@ -107,14 +101,22 @@ class BuildExt(build_ext):
         archs = cuda_archs()
         cuda_root = _clang_cuda_root(tc, self.build_temp) if tc.compiler == "clang" else None
         description = toolchain.compiler_description(tc)
+        own = cutlass.plan(tc, archs)
         print(f"resnet_native: CUDA {major} with {description} ({tc.source}), sm_{' sm_'.join(archs)}, "
               f"cuDNN from {cudnn.source} ({cudnn.include_dir})")
+        print("resnet_native: own convolution kernels: " + (
+            f"{len(own.sources)} sm_90a translation units, CUTLASS {own.cutlass.version_text} from "
+            f"{own.cutlass.source} ({own.cutlass.root})" if own.built else own.reason))
         build_macros = [("RN_BUILD_CUDA_MAJOR", str(major)), ("RN_BUILD_CUDA_COMPILER", _c_string(description)),
                         ("RN_BUILD_CUDA_ARCHS", _c_string(";".join(archs))),
                         ("RN_BUILD_CUDA_SOURCE", _c_string(tc.source)),
                         ("RN_BUILD_CUDNN_SOURCE", _c_string(cudnn.source)),
-                        ("RN_BUILD_DEBUG_INFO", "1" if debug_info() else "0")]
+                        ("RN_BUILD_DEBUG_INFO", "1" if debug_info() else "0"),
+                        ("RN_BUILD_OWN_CONV_BUILT", "1" if own.built else "0"),
+                        ("RN_BUILD_OWN_CONV_REASON", _c_string(own.reason)),
+                        ("RN_BUILD_OWN_CONV_CUTLASS", _c_string(own.cutlass.version_text if own.built else ""))]
         for ext in self.extensions:
+            ext.sources = [*ext.sources, *own.sources]
             ext.include_dirs = [*ext.include_dirs, *tc.include_dirs, cudnn.include_dir]
             ext.define_macros = [*ext.define_macros, *build_macros]
             ext.library_dirs = [*ext.library_dirs, tc.lib_dir, cudnn.lib_dir]
@@ -128,7 +130,9 @@ class BuildExt(build_ext):
             if not debug_info():
                 ext.extra_link_args.append("-Wl,--strip-debug")  # what static libraries bring along
             cxx = [*ext.extra_compile_args, "-O3", "-g" if debug_info() else "-g0"]
-            ext.extra_compile_args = {"cxx": cxx, "cuda": device_flags(tc, archs, cuda_root)}
+            cuda = device_flags(tc, archs, cuda_root)
+            ext.extra_compile_args = {"cxx": cxx, "cuda": cuda,
+                                      "cutlass": cutlass.device_flags(own.cutlass, cuda) if own.built else []}
         self._compile_in_parallel(tc)
         super().build_extensions()
 
@@ -141,7 +145,12 @@ class BuildExt(build_ext):
             if src.endswith(".cu"):
                 # The build-info strings are for bind_core.cpp; nvcc re-quotes -D values with spaces unreliably.
                 defines = [opt for opt in pp_opts if not opt.startswith("-DRN_BUILD_")]
-                subprocess.check_call([tc.compiler_path, "-c", src, "-o", obj, *defines, *extra_postargs["cuda"]])
+                kernel = cutlass.is_source(src)
+                flags = extra_postargs["cutlass" if kernel else "cuda"]
+                start = time.monotonic()
+                subprocess.check_call([tc.compiler_path, "-c", src, "-o", obj, *defines, *flags])
+                if kernel:
+                    print(f"resnet_native: {src}: {time.monotonic() - start:.0f} s", flush=True)
             else:
                 default_compile(obj, src, ext, cc_args, extra_postargs["cxx"], pp_opts)
 
@@ -156,8 +165,10 @@ class BuildExt(build_ext):
                 src, ext = build[obj]
                 compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
 
+            # The CUTLASS units take a minute each: started first, the small ones fill the other workers meanwhile.
+            ordered = sorted(objects, key=lambda obj: not cutlass.is_source(build[obj][0]))
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(run, objects))
+                list(pool.map(run, ordered))
             return objects
 
         compiler.compile = parallel_compile

@@ -23,6 +23,17 @@ from . import flavours
 
 CLANG_ENV = "RESNET_NATIVE_CLANG"
 MIN_CLANG = 19  # the oldest clang this build was tried with on CUDA 12.9's headers
+ARCHS_ENV = "RESNET_NATIVE_CUDA_ARCHS"
+DEFAULT_ARCHS = "80;90"
+
+
+def cuda_archs():
+    """The compute capabilities to build SASS for, e.g. ['80', '90'] (the last also gets PTX)."""
+    text = os.environ.get(ARCHS_ENV, DEFAULT_ARCHS)
+    archs = [a.strip() for a in text.replace(",", ";").split(";") if a.strip()]
+    if not archs or not all(re.fullmatch(r"\d{2,3}[af]?", a) for a in archs):
+        raise SystemExit(f"resnet_native: {ARCHS_ENV}={text!r}: expected compute capabilities such as '80;90'")
+    return archs
 
 
 def _header_define(path, name):

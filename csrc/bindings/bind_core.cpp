@@ -118,6 +118,7 @@ py::dict build_info() {
   int driver = 0;  // stays 0 where no driver is installed
   if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
   d["driver_cuda_version"] = driver;
+  d["own_conv_kernels"] = own_conv_build_status();
   return d;
 }
 

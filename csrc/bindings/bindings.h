@@ -19,5 +19,9 @@ void bind_inference(pybind11::module_& m);       // the inference engine's uint8
 void bind_augment(pybind11::module_& m);         // the training pipeline's augmentation kernel
 void bind_loss(pybind11::module_& m);            // softmax cross-entropy forward and backward
 void bind_device_scalars(pybind11::module_& m);  // learning-rate writes, step count, loss scale
+void bind_own_conv(pybind11::module_& m);        // the own convolution kernels (csrc/ownconv/)
+
+// build_info()'s "own_conv_kernels": {built, reason, cutlass, kernels} (bind_own_conv.cpp).
+pybind11::dict own_conv_build_status();
 
 }  // namespace rn

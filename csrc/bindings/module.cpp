@@ -19,5 +19,6 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_augment(m);
   rn::bind_loss(m);
   rn::bind_device_scalars(m);
+  rn::bind_own_conv(m);
   rn::bind_testing(m);
 }

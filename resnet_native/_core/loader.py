@@ -106,7 +106,9 @@ def build_info() -> dict:
     """How the native core was built and what it runs with: the CUDA flavour (12 or 13), the device compiler and
     where the toolkit came from, the statically linked CUDA runtime's version, the architectures built (SASS for
     each; PTX for the last), the cuDNN headers built against and the cuDNN library loaded, the CUDA version the
-    driver supports (0: no driver) and the cupy packages installed (more than one breaks cupy)."""
+    driver supports (0: no driver), the cupy packages installed (more than one breaks cupy), and whether the own
+    convolution kernels were built: own_conv_kernels = {built, reason ('not built: why' when not), cutlass (the
+    headers' version), kernels (their names)}."""
     info = dict(_C.build_info())
     info["cuda_archs"] = [a for a in info["cuda_archs"].split(";") if a]
     info["ptx_arch"] = info["cuda_archs"][-1] if info["cuda_archs"] else None
