@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import httptools  # http_front imports it first and names the serve extra when it is missing
+try:
+    import httptools
+except ImportError as e:  # the serve extra
+    raise ImportError(f'resnet_native.serve: the HTTP server needs httptools ({e.name} is not installed): '
+                      f'pip install "resnet_native[serve]"') from e
 
 
 class AppRelay(asyncio.Protocol):
