@@ -4,6 +4,7 @@
                                      [--compile r50:1024:fp16,r18:1:bf16 | all] [--quick] [--budget-s 300]
                                      [--algo-cache PATH] [--json PATH] [--markdown PATH]
                                      [--quant-dtypes int8,fp8] [--quantize-from stem,layer1,layer2,auto]
+                                     [--quantized-kernels auto,cudnn,own]
 
 Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs (32x32, the CIFAR stem):
   engine          InferenceEngine(model, batch_sizes=--batches): one CUDA graph per batch size, normalised input
@@ -13,7 +14,10 @@ Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs
                   --quantize-from: one engine per value (default 'stem': every conv quantised); a value other
                   than 'stem' names its rows engine_uint8_from_<value> (the stem and the stages before it in fp16,
                   quantize_from='auto': the fastest candidate, the candidates' times under "engines", with
-                  quantize_from_source 'cache' when --algo-cache already held the choice)
+                  quantize_from_source 'cache' when --algo-cache already held the choice).
+                  --quantized-kernels: one int8 engine per value (default 'auto': each convolution's kernel timed,
+                  cuDNN's or the package's own); 'cudnn' / 'own' suffix the row name with _cudnn / _own, and the
+                  engines' entries hold each choice and its times
   eager           the model's eval-mode graph, model.forward(x)
   torch_eager     torchvision's resnet with the CIFAR stem (conv1 3x3/1 pad 1, maxpool = Identity), eval,
                   channels_last, converted to the dtype, cudnn.benchmark, under inference_mode
@@ -49,9 +53,11 @@ MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
 SHORT = {"r18": "resnet18", "r50": "resnet50"}
 DTYPES = ("fp16", "bf16")
 QUANT_DTYPES = ("int8", "fp8")
-# resnet_native.quantization.prefix's QUANTIZE_FROM and AUTO (spelled out: the parser runs without the package)
+# resnet_native.quantization.prefix's QUANTIZE_FROM and AUTO, and inference.kernel_choice's QUANTIZED_KERNELS
+# (spelled out: the parser runs without the package)
 QUANTIZE_FROM = ("stem", "layer1", "layer2", "layer3", "layer4")
 AUTO = "auto"
+QUANTIZED_KERNELS = ("auto", "cudnn", "own")  # inference.kernel_choice's
 BATCHES = (1, 8, 32, 256, 1024)
 ROTATE = 4  # distinct input batches cycled through while timing
 COLUMNS = [("model", "model"), ("dtype", "dtype"), ("batch", "batch"), ("impl", "impl"), ("median_ms", "median ms"),
@@ -151,10 +157,10 @@ def build_ours(name, dtype, batches, algo_cache):
     return model, engine, time.perf_counter() - start
 
 
-def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem"):
+def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem", kernels="auto"):
     """(engine, build seconds, calibration seconds): the int8 / fp8 engine of build_ours' weights (seed 0),
     calibrated by max |x| on 4 random images (the speed does not depend on the scales), 8-bit from
-    `quantize_from` on."""
+    `quantize_from` on, its convolutions' kernels chosen by `kernels` (InferenceEngine's quantized_kernels)."""
     import resnet_native as rn
     from resnet_native.data.augment import normalize_on_host
     from resnet_native.inference import InferenceEngine
@@ -167,13 +173,24 @@ def build_quantized(name, dtype, batches, algo_cache, rng, quantize_from="stem")
     calibration = calibrate(state, normalize_on_host(pixels, layout="NCHW", dtype="fp32"), "max", dtype=dtype)
     calibrated = time.perf_counter()
     engine = InferenceEngine(model, batch_sizes=batches, precision=dtype, calibration=calibration,
-                             algorithm_cache=algo_cache, quantize_from=quantize_from)
+                             algorithm_cache=algo_cache, quantize_from=quantize_from, quantized_kernels=kernels)
     return engine, time.perf_counter() - calibrated, calibrated - start
 
 
-def quantized_impl(quantize_from: str) -> str:
-    """The row name of a quantised engine: engine_uint8 as before for 'stem', else suffixed by where it starts."""
-    return "engine_uint8" if quantize_from == "stem" else f"engine_uint8_from_{quantize_from}"
+def quantized_impl(quantize_from: str, kernels: str = "auto") -> str:
+    """The row name of a quantised engine: engine_uint8 as before for 'stem', else suffixed by where it starts,
+    then by the kernel choice unless 'auto'."""
+    name = "engine_uint8" if quantize_from == "stem" else f"engine_uint8_from_{quantize_from}"
+    return name if kernels == "auto" else f"{name}_{kernels}"
+
+
+def kernel_report(engine) -> dict:
+    """What the engine's kernel choice did: {kernel: count}, and per 'step@batch' its kernel, source and times."""
+    choice = engine.kernel_choice
+    return {"kernels": choice.summary(),
+            "per_step": {f"{step}@{batch}": {"kernel": kernel, "source": choice.sources.get((step, batch)),
+                                             "times_ms": choice.times.get((step, batch))}
+                         for (step, batch), kernel in choice.kernels.items()}}
 
 
 def time_quantized(engine, batch, rng, iters, warmup, impl="engine_uint8") -> list:
@@ -335,6 +352,9 @@ def build_parser():
     p.add_argument("--quantize-from", default="stem",
                    help="comma-separated: where the quantised engines' 8-bit part begins, one engine (and row) per "
                         "value: stem, layer1 .. layer4, auto (default stem)")
+    p.add_argument("--quantized-kernels", default="auto",
+                   help="comma-separated: which kernels the int8 engines' convolutions run, one engine (and row) per "
+                        "value: auto, cudnn, own (default auto; fp8 engines take auto only)")
     p.add_argument("--compile", default="", help="torch.compile rows: 'all' or model:batch:dtype items, e.g. "
                                                  "r50:1024:fp16,r18:1:bf16 (default none: minutes each)")
     p.add_argument("--iters", type=int, help="timed calls per row (default 200; --quick 30)")
@@ -369,6 +389,9 @@ def resolve_args(argv=None):
     known = QUANTIZE_FROM + (AUTO,)
     if any(q not in known for q in args.quantize_from):
         raise SystemExit(f"--quantize-from: expected some of {known}, got {args.quantize_from}")
+    args.quantized_kernels = _csv(args.quantized_kernels) or ("auto",)
+    if any(k not in QUANTIZED_KERNELS for k in args.quantized_kernels):
+        raise SystemExit(f"--quantized-kernels: expected some of {QUANTIZED_KERNELS}, got {args.quantized_kernels}")
     args.iters = args.iters or (30 if args.quick else 200)
     args.warmup = args.warmup or (5 if args.quick else 20)
     try:
@@ -428,21 +451,25 @@ def main(argv=None) -> int:
             engine.close()
             if torch is not None:
                 torch.cuda.empty_cache()
-        for dtype, quantize_from in ((d, q) for d in args.quant_dtypes for q in args.quantize_from):
-            tag = f"{name}:{dtype}" + ("" if quantize_from == "stem" else f":{quantize_from}")
+        for dtype, quantize_from, kernels in ((d, q, k) for d in args.quant_dtypes for q in args.quantize_from
+                                              for k in args.quantized_kernels if k == "auto" or d == "int8"):
+            tag = (f"{name}:{dtype}" + ("" if quantize_from == "stem" else f":{quantize_from}")
+                   + ("" if kernels == "auto" else f":{kernels}"))
             if budget.exhausted():
                 skipped += [f"{tag}:{b}" for b in args.batches]
                 continue
             engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng,
-                                                           quantize_from)
+                                                           quantize_from, kernels)
             engines[tag] = {"build_s": build_s, "calibrate_s": calibrate_s, "memory_mb": engine.memory_bytes / 2**20,
                             "quantize_from": engine.quantize_from, "quantize_from_times": engine.quantize_from_times,
-                            "quantize_from_source": engine.quantize_from_source}
+                            "quantize_from_source": engine.quantize_from_source, **kernel_report(engine)}
+            print(f"{tag}: built in {build_s:.1f} s, kernels {engines[tag]['kernels']}", flush=True)
             for batch in args.batches:
                 if budget.exhausted():
                     skipped.append(f"{tag}:{batch}")
                     continue
-                found = time_quantized(engine, batch, rng, args.iters, args.warmup, quantized_impl(quantize_from))
+                found = time_quantized(engine, batch, rng, args.iters, args.warmup,
+                                       quantized_impl(quantize_from, kernels))
                 rows += [with_rates(dict(model=name, dtype=dtype, batch=batch, **r), engine.plan.conv_flops(batch),
                                     args.peak_tflops) for r in found]
                 print(format_table(rows[-1:], COLUMNS[3:10]), flush=True)

@@ -68,6 +68,19 @@ def test_arguments_rates_ratios_and_markdown():
     assert "| resnet18 | fp16 | 1 | engine | 0.200 |" in table
 
 
+def test_quantized_kernels_give_one_int8_engine_per_value():
+    from resnet_native.inference import kernel_choice
+
+    assert bench_infer.QUANTIZED_KERNELS == kernel_choice.QUANTIZED_KERNELS
+    assert bench_infer.resolve_args([]).quantized_kernels == ("auto",)
+    args = bench_infer.resolve_args(["--quantized-kernels", "auto,own,cudnn"])
+    assert [bench_infer.quantized_impl("stem", k) for k in args.quantized_kernels] == [
+        "engine_uint8", "engine_uint8_own", "engine_uint8_cudnn"]
+    assert bench_infer.quantized_impl("layer3", "own") == "engine_uint8_from_layer3_own"
+    with pytest.raises(SystemExit, match="--quantized-kernels"):
+        bench_infer.resolve_args(["--quantized-kernels", "cutlass"])
+
+
 def test_quantize_from_gives_one_quantised_engine_per_value():
     from resnet_native.quantization import prefix
 

@@ -115,6 +115,8 @@ def _expect_device_stage():
         ({"conv_engine": "cudnn"}, ValueError, "conv_engine: expected one of"),
         ({"algorithm_cache": 5}, TypeError, "algorithm_cache: expected a file path"),
         ({"image_size": 0}, ValueError, "image_size"),
+        ({"quantized_kernels": "fast"}, ValueError, "quantized_kernels: expected one of"),
+        ({"quantized_kernels": "own"}, ValueError, r"quantized_kernels: only int8 engines .*precision='fp16'"),
     ],
 )
 def test_engine_validates_its_arguments_first(kwargs, error, match):

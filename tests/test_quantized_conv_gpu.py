@@ -251,7 +251,10 @@ def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
         assert first.quantize_from_source == "timed" and "auto, timed" in repr(first)
         chosen, times = first.quantize_from, dict(first.quantize_from_times)
         want = first(cp.asarray(pixels)).get().astype(np.float64)
-    stored = choice_cache.load_choices(path)
+    def prefix_choices():  # the file holds the convolutions' kernel choices too
+        return {k: v for k, v in choice_cache.load_choices(path).items() if k.startswith(choice_cache.KIND)}
+
+    stored = prefix_choices()
     (key,) = stored
     assert " dtype=int8 batch=4 cuda_graph=1 " in key
     assert stored[key] == {"quantize_from": chosen, "times_ms": times}
@@ -271,5 +274,76 @@ def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
     assert err <= 1e-3, err
     with InferenceEngine(model, batch_sizes=(4,), cuda_graph=False, **kwargs) as eager:
         assert eager.quantize_from_source == "timed"
-    choices = choice_cache.load_choices(path)
+    choices = prefix_choices()
     assert len(choices) == 2 and choices[key] == stored[key]
+
+
+def _own_kernels_or_skip():
+    from resnet_native.ops import own_conv
+
+    if not own_conv.available():
+        pytest.skip(f"the package's own kernels cannot run here: {own_conv.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("kernels", ["own", "cudnn", "auto"])
+def test_every_kernel_choice_computes_the_simulated_network(rng, kernels):
+    """'own': every int8-out convolution on an own kernel, whose epilogue rounds once from fp32 (no fp16
+    intermediate), so it is nearer the simulation than cuDNN's path; 'cudnn': none; 'auto': what was timed."""
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.inference.simulate import simulate_logits
+
+    if kernels != "cudnn":
+        _own_kernels_or_skip()
+    model, state, pixels, images, calibration = _prefix_problem(rng)
+    want = simulate_logits(state, images, calibration)
+    with InferenceEngine(model, batch_sizes=(1, 4), precision="int8", calibration=calibration,
+                         quantized_kernels=kernels) as engine:
+        print(engine)
+        chosen = engine.kernel_choice.kernels
+        got = engine(cp.asarray(pixels)).get().astype(np.float64)
+        again = engine(cp.asarray(pixels)).get()
+    assert np.array_equal(got, again), "replays of one input differ"
+    assert len(chosen) == 2 * 20  # 20 quantised convolutions (all but the classifier), 2 batch sizes
+    own = {step for (step, _), kernel in chosen.items() if kernel.startswith("own:")}
+    if kernels == "own":
+        assert own == {s for s, _ in chosen} - {"layer4.1.conv2"}  # its output is the pool's fp32 input
+    elif kernels == "cudnn":
+        assert not own
+    else:
+        for (step, batch), kernel in chosen.items():
+            times = engine.kernel_choice.times.get((step, batch))
+            assert (times is None) == (step == "layer4.1.conv2"), step
+            assert times is None or (kernel == min(times, key=times.get) and "cudnn" in times and len(times) > 1)
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"int8 kernels={kernels!r} ({len(own)} steps own): engine vs simulation {err:.2e}")
+    assert err <= (1e-2 if kernels == "own" else 5e-2), err
+
+
+def test_kernel_choices_are_timed_once_and_kept_in_the_cache_file(rng, tmp_path):
+    """A second engine with the same cache file runs every stored kernel choice without timing (device_ms would
+    fail) and computes bit for bit what the first did."""
+    import resnet_native.inference.kernel_choice as kernel_choice
+    from resnet_native.inference import InferenceEngine, choice_cache
+
+    _own_kernels_or_skip()
+    model, _, pixels, _, calibration = _prefix_problem(rng)
+    path = tmp_path / "algos.json"
+    kwargs = dict(precision="int8", calibration=calibration, algorithm_cache=path)
+    with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as first:
+        timed = dict(first.kernel_choice.timed)
+        kernels = dict(first.kernel_choice.kernels)
+        assert set(first.kernel_choice.sources.values()) == {"timed"}
+        want = first(cp.asarray(pixels)).get()
+    stored = {k: v for k, v in choice_cache.load_choices(path).items() if k.startswith(choice_cache.KERNEL_KIND)}
+    assert stored == {k: {"kernel": kernel, "times_ms": times} for k, (kernel, times) in timed.items()}
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("InferenceEngine: a stored kernel choice was timed again")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernel_choice, "device_ms", no_timing)
+        with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as second:
+            assert second.kernel_choice.kernels == kernels and not second.kernel_choice.timed
+            assert set(second.kernel_choice.sources.values()) == {"cache"}
+            got = second(cp.asarray(pixels)).get()
+    assert np.array_equal(got, want)

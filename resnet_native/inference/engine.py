@@ -37,7 +37,7 @@ from .._core.names import (
 )
 from .._core.runtime import require_gpu
 from ..data.augment import normalization_lut
-from ..ops import conv, kernels
+from ..ops import conv, kernels, own_conv
 from ..ops.workspace import reserve_workspace
 from ..quantization.prefix import AUTO, QUANTIZE_FROM, quantize_from_choices
 from . import choice_cache
@@ -46,6 +46,7 @@ from .buffers import plan_buffers
 from .flip_tta import FlipAverage, tta_mode
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage, as_device_array
+from .kernel_choice import QUANTIZED_KERNELS, KernelChooser
 from .plan import build_plan
 from .quantized import (
     boundary_quantize,
@@ -79,7 +80,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
     def __init__(self, model_or_release, batch_sizes=DEFAULT_BATCH_SIZES, precision="fp16", layout="NHWC", *,
                  image_size=32, split=True, cuda_graph=True, conv_engine="auto", deterministic=False,
                  tune_fusion=True, algorithm_cache=None, models_dir=None, calibration=None,
-                 quantize_from="stem", tta=None, dtype=None):
+                 quantize_from="stem", quantized_kernels="auto", tta=None, dtype=None):
         """model_or_release: a resnet_native ResNet, a release folder, or a release version name (looked up in
         models_dir like CIFAR10Classifier). precision: what the engine computes in ('fp16', 'bf16', 'fp32'
         strict, or 'tf32'); the logits are float32 whatever it is. layout: of the normalised inputs and every
@@ -92,17 +93,13 @@ class InferenceEngine(contextlib.AbstractContextManager):
 
         precision='int8' / 'fp8': the quantised engine (quantized.py) with `calibration` (a quantization.Calibration;
         for a release, its calibration_<dtype>.json when None); NHWC. quantize_from: where the 8-bit part begins
-        (quantization/prefix.py): 'stem' (everything but the classifier quantised; the 'cifar' stem, uint8 image
-        inputs only), 'layer1' ... 'layer4' (the stem and the earlier stages in fp16 as the fp16 engine runs
-        them, then one quantise step; any input the fp16 engine takes), or 'auto': each candidate built and timed
-        at the largest batch size, the fastest kept (forward_ms: graph replays, or eager runs with
-        cuda_graph=False; the input stage is not timed, and the chosen candidate's is the engine's, so 'auto'
-        takes float batches unless 'stem' wins). engine.quantize_from is the choice, engine.quantize_from_times
-        {candidate: ms} what 'auto' measured (empty otherwise). With algorithm_cache, 'auto' first looks its
-        problem up in the file (choice_cache.choice_key: the plan's structure, 8-bit type, largest batch size, image
-        size, cuda_graph, conv_engine, deterministic, tune_fusion, the candidates; the file's GPU model and cuDNN
-        version) and times only on a miss, storing the choice there after building. engine.quantize_from_source
-        says which: 'timed', 'cache' (quantize_from_times then holds the stored times), or None without 'auto'.
+        (quantization/prefix.py): 'stem' (all but the classifier; the 'cifar' stem, uint8 images only), 'layer1'
+        ... 'layer4' (the earlier stages in fp16, then one quantise step; any input the fp16 engine takes), or
+        'auto': each candidate built and graph-timed at the largest batch size, the fastest kept
+        (engine.quantize_from, quantize_from_times {candidate: ms}, quantize_from_source 'timed' or 'cache': with
+        algorithm_cache the file's stored choice of the same problem, choice_cache.choice_key, is reused).
+        quantized_kernels: which kernel runs each int8 convolution ('auto' timed per layer and batch size, 'own',
+        'cudnn': kernel_choice.py); engine.kernel_choice records what was chosen and why.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
         timing. tta='flip': the mean of the logits of each image and its mirror image (flip_tta.py: the staged input
         mirrored in place and replayed; twice the forward's latency); None or 'none': the logits alone. dtype: the
@@ -149,11 +146,19 @@ class InferenceEngine(contextlib.AbstractContextManager):
         elif self.quantize_from != "stem":
             raise ValueError(f"quantize_from: only int8 / fp8 engines have an 8-bit part "
                              f"(precision={self.precision!r})")
+        self.quantized_kernels = choice("quantized_kernels", quantized_kernels, QUANTIZED_KERNELS)
+        if self.quantized_kernels != "auto" and self.precision != "int8":
+            raise ValueError(f"quantized_kernels: only int8 engines choose their convolutions' kernels "
+                             f"(precision={self.precision!r}); leave it 'auto'")
+        self.kernel_choice = KernelChooser(self.quantized_kernels, deterministic=self.deterministic)
         self.num_classes = self.plan.num_classes
         self.fused_paths = {}  # (conv step name, batch size) -> the fused_path its cache entry has
         self.capture_error = None  # why capture was abandoned, if it was
         self.capture_allocated_bytes = 0  # what the captures allocated (nothing, unless an op misbehaves)
         require_gpu()
+        if self.quantized_kernels == "own" and not own_conv.available():
+            raise RuntimeError(f"quantized_kernels='own': this build or GPU cannot run the package's own kernels "
+                               f"({own_conv.unavailable_reason()})")
         self._build(source.state)
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -243,7 +248,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         if self.quantized:
             times = ", ".join(f"{q}: {ms:.3f} ms" for q, ms in self.quantize_from_times.items())
             auto = f" (auto, {self.quantize_from_source}: {times})" if self.quantize_from_source else ""
-            quantized = f", quantize_from={self.quantize_from!r}{auto}"
+            kernels = ", ".join(f"{k}: {n}" for k, n in self.kernel_choice.summary().items())
+            quantized = f", quantize_from={self.quantize_from!r}{auto}, kernels=({kernels})"
         tta = ", tta='flip'" if self.tta == "flip" else ""
         return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, precision={self.precision!r}"
                 f"{quantized}, layout={self.layout!r}{tta}, graphs={self.num_graphs})")
@@ -285,6 +291,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 # The choices first: a malformed section raises before the conv entries are added.
                 stored = choice_cache.load_choices(self.algorithm_cache)
                 conv.load_algorithm_cache(self.algorithm_cache)
+            self.kernel_choice.stored = {k: v for k, v in stored.items() if "kernel" in v}
 
             if key is not None:
                 self._choose_quantize_from(state, stored.get(key))
@@ -300,8 +307,11 @@ class InferenceEngine(contextlib.AbstractContextManager):
         cupy.cuda.get_current_stream().synchronize()
         if self.algorithm_cache is not None:
             conv.save_algorithm_cache(self.algorithm_cache)  # keeps the file's choices (this machine's)
+            timed = dict(self.kernel_choice.timed)
             if self.quantize_from_source == "timed":
-                choice_cache.store_choice(self.algorithm_cache, key, self.quantize_from, self.quantize_from_times)
+                timed[key] = (self.quantize_from, self.quantize_from_times)
+            if timed:
+                choice_cache.store_choices(self.algorithm_cache, timed)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
         if self._flip is not None:  # compiles the mirror's copy kernels now rather than in the first call
@@ -329,6 +339,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
         self.quantize_from = min(self.quantize_from_times, key=self.quantize_from_times.get)
         self.quantize_from_source = "timed"
         self.fused_paths = {}
+        self.kernel_choice.forget_steps()  # the chosen candidate's bind records its own
 
     def _bind(self, state: dict, quantize_from: str, batch_sizes: tuple) -> None:
         """The plan of `quantize_from` (quantised engines) with its operands, buffers, input stage and one Forward
@@ -404,7 +415,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
         forward = self._forwards[batch]
         workspace = 0
         for step, call in zip(self.plan.steps, forward.calls, strict=True):
-            if step.name not in forward.conv_calls:  # pools, casts, and quantised convs (always fused)
+            if step.name in forward.quantized_calls:  # its kernel chosen (and cuDNN's plan found) as it runs
+                self.kernel_choice.decide(step.name, batch, call)
+                continue
+            if step.name not in forward.conv_calls:  # pools, casts, quantise steps
                 call()
                 continue
             entry = decide_fusion(forward.conv_calls[step.name], self._specs[step.name], tune=self.tune_fusion)

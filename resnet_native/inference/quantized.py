@@ -42,16 +42,29 @@ class Residual:
 
 
 @dataclasses.dataclass(frozen=True)
+class OwnOperands:
+    """The epilogue operands of an int8 convolution run by the package's own kernels (ops.own_conv), which add the
+    residual and requantise in one kernel: alpha = s_x * s_w / s_y, bias = b / s_y (K,) and beta = s_z / s_y
+    (0 without a residual); quantization.int8.requant_params."""
+
+    alpha: object
+    bias: object
+    beta: float
+
+
+@dataclasses.dataclass(frozen=True)
 class QuantizedConv:
     """One quantised convolution's device operands (the weight in the 8-bit type, NHWC (K, R, S, C)), its output
     dtype ('int8' / 'fp8', or the plan's float dtype), and for a residual step the add that follows (the
-    convolution then writes fp16 into the shared scratch buffer)."""
+    convolution then writes fp16 into the shared scratch buffer). `own`: its operands for an own kernel (int8 in
+    and out only, else None)."""
 
     weight: object
     alpha: object
     beta: object
     out_dtype: str
     residual: Residual | None = None
+    own: OwnOperands | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +151,16 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
         quantized_out = s.out in scales
         s_y = scales[s.out] if quantized_out else 1.0
         out_dtype = dtype if quantized_out else plan.values[s.out].dtype
-        residual = None
+        residual, own = None, None
+        if dtype == "int8" and quantized_out:  # an own kernel's: the whole epilogue at the output's scale
+            own_alpha, own_bias, gamma = requant_params(scales[s.x], s_w, bias, s_y,
+                                                        None if s.z is None else scales[s.z])
+            own = OwnOperands(to_device(own_alpha), to_device(own_bias), 0.0 if gamma is None else float(gamma))
         if s.z is not None:  # the convolution dequantises (s_y 1); the residual kernel requantises
             residual, s_y = Residual(scales[s.z], 1.0 / s_y, s.relu), 1.0
         alpha, beta, _ = requant_params(scales[s.x], s_w, bias, s_y)
         convs[s.name] = QuantizedConv(to_device(np.ascontiguousarray(q)), to_device(alpha), to_device(beta),
-                                      out_dtype, residual)
+                                      out_dtype, residual, own)
     return convs
 
 
@@ -166,6 +183,6 @@ def input_table(calibration: Calibration, dtype: str, lut: np.ndarray) -> np.nda
     return table.astype(QUANT_ARRAY_DTYPES[dtype])
 
 
-__all__ = ["INPUT_CHANNELS", "PREFIX_PRECISION", "BoundaryQuantize", "QuantizedConv", "Residual",
+__all__ = ["INPUT_CHANNELS", "PREFIX_PRECISION", "BoundaryQuantize", "OwnOperands", "QuantizedConv", "Residual",
            "boundary_quantize", "checked_scales", "input_table", "quantized_convs", "quantized_plan",
            "residual_scratch_elements"]

@@ -43,6 +43,16 @@ def available() -> bool:
     return bool(names) and _C.device_count() > 0 and _C.own_conv_device_mismatch(names[0]) == ""
 
 
+def unavailable_reason() -> str:
+    """Why available() is False ('' when it is True): the build's reason, no GPU, or the GPU's."""
+    names = [k["name"] for k in kernels()]
+    if not names:
+        return f"not built: {_C.build_info()['own_conv_kernels']['reason']}"
+    if _C.device_count() == 0:
+        return "no CUDA device"
+    return _C.own_conv_device_mismatch(names[0])
+
+
 def select(x_shape, w_shape, *, pad, stride, residual: bool = False, kernel: str = "auto") -> str:
     """The kernel conv2d_s8 runs for these shapes: `kernel` checked, or for 'auto' the preferred one that can.
     ValueError says why none can (RuntimeError in a build without kernels). No GPU needed."""
@@ -87,4 +97,5 @@ def reference_conv2d_s8(x, w, out=None, *, alpha, bias, pad, stride, residual=No
     return out
 
 
-__all__ = ["available", "conv2d_s8", "kernels", "reference_conv2d_s8", "select", "supports"]
+__all__ = ["available", "conv2d_s8", "kernels", "reference_conv2d_s8", "select", "supports",
+           "unavailable_reason"]
