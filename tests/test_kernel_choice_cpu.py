@@ -161,11 +161,11 @@ def test_kernel_choices_round_trip_beside_the_prefix_choices(empty_cache, fake_g
     path = tmp_path / "algos.json"
     insert_samples()
     conv.save_algorithm_cache(path)
-    chooser = KernelChooser("auto", timer=timer({"cudnn": 0.25, "own:s8_128x64x64": 0.125}))
-    chooser.decide("s", 4, FakeCall(own=("own:s8_128x64x64",)))
+    chooser = KernelChooser("auto", timer=timer({"cudnn": 0.25, "own:s8_128x64x64_s4": 0.125}))
+    chooser.decide("s", 4, FakeCall(own=("own:s8_128x64x64_s4",)))
     assert cc.store_choices(path, chooser.timed)
     (key, (kernel, times)), = chooser.timed.items()
-    assert cc.load_choices(path) == {key: {"kernel": "own:s8_128x64x64", "times_ms": times}}
+    assert cc.load_choices(path) == {key: {"kernel": "own:s8_128x64x64_s4", "times_ms": times}}
     assert list(read(path)[cc.SECTION][key]) == ["kernel", "times_ms"]
 
 

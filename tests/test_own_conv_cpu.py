@@ -38,18 +38,18 @@ def test_each_kernel_lists_its_fixed_properties():
         assert k["dtype"] == k["out_dtype"] == "int8" and k["sm"] == 90
         assert k["epilogue"] == ("requantize_residual" if k["residual"] else "requantize")
         assert all(isinstance(v, int) and v > 0 for v in (*k["tile"], *k["cluster"], k["threads"]))
-        assert k["stages"] >= 2 and k["smem_bytes"] > 48 * 1024  # the auto stage count fills shared memory
+        assert k["stages"] >= 2 and k["smem_bytes"] >= 32 * 1024
         assert k["channel_multiple"] == 16 and k["address_alignment"] == 16
     assert {k["residual"] for k in kernels} == {False, True}, "both epilogues are compiled"
 
 
 def expected_auto(c, k, residual):
     """select()'s documented rule: among the kernels of the epilogue, tiles without partly empty ones first, then the
-    larger tile; else the smallest."""
+    larger tile (else the smallest), then fewer stages."""
     def key(info):
         tm, tn, tk = info["tile"]
         whole = k % tn == 0 and c % tk == 0
-        return (whole, tm * tn * tk if whole else -tm * tn * tk)
+        return (whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
     return max((i for i in own_conv.kernels() if i["residual"] == residual), key=key)["name"]
 
 

@@ -5,7 +5,9 @@
 // Mainloop: CUTLASS's conv CollectiveBuilder for Sm90 kFprop: activations through TMA im2col, filters through
 // tiled TMA, one producer warp group feeding one wgmma consumer warp group (CUTLASS 4.2 has only this
 // non-persistent schedule for convolutions). Epilogue: TMA warp-specialised, running one of our visitor trees
-// (requantize_epilogue.cuh). Mainloop stages: as many as fit beside the epilogue's shared memory.
+// (requantize_epilogue.cuh). Mainloop stages: as many as fit beside the epilogue's shared memory (STAGES 0: one CTA
+// per SM), or a fixed few, which leave room for two or more CTAs per SM, so that one CTA's epilogue overlaps
+// another's mainloop, the only overlap the non-persistent schedule has.
 //
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90(...) line (see the existing ones).
 #pragma once
@@ -42,7 +44,7 @@ struct ElementTraits<int8_t> {
   using Accumulator = int32_t;
 };
 
-template <class Element, Epilogue E, int TM, int TN, int TK, int CM = 1, int CN = 1>
+template <class Element, Epilogue E, int TM, int TN, int TK, int Stages = 0, int CM = 1, int CN = 1>
 class Sm90Conv final : public ConvKernel {
  public:
   using Accumulator = typename ElementTraits<Element>::Accumulator;
@@ -62,8 +64,10 @@ class Sm90Conv final : public ConvKernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, Element,
       cutlass::layout::TensorNHWC, kAlignment, Element, cutlass::layout::TensorNHWC, kAlignment, Accumulator, TileShape,
       ClusterShape,
-      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      std::conditional_t<Stages == 0,
+                         cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename CollectiveEpilogue::SharedStorage))>,
+                         cutlass::conv::collective::StageCount<(Stages > 0 ? Stages : 2)>>,
       cutlass::conv::collective::KernelScheduleAuto>::CollectiveOp;
 
   using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
@@ -185,10 +189,11 @@ class Sm90Conv final : public ConvKernel {
 
 }  // namespace rn::ownconv::sm90
 
-// One kernel per translation unit: RN_OWNCONV_SM90(s8_res_128x64x64, int8_t, RequantizeResidual, 128, 64, 64)
-// defines it and registers it under that name.
-#define RN_OWNCONV_SM90(NAME, ELEMENT, EPILOGUE, TM, TN, TK)                                                        \
-  namespace {                                                                                                       \
-  const ::rn::ownconv::sm90::Sm90Conv<ELEMENT, ::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK> kernel_##NAME(#NAME); \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                            \
+// One kernel per translation unit: RN_OWNCONV_SM90(s8_res_128x64x64_s4, int8_t, RequantizeResidual, 128, 64, 64, 4)
+// defines it (the last argument: mainloop stages, 0 for as many as fit) and registers it under that name.
+#define RN_OWNCONV_SM90(NAME, ELEMENT, EPILOGUE, TM, TN, TK, STAGES)                                               \
+  namespace {                                                                                                      \
+  const ::rn::ownconv::sm90::Sm90Conv<ELEMENT, ::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK, STAGES> kernel_##NAME( \
+      #NAME);                                                                                                      \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                           \
   }

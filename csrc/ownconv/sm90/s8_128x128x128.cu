@@ -1,4 +1,4 @@
-// int8, Requantize epilogue, tile 128x128x128 (see conv_sm90.cuh).
+// int8, Requantize epilogue, tile 128x128x128, as many stages as fit (see conv_sm90.cuh).
 #include "conv_sm90.cuh"
 
-RN_OWNCONV_SM90(s8_128x128x128, int8_t, Requantize, 128, 128, 128)
+RN_OWNCONV_SM90(s8_128x128x128, int8_t, Requantize, 128, 128, 128, 0)

@@ -1,4 +1,0 @@
-// int8, RequantizeResidual epilogue, tile 128x64x64 (see conv_sm90.cuh).
-#include "conv_sm90.cuh"
-
-RN_OWNCONV_SM90(s8_res_128x64x64, int8_t, RequantizeResidual, 128, 64, 64)
