@@ -6,8 +6,9 @@ rounding in the epilogue. On cuDNN each quantised convolution is one call (ops.q
 y = [relu](alpha[k] * conv(x, w) + beta[k]) with quantization.int8.requant_params; a block's last convolution,
 whose residual cuDNN's 8-bit convolutions cannot add, writes fp16 scratch that residual_requantize finishes
 (Residual). An int8 convolution with an int8 output may instead run one of the package's own kernels
-(ops.own_conv, OwnOperands), which add the residual and requantise in the same kernel; kernel_choice.py decides. With a float prefix (quantize_from 'layer1' ... 'layer4', quantization/prefix.py) the earlier stages
-run as the fp16 engine runs them and one QuantizeStep (BoundaryQuantize) writes the boundary value's 8-bit copy.
+(ops.own_conv, OwnOperands), which add the residual and requantise in the same kernel; kernel_choice.py decides.
+With a float prefix (quantize_from 'layer1' ... 'layer4', quantization/prefix.py) the earlier stages run as the
+fp16 engine runs them and one QuantizeStep (BoundaryQuantize) writes the boundary value's 8-bit copy.
 """
 
 from __future__ import annotations
