@@ -43,14 +43,20 @@ def test_each_kernel_lists_its_fixed_properties():
     assert {k["residual"] for k in kernels} == {False, True}, "both epilogues are compiled"
 
 
+def runs_3x3(info):
+    """Whether the kernel takes 3x3 filters: the persistent 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only."""
+    assert info["persistent"] == info["name"].startswith("s8_1x1_")
+    return not info["persistent"]
+
+
 def expected_auto(c, k, residual):
-    """select()'s documented rule: among the kernels of the epilogue, tiles without partly empty ones first, then the
-    larger tile (else the smallest), then fewer stages."""
+    """select()'s documented rule: among the kernels of the epilogue that can run the problem, persistent ones first,
+    then tiles without partly empty ones, then the larger tile (else the smallest), then fewer stages."""
     def key(info):
         tm, tn, tk = info["tile"]
         whole = k % tn == 0 and c % tk == 0
-        return (whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
-    return max((i for i in own_conv.kernels() if i["residual"] == residual), key=key)["name"]
+        return (info["persistent"], whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
+    return max((i for i in own_conv.kernels() if i["residual"] == residual and runs_3x3(i)), key=key)["name"]
 
 
 @built
@@ -60,7 +66,12 @@ def test_auto_picks_a_kernel_by_its_rule_and_a_named_one_is_checked(c, k, residu
     name = own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual)
     assert name == expected_auto(c, k, residual)
     for info in own_conv.kernels():
-        if info["residual"] == residual:
+        if info["residual"] == residual and not runs_3x3(info):
+            with pytest.raises(ValueError, match="takes 1x1 filters at stride 1 without padding only"):
+                own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual, kernel=info["name"])
+            assert own_conv.select((2, 8, 8, c), (k, 1, 1, c), pad=0, stride=1, residual=residual,
+                                   kernel=info["name"]) == info["name"]
+        elif info["residual"] == residual:
             assert own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual,
                                    kernel=info["name"]) == info["name"]
         else:
@@ -215,3 +226,15 @@ def test_only_the_kernels_translation_units_include_cutlass_and_the_layer_includ
                 if inc.startswith(("cutlass/", "cute/")):
                     continue
                 assert target.is_relative_to(csrc / "core") or target.is_relative_to(csrc / "ownconv"), (path, inc)
+
+
+@built
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_1x1_stride_1_layer_prefers_a_persistent_gemm(residual):
+    def info(name):
+        return next(k for k in own_conv.kernels() if k["name"] == name)
+
+    name = own_conv.select((2, 8, 8, 64), (256, 1, 1, 64), pad=0, stride=1, residual=residual)
+    assert info(name)["persistent"] and info(name)["residual"] == residual
+    strided = own_conv.select((2, 8, 8, 64), (256, 1, 1, 64), pad=0, stride=2, residual=residual)
+    assert not info(strided)["persistent"]

@@ -32,8 +32,9 @@ from .conv_spec import ConvSpec
 
 
 def kernels() -> list[dict]:
-    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, smem_bytes, threads,
-    channel_multiple, address_alignment, sm); empty in a build without them."""
+    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, persistent, smem_bytes, threads,
+    channel_multiple, address_alignment, sm); empty in a build without them. The persistent ones ('s8_1x1_*') are
+    GEMMs for 1x1 filters at stride 1 without padding."""
     return list(_C.own_conv_kernels())
 
 

@@ -1,0 +1,165 @@
+// A 1x1, stride-1, unpadded forward convolution as the plain GEMM it is on NHWC data: y (N*H*W, K) = x (N*H*W, C)
+// times w (K, C) transposed, both operands K-major (the int8 wgmma's layout). Unlike CUTLASS 4.2's convolutions,
+// its GEMMs have persistent schedules: a fixed grid of CTAs walks the output tiles and, cooperative, two consumer
+// warp groups share a tile while the producer loads the next, so one tile's epilogue overlaps the next tile's
+// loads. That overlap is what a 1x1 layer with few input channels needs (one or two k-steps a tile, an epilogue
+// as long as its mainloop). The epilogue is the same visitor tree as the convolutions' (requantize_epilogue.cuh).
+//
+// Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_GEMM1X1(...) line (see the existing ones).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/device_kernel.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+#include "../../core/error.h"
+#include "../../core/launch_config.h"
+#include "../registry.h"
+#include "requantize_epilogue.cuh"
+
+namespace rn::ownconv::sm90 {
+
+template <Epilogue E, int TM, int TN, int TK>
+class Sm90Gemm1x1 final : public ConvKernel {
+ public:
+  using Element = int8_t;
+  using Accumulator = int32_t;
+  using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using EpilogueTree = RequantizeEpilogue<E, TileShape, Element>;
+  using ElementC = typename EpilogueTree::ElementC;
+  static constexpr int kAlignment = 16;  // int8 elements per 16 bytes: TMA's unit
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float, ElementC, cutlass::layout::RowMajor,
+      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      typename EpilogueTree::Fusion>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
+      cutlass::layout::ColumnMajor, kAlignment, Accumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  explicit Sm90Gemm1x1(const char* name) {
+    info_.name = name;
+    info_.in = DType::I8;
+    info_.out = DType::I8;
+    info_.epilogue = E;
+    info_.tile_m = TM;
+    info_.tile_n = TN;
+    info_.tile_k = TK;
+    info_.stages = CollectiveMainloop::DispatchPolicy::Stages;
+    info_.persistent = true;
+    info_.smem_bytes = static_cast<int>(Kernel::SharedStorageSize);
+    info_.threads = static_cast<int>(Kernel::MaxThreadsPerBlock);
+    info_.channel_multiple = kAlignment;
+    info_.address_alignment = 16;
+    info_.sm = 90;
+  }
+
+  const KernelInfo& info() const override { return info_; }
+
+  std::string unsupported(const ConvProblem& p) const override {
+    if (p.r != 1 || p.s != 1 || p.stride_h != 1 || p.stride_w != 1 || p.pad_h != 0 || p.pad_w != 0) {
+      return "a 1x1 GEMM: takes 1x1 filters at stride 1 without padding only";
+    }
+    if (p.c % kAlignment != 0 || p.k % kAlignment != 0) {
+      return "C=" + std::to_string(p.c) + " and K=" + std::to_string(p.k) + " must be multiples of " +
+             std::to_string(kAlignment) + " (TMA moves 16-byte rows of channels)";
+    }
+    if (int64_t{p.n} * p.h * p.w > INT32_MAX) return "N*H*W over 2^31 - 1 (the GEMM's M is an int)";
+    return "";
+  }
+
+  size_t workspace_bytes(const ConvProblem& p) const override {
+    return Gemm::get_workspace_size(arguments(p, {}, {}, hardware()));
+  }
+
+  void launch(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue, void* workspace,
+              cudaStream_t stream) const override {
+    const std::string why = unsupported(p);
+    if (!why.empty()) throw ValueError(info_.name + ": " + p.describe() + ": " + why);
+    typename Gemm::Arguments args = arguments(p, operands, epilogue, hardware());
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
+      throw ValueError(info_.name + ": " + p.describe() + ": CUTLASS cannot run this GEMM");
+    }
+    // Host work only: the TMA descriptors and the parameters, passed by value with the launch (a captured graph
+    // keeps its own copy). The persistent scheduler needs no workspace for a plain GEMM; any it asks for is
+    // initialised on the stream.
+    if (workspace != nullptr && Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
+      throw std::runtime_error(info_.name + ": initialising the tile scheduler's workspace failed");
+    }
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+    allow_shared_memory();
+    const dim3 grid = Kernel::get_grid_shape(params);
+    const dim3 block = Kernel::get_block_shape();
+    cutlass::device_kernel<Kernel><<<grid, block, static_cast<int>(Kernel::SharedStorageSize), stream>>>(params);
+    RN_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  static cutlass::KernelHardwareInfo hardware() {
+    int device = 0;
+    RN_CUDA_CHECK(cudaGetDevice(&device));
+    return {device, sm_count()};
+  }
+
+  typename Gemm::Arguments arguments(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue,
+                                     const cutlass::KernelHardwareInfo& hw) const {
+    const int m = p.n * p.h * p.w;
+    typename Kernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, {m, p.c, 1});
+    typename Kernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, {p.k, p.c, 1});
+    typename Kernel::StrideC stride_c = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, {m, p.k, 1});
+    typename Kernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, {m, p.k, 1});
+    typename Kernel::EpilogueArguments epi{
+        {}, static_cast<const ElementC*>(epilogue.residual), stride_c, static_cast<Element*>(operands.y), stride_d};
+    epi.thread = EpilogueTree::arguments(epilogue);
+    return typename Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, p.k, p.c, 1},
+        {static_cast<const Element*>(operands.x), stride_a, static_cast<const Element*>(operands.w), stride_b},
+        epi,
+        hw};
+  }
+
+  // The kernel's shared memory exceeds the default 48 KiB: raised once per device (a function attribute).
+  static void allow_shared_memory() {
+    static std::atomic<uint64_t> done{0};
+    int device = 0;
+    RN_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+    RN_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Kernel::SharedStorageSize)));
+    done.fetch_or(bit, std::memory_order_release);
+  }
+
+  KernelInfo info_;
+};
+
+}  // namespace rn::ownconv::sm90
+
+// One kernel per translation unit: RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x128x64, RequantizeResidual, 128, 128, 64)
+// defines it and registers it under that name.
+#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, TM, TN, TK)                                                   \
+  namespace {                                                                                                 \
+  const ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK> kernel_##NAME(#NAME); \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                      \
+  }
