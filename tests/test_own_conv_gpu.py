@@ -202,7 +202,8 @@ def test_a_captured_convolution_replays_to_the_reference_after_its_inputs_change
     captured = cuda_graph.capture_graph(forward, stream, pool)
     assert captured.allocated_bytes == 0
     fresh = problem(rng, case, residual)
-    fresh["alpha"], fresh["bias"], fresh["beta"] = a["alpha"], a["bias"], a["beta"]  # the captured parameters
+    for name in ("w", "alpha", "bias", "beta"):  # the captured parameters: only x (and the residual) change
+        fresh[name] = a[name]
     with stream:  # every write on the graph's stream (a pageable set() may still be copying when it returns)
         cp.copyto(dev["x"], cp.asarray(fresh["x"]))
         if residual:
