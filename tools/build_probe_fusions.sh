@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds tools/probe_fusions*.cpp into .fe/bin/probe_fusions, the four files compiled side by side (each includes
-# cudnn-frontend, about 45 s of one core), the CUDA runtime linked statically so that only libcudnn.so.9 and
+# cudnn-frontend, the slow part), the CUDA runtime linked statically so that only libcudnn.so.9 and
 # libnvrtc.so.13 are needed at run time; .fe/bin/probe_fusions.src records the sources' sha256, which the fusions
 # stage of gpu_check.sh compares before reusing a carried binary.
 #   CUDNN_DIR   a cuDNN 9 tree with include/ and lib/libcudnn.so.9 (pip's nvidia/cudnn)

@@ -32,6 +32,7 @@
 #include "../../core/error.h"
 #include "../../core/launch_config.h"
 #include "../registry.h"
+#include "kernel_common.cuh"
 #include "requantize_epilogue.cuh"
 
 namespace rn::ownconv::sm90 {
@@ -74,22 +75,12 @@ class Sm90Conv final : public ConvKernel {
   using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 
-  explicit Sm90Conv(const char* name) {
-    info_.name = name;
-    info_.in = ElementTraits<Element>::dtype;
-    info_.out = ElementTraits<Element>::dtype;
-    info_.epilogue = E;
-    info_.tile_m = TM;
-    info_.tile_n = TN;
-    info_.tile_k = TK;
+  static_assert(std::is_same_v<Element, int8_t>, "int8_kernel_info describes int8 kernels");
+
+  explicit Sm90Conv(const char* name)
+      : info_(int8_kernel_info<Kernel, CollectiveMainloop>(name, E, TM, TN, TK, kAlignment)) {
     info_.cluster_m = CM;
     info_.cluster_n = CN;
-    info_.stages = CollectiveMainloop::DispatchPolicy::Stages;
-    info_.smem_bytes = static_cast<int>(Kernel::SharedStorageSize);
-    info_.threads = static_cast<int>(Kernel::MaxThreadsPerBlock);
-    info_.channel_multiple = kAlignment;
-    info_.address_alignment = 16;
-    info_.sm = 90;
   }
 
   const KernelInfo& info() const override { return info_; }
@@ -123,7 +114,7 @@ class Sm90Conv final : public ConvKernel {
     // Host work only: the TMA descriptors (cuTensorMapEncode*, through the runtime's driver entry point) and
     // the kernel's parameters, passed by value with the launch, so a captured graph keeps its own copy.
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-    allow_shared_memory(device);
+    allow_shared_memory<Kernel>(device);
     const dim3 grid = Kernel::get_grid_shape(params);
     const dim3 block = Kernel::get_block_shape();
     const int smem = static_cast<int>(Kernel::SharedStorageSize);
@@ -171,17 +162,6 @@ class Sm90Conv final : public ConvKernel {
     epi.thread = EpilogueTree::arguments(epilogue);
     return typename Conv::Arguments(
         problem, {static_cast<const Element*>(operands.x), static_cast<const Element*>(operands.w)}, epi, {});
-  }
-
-  // The kernel's shared memory exceeds the default 48 KiB: raised once per device (a function attribute, not a
-  // stream operation).
-  static void allow_shared_memory(int device) {
-    static std::atomic<uint64_t> done{0};
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-    RN_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Kernel::SharedStorageSize)));
-    done.fetch_or(bit, std::memory_order_release);
   }
 
   KernelInfo info_;

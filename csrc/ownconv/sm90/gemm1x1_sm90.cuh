@@ -25,6 +25,7 @@
 #include "../../core/error.h"
 #include "../../core/launch_config.h"
 #include "../registry.h"
+#include "kernel_common.cuh"
 #include "requantize_epilogue.cuh"
 
 namespace rn::ownconv::sm90 {
@@ -57,21 +58,9 @@ class Sm90Gemm1x1 final : public ConvKernel {
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  explicit Sm90Gemm1x1(const char* name) {
-    info_.name = name;
-    info_.in = DType::I8;
-    info_.out = DType::I8;
-    info_.epilogue = E;
-    info_.tile_m = TM;
-    info_.tile_n = TN;
-    info_.tile_k = TK;
-    info_.stages = CollectiveMainloop::DispatchPolicy::Stages;
+  explicit Sm90Gemm1x1(const char* name)
+      : info_(int8_kernel_info<Kernel, CollectiveMainloop>(name, E, TM, TN, TK, kAlignment)) {
     info_.persistent = true;
-    info_.smem_bytes = static_cast<int>(Kernel::SharedStorageSize);
-    info_.threads = static_cast<int>(Kernel::MaxThreadsPerBlock);
-    info_.channel_multiple = kAlignment;
-    info_.address_alignment = 16;
-    info_.sm = 90;
   }
 
   const KernelInfo& info() const override { return info_; }
@@ -107,7 +96,7 @@ class Sm90Gemm1x1 final : public ConvKernel {
       throw std::runtime_error(info_.name + ": initialising the tile scheduler's workspace failed");
     }
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-    allow_shared_memory();
+    allow_shared_memory<Kernel>(args.hw_info.device_id);
     const dim3 grid = Kernel::get_grid_shape(params);
     const dim3 block = Kernel::get_block_shape();
     cutlass::device_kernel<Kernel><<<grid, block, static_cast<int>(Kernel::SharedStorageSize), stream>>>(params);
@@ -137,18 +126,6 @@ class Sm90Gemm1x1 final : public ConvKernel {
         {static_cast<const Element*>(operands.x), stride_a, static_cast<const Element*>(operands.w), stride_b},
         epi,
         hw};
-  }
-
-  // The kernel's shared memory exceeds the default 48 KiB: raised once per device (a function attribute).
-  static void allow_shared_memory() {
-    static std::atomic<uint64_t> done{0};
-    int device = 0;
-    RN_CUDA_CHECK(cudaGetDevice(&device));
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-    RN_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Kernel::SharedStorageSize)));
-    done.fetch_or(bit, std::memory_order_release);
   }
 
   KernelInfo info_;

@@ -49,13 +49,21 @@ using RequantizeResidual = ClampTo<Out, Sm90EVT<Sm90Compute<cutlass::homogeneous
 template <Epilogue E, class Tile, class Out>
 struct RequantizeEpilogue;
 
+// alpha[k] * acc + bias[k]'s arguments, and the clamp's: [lower, 127].
+template <class Tile>
+typename evt::ScaleBias<Tile>::Arguments scale_bias_arguments(const EpilogueArgs& e) {
+  return {{e.alpha, 0.f, {}}, {}, {e.bias, 0.f, {}}, {}};
+}
+inline cutlass::epilogue::thread::Clamp<float>::Arguments clamp_arguments(const EpilogueArgs& e) {
+  return {e.lower, 127.f};
+}
+
 template <class Tile, class Out>
 struct RequantizeEpilogue<Epilogue::Requantize, Tile, Out> {
   using Fusion = evt::Requantize<Tile, Out>;
   using ElementC = void;
   static typename Fusion::Arguments arguments(const EpilogueArgs& e) {
-    typename evt::ScaleBias<Tile>::Arguments scale_bias{{e.alpha, 0.f, {}}, {}, {e.bias, 0.f, {}}, {}};
-    return {scale_bias, {e.lower, 127.f}};
+    return {scale_bias_arguments<Tile>(e), clamp_arguments(e)};
   }
 };
 
@@ -64,8 +72,7 @@ struct RequantizeEpilogue<Epilogue::RequantizeResidual, Tile, Out> {
   using Fusion = evt::RequantizeResidual<Tile, Out>;
   using ElementC = Out;
   static typename Fusion::Arguments arguments(const EpilogueArgs& e) {
-    typename evt::ScaleBias<Tile>::Arguments scale_bias{{e.alpha, 0.f, {}}, {}, {e.bias, 0.f, {}}, {}};
-    return {{{{e.beta}, {nullptr}, {}}, {}, scale_bias, {}}, {e.lower, 127.f}};
+    return {{{{e.beta}, {nullptr}, {}}, {}, scale_bias_arguments<Tile>(e), {}}, clamp_arguments(e)};
   }
 };
 
