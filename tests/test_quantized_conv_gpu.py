@@ -319,6 +319,34 @@ def test_every_kernel_choice_computes_the_simulated_network(rng, kernels):
     assert err <= (1e-2 if kernels == "own" else 5e-2), err
 
 
+def test_resnet50s_1x1_layers_on_the_persistent_gemms_compute_the_simulated_network(rng):
+    """ResNet-50's stride-1 1x1 convolutions are the persistent GEMM kernels' ('own' prefers them where they can
+    run): the whole network against the host simulation, held to the 'own' bound of ResNet-18's test."""
+    from resnet_native.data.augment import normalize_on_host
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.inference.simulate import calibrate, simulate_logits
+    from resnet_native.ops import own_conv
+
+    _own_kernels_or_skip()
+    model = rn.ResNet(50, 10, layout="NHWC", precision="fp16", seed=0)
+    model.load_state_dict(randomized_state(model, rng))
+    state = {k: np.asarray(v) for k, v in model.state_dict().items()}
+    pixels = rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    images = normalize_on_host(pixels, layout="NCHW", dtype="fp32").astype(np.float64)
+    calibration = calibrate(state, images, "max", dtype="int8")
+    want = simulate_logits(state, images, calibration, batch_size=2)
+    with InferenceEngine(model, batch_sizes=(2,), precision="int8", calibration=calibration,
+                         quantized_kernels="own") as engine:
+        persistent = {k["name"] for k in own_conv.kernels() if k["persistent"]}
+        on_gemm = [s for (s, _), kernel in engine.kernel_choice.kernels.items() if kernel[4:] in persistent]
+        got = engine(cp.asarray(pixels)).get().astype(np.float64)
+    # Each block's conv1 and conv3 and layer1's downsample are 1x1 at stride 1: 33, less the last conv3 (fp32 out).
+    assert len(on_gemm) == 32, on_gemm
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"ResNet-50 int8 'own' ({len(on_gemm)} convolutions on the 1x1 GEMMs): engine vs simulation {err:.2e}")
+    assert err <= 1e-2, err
+
+
 def test_kernel_choices_are_timed_once_and_kept_in_the_cache_file(rng, tmp_path):
     """A second engine with the same cache file runs every stored kernel choice without timing (device_ms would
     fail) and computes bit for bit what the first did."""
