@@ -14,6 +14,7 @@ Own kernels run int8 in and out only: FP8 engines, and the convolutions whose ou
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from .choice_cache import kernel_key
@@ -79,10 +80,7 @@ class KernelChooser:
 
     def summary(self) -> dict:
         """{kernel: how many (step, batch) pairs run it}."""
-        counts = {}
-        for kernel in self.kernels.values():
-            counts[kernel] = counts.get(kernel, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(collections.Counter(self.kernels.values()).items()))
 
 
 __all__ = ["QUANTIZED_KERNELS", "KernelChooser"]

@@ -153,16 +153,19 @@ def quantized_convs(plan, state: dict, calibration: Calibration, dtype: str, to_
         quantized_out = s.out in scales
         s_y = scales[s.out] if quantized_out else 1.0
         out_dtype = dtype if quantized_out else plan.values[s.out].dtype
-        residual, own = None, None
-        if dtype == "int8" and quantized_out:  # an own kernel's: the whole epilogue at the output's scale
-            own_alpha, own_bias, gamma = requant_params(scales[s.x], s_w, bias, s_y,
-                                                        None if s.z is None else scales[s.z])
-            own = OwnOperands(to_device(own_alpha), to_device(own_bias), 0.0 if gamma is None else float(gamma))
+        residual = None
         if s.z is not None:  # the convolution dequantises (s_y 1); the residual kernel requantises
-            residual, s_y = Residual(scales[s.z], 1.0 / s_y, s.relu), 1.0
-        alpha, beta, _ = requant_params(scales[s.x], s_w, bias, s_y)
-        convs[s.name] = QuantizedConv(to_device(np.ascontiguousarray(q)), to_device(alpha), to_device(beta),
-                                      out_dtype, residual, own)
+            residual = Residual(scales[s.z], 1.0 / s_y, s.relu)
+        alpha, beta, _ = requant_params(scales[s.x], s_w, bias, s_y if residual is None else 1.0)
+        alpha, beta = to_device(alpha), to_device(beta)
+        own = None
+        if dtype == "int8" and quantized_out:  # an own kernel's: the whole epilogue at the output's scale
+            if residual is None:  # the same operands as cuDNN's
+                own = OwnOperands(alpha, beta, 0.0)
+            else:
+                own_alpha, own_bias, gamma = requant_params(scales[s.x], s_w, bias, s_y, scales[s.z])
+                own = OwnOperands(to_device(own_alpha), to_device(own_bias), float(gamma))
+        convs[s.name] = QuantizedConv(to_device(np.ascontiguousarray(q)), alpha, beta, out_dtype, residual, own)
     return convs
 
 

@@ -79,12 +79,11 @@ class QuantizedCall:
             return ()
         shapes = (tuple(self.x.shape), tuple(self.q.weight.shape))
         kwargs = dict(pad=self.spec.padding, stride=self.spec.stride, residual=self.z is not None)
-        if not own_conv.supports(*shapes, **kwargs):
+        names = [k["name"] for k in own_conv.kernels() if own_conv.supports(*shapes, **kwargs, kernel=k["name"])]
+        if not names:
             return ()
         first = own_conv.select(*shapes, **kwargs)
-        others = [k["name"] for k in own_conv.kernels() if k["name"] != first
-                  and own_conv.supports(*shapes, **kwargs, kernel=k["name"])]
-        return tuple(OWN_PREFIX + name for name in [first, *others])
+        return tuple(OWN_PREFIX + name for name in sorted(names, key=lambda name: name != first))
 
 
 class Forward:

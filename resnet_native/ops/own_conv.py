@@ -40,8 +40,7 @@ def kernels() -> list[dict]:
 
 def available() -> bool:
     """Whether the kernels are built and the current GPU runs their code (False without a GPU)."""
-    names = [k["name"] for k in kernels()]
-    return bool(names) and _C.device_count() > 0 and _C.own_conv_device_mismatch(names[0]) == ""
+    return unavailable_reason() == ""
 
 
 def unavailable_reason() -> str:

@@ -41,7 +41,6 @@ template <class T>
 struct ElementTraits;
 template <>
 struct ElementTraits<int8_t> {
-  static constexpr DType dtype = DType::I8;
   using Accumulator = int32_t;
 };
 
