@@ -13,8 +13,9 @@ Rows per (model, dtype, batch), all in one run on one device, CIFAR-sized inputs
                   fed uint8 pixels; x_fp16 is the fp16 engine_uint8's time over its own.
                   --quantize-from: one engine per value (default 'stem': every conv quantised); a value other
                   than 'stem' names its rows engine_uint8_from_<value> (the stem and the stages before it in fp16,
-                  quantize_from='auto': the fastest candidate, the candidates' times under "engines", with
-                  quantize_from_source 'cache' when --algo-cache already held the choice).
+                  quantize_from='auto': per batch size the fastest candidate, 'float' (the fp16 plan) among
+                  them; the choices and times under "engines", with quantize_from_source 'cache' when
+                  --algo-cache already held them).
                   --quantized-kernels: one int8 engine per value (default 'auto': each convolution's kernel timed,
                   cuDNN's or the package's own); 'cudnn' / 'own' suffix the row name with _cudnn / _own, and the
                   engines' entries hold each choice and its times
@@ -461,7 +462,9 @@ def main(argv=None) -> int:
             engine, build_s, calibrate_s = build_quantized(name, dtype, args.batches, args.algo_cache, rng,
                                                            quantize_from, kernels)
             engines[tag] = {"build_s": build_s, "calibrate_s": calibrate_s, "memory_mb": engine.memory_bytes / 2**20,
-                            "quantize_from": engine.quantize_from, "quantize_from_times": engine.quantize_from_times,
+                            "quantize_from": engine.quantize_from,
+                            "quantize_from_by_batch": engine.quantize_from_by_batch,
+                            "quantize_from_times": engine.quantize_from_times,
                             "quantize_from_source": engine.quantize_from_source, **kernel_report(engine)}
             print(f"{tag}: built in {build_s:.1f} s, kernels {engines[tag]['kernels']}", flush=True)
             for batch in args.batches:

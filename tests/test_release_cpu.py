@@ -422,6 +422,8 @@ def test_an_int8_release_carries_its_calibration_and_the_classifier_uses_it(tmp_
         CIFAR10Classifier(path, quantize_from="layer3")
     with pytest.raises(ValueError, match="quantize_from: expected one of"):
         CIFAR10Classifier(path, precision="int8", quantize_from="layer9")
+    with pytest.raises(ValueError, match="quantized_kernels: expected one of 'auto', 'cudnn', 'own', got 'mine'"):
+        CIFAR10Classifier(path, precision="int8", quantized_kernels="mine")
     with pytest.raises(FileNotFoundError, match="this release has no fp8 calibration; make one with"):
         CIFAR10Classifier(path, precision="fp8")
     with pytest.raises(ValueError, match="precision: expected one of 'int8', 'fp8', got 'int4'"):
@@ -465,9 +467,14 @@ def test_the_quant_accuracy_tool_compares_every_calibrated_backend_with_the_floa
                            data=data, calibration_images=3, holdout_images=3, calibrate_on="host")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU backends say they are slow
-        report = quant_accuracy.evaluate(path, data, ("int8",), limit=2, quantize_from=("stem", "layer3"))
-    assert report["images"] == 2 and set(report["results"]) == {"float", "int8", "int8@layer3"}
+        report = quant_accuracy.evaluate(path, data, ("int8",), limit=2, quantize_from=("stem", "layer3"),
+                                         kernels=("auto", "own"))
+    assert report["images"] == 2
+    assert set(report["results"]) == {"float", "int8", "int8:own", "int8@layer3", "int8@layer3:own"}
     assert report["results"]["int8@layer3"]["quantize_from"] == "layer3"
+    assert report["results"]["int8:own"]["quantized_kernels"] == "own"
+    with pytest.raises(ValueError, match="--quantized-kernels: expected one of"):
+        quant_accuracy.main(["--release", str(path), "--data", "unused", "--quantized-kernels", "fast"])
     with pytest.raises(ValueError, match="--quantize-from: expected one of"):
         quant_accuracy.main(["--release", str(path), "--data", "unused", "--quantize-from", "stem,layer9"])
     int8 = report["results"]["int8"]

@@ -35,8 +35,8 @@ def replay_ms(graph, stream, iters: int, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def conv_choice(forward, engine, step) -> str:
-    entry = forward.conv_calls[step.name].cached(engine._specs[step.name])
+def conv_choice(forward, binding, step) -> str:
+    entry = forward.conv_calls[step.name].cached(binding.specs[step.name])
     if entry is None:
         return "?"
     return f"{entry['engine']}:{entry['algo_name']} {entry['fused_path'] or 'fused'}"
@@ -46,7 +46,8 @@ def profile(model_name: str, batch: int, dtype: str, iters: int) -> dict:
     model = getattr(rn, model_name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC",
                                                                precision=dtype, seed=0)
     engine = InferenceEngine(model, batch_sizes=(batch,), precision=dtype)
-    forward = engine._forwards[batch]
+    binding = engine._bindings[batch]
+    forward = binding.forwards[batch]
     stream = cp.cuda.Stream(non_blocking=True)
     pool = cp.cuda.MemoryPool()
     rows = []
@@ -59,7 +60,7 @@ def profile(model_name: str, batch: int, dtype: str, iters: int) -> dict:
                 c, h, w = engine.plan.values[step.x].shape
                 k = engine.plan.values[step.out].shape[0]
                 row["shape"] = f"{c}x{h}x{w} -> {k}, {step.kernel}x{step.kernel}/{step.stride}"
-                row["choice"] = conv_choice(forward, engine, step)
+                row["choice"] = conv_choice(forward, binding, step)
             rows.append(row)
         whole = replay_ms(engine._graphs[batch], stream, iters)
     engine.close()

@@ -21,14 +21,14 @@ import re
 import sys
 
 from ..ops import algo_cache
-from ..quantization.prefix import QUANTIZE_FROM
+from ..quantization.prefix import FLOAT, QUANTIZE_FROM
 
 SECTION = "engine_choices"
 KIND = "quantize_from.v1"  # a key's first token: what is chosen, and how the key is spelled
 KERNEL_KIND = "qconv_kernel.v1"
 _KERNEL_NAME = re.compile(r"cudnn|own:[a-z0-9_]{1,64}")
 # kind -> (the record's field holding the choice, whether a name can be one of its candidates)
-_KINDS = {KIND: ("quantize_from", lambda name: name in QUANTIZE_FROM),
+_KINDS = {KIND: ("quantize_from", lambda name: name in QUANTIZE_FROM + (FLOAT,)),
           KERNEL_KIND: ("kernel", lambda name: _KERNEL_NAME.fullmatch(name) is not None)}
 
 
@@ -44,8 +44,8 @@ def plan_fingerprint(plan) -> str:
 
 def choice_key(plan, *, dtype: str, batch: int, cuda_graph: bool, candidates, conv_engine: str,
                deterministic: bool, tune_fusion: bool) -> str:
-    """The readable key of a quantize_from='auto' problem: `plan` the calibration (fp32) plan, `batch` the largest
-    batch size (where the candidates are timed), `dtype` the 8-bit type. The plan enters as its structure
+    """The readable key of a quantize_from='auto' problem: `plan` the calibration (fp32) plan, `batch` the batch
+    size whose choice it is (each is timed on its own), `dtype` the 8-bit type. The plan enters as its structure
     (plan_fingerprint: every step and value shape, not the weights, which do not change the timing), with the
     ConvSpec fields and fusion tuning the float prefix runs with and the candidate set."""
     _, height, width = plan.values[plan.input].shape

@@ -16,6 +16,9 @@ from .._core.names import choice
 
 QUANTIZE_FROM = ("stem", "layer1", "layer2", "layer3", "layer4")
 AUTO = "auto"  # the engine's choice: every candidate timed, the fastest kept
+# 'auto''s one more candidate: no 8-bit part at all (the fp16 engine's plan), so that no batch size an engine
+# serves is slower than the fp16 engine; never a value a caller passes.
+FLOAT = "float"
 
 
 def quantize_from_choices(plan) -> tuple:
@@ -50,4 +53,4 @@ def boundary_value(plan, quantize_from: str = "stem") -> int:
     return boundary
 
 
-__all__ = ["AUTO", "QUANTIZE_FROM", "boundary_value", "first_quantized_step", "quantize_from_choices"]
+__all__ = ["AUTO", "FLOAT", "QUANTIZE_FROM", "boundary_value", "first_quantized_step", "quantize_from_choices"]

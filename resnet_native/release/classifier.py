@@ -34,6 +34,7 @@ from ..formats.release_folder import (  # noqa: F401  (re-exported: the classifi
 )
 from ..inference import InferenceEngine
 from ..inference.flip_tta import tta_mode
+from ..inference.kernel_choice import QUANTIZED_KERNELS
 from ..inference.simulate import simulate_logits
 from ..inference.source import release_calibration
 from ..nn.models.registry import model_from_spec, rename_legacy_keys
@@ -150,7 +151,9 @@ class CIFAR10Classifier:
     (bilinear), as the release's preprocess.py does. model: use this
     network instead (for tests or a custom device setup); it must provide forward(x, train=False, copy=False) ->
     logits and is fed normalised batches. precision='int8' / 'fp8': the release's calibration, from quantize_from on
-    (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU).
+    (InferenceEngine's: 'stem', 'layer1' ... 'layer4', or 'auto', which times them and needs the GPU);
+    quantized_kernels: which kernels the int8 engine runs (InferenceEngine's; the host simulation is the own
+    kernels' arithmetic).
     algorithm_cache: the engine's cache file (InferenceEngine's: the conv algorithm choices and 'auto''s choice, so
     a classifier made again on the same GPU searches and times nothing); unused without a GPU. tta='flip': the
     mean of the logits of each image and its mirror image (the engine's, or on the CPU backends two batches
@@ -158,7 +161,7 @@ class CIFAR10Classifier:
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
                  engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, precision=None, quantize_from="stem",
-                 algorithm_cache=None, tta=None, dtype=None):
+                 algorithm_cache=None, tta=None, quantized_kernels="auto", dtype=None):
         quantized = precision_argument("CIFAR10Classifier", precision, dtype)
         self.tta = tta_mode(tta)
         self.version_dir = resolve_version_dir(version, models_dir)
@@ -176,6 +179,7 @@ class CIFAR10Classifier:
             raise ValueError(f"batch_size: expected > 0, got {batch_size}")
         self.model, self.engine, self.session, self.calibration = model, None, None, None
         self.quantize_from = choice("quantize_from", quantize_from, QUANTIZE_FROM + (AUTO,))
+        self.quantized_kernels = choice("quantized_kernels", quantized_kernels, QUANTIZED_KERNELS)
         if quantized is None and self.quantize_from != "stem":
             raise ValueError(f"quantize_from: only an int8 / fp8 classifier has an 8-bit part (precision=None), got "
                              f"{quantize_from!r}")
@@ -209,8 +213,9 @@ class CIFAR10Classifier:
         if cuda_available():
             self.engine = InferenceEngine(folder, batch_sizes=engine_batch_sizes, precision=dtype,
                                           calibration=calibration, quantize_from=self.quantize_from,
+                                          quantized_kernels=self.quantized_kernels,
                                           algorithm_cache=self.algorithm_cache, tta=self.tta)
-            self.quantize_from = self.engine.quantize_from  # 'auto''s choice
+            self.quantize_from = self.engine.quantize_from  # 'auto''s choice (its largest batch size's)
             self.backend = f"engine-{dtype}"
             return
         if self.quantize_from == AUTO:
