@@ -86,7 +86,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         size is slower than fp16) built and graph-timed, the fastest kept (engine.quantize_from_by_batch
         {batch: choice}, engine.quantize_from the largest batch size's, quantize_from_times {batch: {candidate:
         ms}}, quantize_from_source 'timed' or 'cache': with algorithm_cache the file's stored choices of the same
-        problem, choice_cache.choice_key, are reused). A batch size whose choice is 'stem' takes uint8 images only.
+        problem, choice_cache.choice_key, are reused). When any batch size chose 'stem', the engine takes uint8
+        images only, at every batch size.
         quantized_kernels: which kernel runs each int8 convolution ('auto' timed per layer and batch size, 'own',
         'cudnn': kernel_choice.py); engine.kernel_choice records what was chosen and why.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
@@ -175,9 +176,9 @@ class InferenceEngine(contextlib.AbstractContextManager):
             raise ValueError(f"x: array is on CUDA device {x.device.id}, the engine on device {self._device}")
         n = int(x.shape[0])
         chunks = batch_chunks(n, self.batch_sizes, self.split)
-        # Every binding the chunks use checks the input before any is written (their input stages may differ).
-        used = [self._bindings[batch] for _, _, batch in chunks] or [self._bindings[self.batch_sizes[-1]]]
-        kinds = {key: b.input.kind_of(x) for key, b in {id(b): b for b in used}.items()}
+        # Every binding checks the input, whichever the chunks use: what the engine takes does not depend on the
+        # batch size (a 'stem' plan takes uint8 images only), and nothing is written before all agree.
+        kinds = {key: b.input.kind_of(x) for key, b in {id(b): b for b in self._bindings.values()}.items()}
         out = self._output(out, n)
         if not chunks:
             return out
