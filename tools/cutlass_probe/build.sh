@@ -89,7 +89,7 @@ running=0
 for src in "${SOURCES[@]}"; do
   obj="$BUILD/obj/$(basename "$src").o"
   # Up to date: the object is newer than its source, the shared headers and this script (FORCE=1 rebuilds all).
-  if [[ -z "${FORCE:-}" && -f "$obj" && "$obj" -nt "$src" && "$obj" -nt "$HERE/conv_instance.cuh" \
+  if [[ -z "${FORCE:-}" && -f "$obj" && "$obj" -nt "$src" && "$obj" -nt "$HERE/conv_instance.cuh" && "$obj" -nt "$HERE/persistent_conv.cuh" \
         && "$obj" -nt "$HERE/probe_api.h" && "$obj" -nt "$HERE/build.sh" ]]; then continue; fi
   compile "$src" "$obj" &
   pids+=($!)

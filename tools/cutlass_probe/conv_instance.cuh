@@ -58,6 +58,67 @@ using Residual = Sm90EVT<Sm90Compute<cutlass::epilogue::thread::ReLu, Out, float
                                  ScaleBias<Tile>>>;
 }  // namespace evt
 
+// The 2-D fprop problem of one probe shape (NHWC activations, KRSC filters, symmetric padding, no dilation).
+template <class ProblemShape>
+ProblemShape conv_problem(const ConvShape& s) {
+  typename ProblemShape::TensorExtent act{s.n, s.h, s.w, s.c};
+  typename ProblemShape::TensorExtent flt{s.k, s.r, s.s, s.c};
+  typename ProblemShape::ShapePadding pad{s.pad, s.pad};
+  typename ProblemShape::TraversalStride stride{s.stride, s.stride};
+  typename ProblemShape::ShapeDilation dil{1, 1};
+  return ProblemShape(cutlass::conv::Mode::kCrossCorrelation, act, flt, pad, pad, stride, dil, 1);
+}
+
+// The epilogue tree's arguments of one call: alpha and bias per output channel, and with a residual its scale.
+template <class TileShape, bool WithResidual, class EpilogueArguments>
+void set_epilogue_thread(EpilogueArguments& epi, const ConvCall& call) {
+  typename evt::ScaleBias<TileShape>::Arguments scale_bias{{call.alpha, 0.f, {}}, {}, {call.bias, 0.f, {}}, {}};
+  if constexpr (WithResidual) {
+    epi.thread = {{{{call.beta}, {nullptr}, {}}, {}, scale_bias, {}}, {}};
+  } else {
+    epi.thread = {scale_bias, {}};
+  }
+}
+
+// A CUTLASS 3.x device adapter (ConvUniversalAdapter, GemmUniversalAdapter) with the workspace it asks for:
+// initialize() checks and prepares one call's arguments (an error string, empty on success), run() launches it.
+template <class Adapter>
+class AdapterRunner {
+ public:
+  AdapterRunner() = default;
+  AdapterRunner(const AdapterRunner&) = delete;
+  AdapterRunner& operator=(const AdapterRunner&) = delete;
+  ~AdapterRunner() {
+    if (workspace_) cudaFree(workspace_);
+  }
+
+  std::string initialize(typename Adapter::Arguments const& args, cudaStream_t stream) {
+    cutlass::Status st = op_.can_implement(args);
+    if (st != cutlass::Status::kSuccess) return std::string("can_implement: ") + cutlassGetStatusString(st);
+    size_t ws = Adapter::get_workspace_size(args);
+    if (ws > workspace_bytes_) {
+      if (workspace_) cudaFree(workspace_);
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+      if (cudaMalloc(&workspace_, ws) != cudaSuccess) return "workspace allocation failed";
+      workspace_bytes_ = ws;
+    }
+    st = op_.initialize(args, workspace_, stream);
+    if (st != cutlass::Status::kSuccess) return std::string("initialize: ") + cutlassGetStatusString(st);
+    return "";
+  }
+
+  cudaError_t run(cudaStream_t stream) {
+    if (op_.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+    return cudaGetLastError();
+  }
+
+ private:
+  Adapter op_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
 // Stages: 0 = as many mainloop stages as fit in shared memory beside the epilogue (CUTLASS's auto carveout: then one
 // CTA per SM), else that many (fewer stages leave room for two or more CTAs per SM, so one CTA's epilogue overlaps
 // another's mainloop: the non-persistent schedule's only overlap).
@@ -94,9 +155,6 @@ class ConvInstance final : public ConvKernel {
   using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 
   explicit ConvInstance(const char* name) : name_(name) {}
-  ~ConvInstance() override {
-    if (workspace_) cudaFree(workspace_);
-  }
 
   std::string name() const override { return name_; }
   DType dtype() const override { return ProbeDType<Element>::value; }
@@ -122,12 +180,7 @@ class ConvInstance final : public ConvKernel {
   std::string prepare(const ConvShape& s, const ConvCall& call, cudaStream_t stream) override {
     if ((call.residual != nullptr) != WithResidual) return "residual input does not match the instantiation";
     using namespace cute;
-    typename ProblemShape::TensorExtent act{s.n, s.h, s.w, s.c};
-    typename ProblemShape::TensorExtent flt{s.k, s.r, s.s, s.c};
-    typename ProblemShape::ShapePadding pad{s.pad, s.pad};
-    typename ProblemShape::TraversalStride stride{s.stride, s.stride};
-    typename ProblemShape::ShapeDilation dil{1, 1};
-    ProblemShape problem(cutlass::conv::Mode::kCrossCorrelation, act, flt, pad, pad, stride, dil, 1);
+    const ProblemShape problem = conv_problem<ProblemShape>(s);
 
     // Output (and residual) strides in the epilogue's ((Q,P,N), K, L) view of NHWC.
     using StrideC = typename Kernel::StrideC;
@@ -144,42 +197,18 @@ class ConvInstance final : public ConvKernel {
 
     typename Kernel::EpilogueArguments epi{{}, static_cast<const ElementC*>(call.residual), dC,
                                            static_cast<Element*>(call.y), dD};
-    typename evt::ScaleBias<TileShape>::Arguments scale_bias{
-        {call.alpha, 0.f, {}}, {}, {call.bias, 0.f, {}}, {}};
-    if constexpr (WithResidual) {
-      epi.thread = {{{{call.beta}, {nullptr}, {}}, {}, scale_bias, {}}, {}};
-    } else {
-      epi.thread = {scale_bias, {}};
-    }
+    set_epilogue_thread<TileShape, WithResidual>(epi, call);
     typename Conv::Arguments args(problem,
                                   {static_cast<const Element*>(call.x), static_cast<const Element*>(call.w)},
                                   epi, hw);
-    cutlass::Status st = conv_.can_implement(args);
-    if (st != cutlass::Status::kSuccess) return std::string("can_implement: ") + cutlassGetStatusString(st);
-    size_t ws = Conv::get_workspace_size(args);
-    if (ws > workspace_bytes_) {
-      if (workspace_) cudaFree(workspace_);
-      workspace_ = nullptr;
-      workspace_bytes_ = 0;
-      if (cudaMalloc(&workspace_, ws) != cudaSuccess) return "workspace allocation failed";
-      workspace_bytes_ = ws;
-    }
-    st = conv_.initialize(args, workspace_, stream);
-    if (st != cutlass::Status::kSuccess) return std::string("initialize: ") + cutlassGetStatusString(st);
-    return "";
+    return runner_.initialize(args, stream);
   }
 
-  cudaError_t launch(cudaStream_t stream) override {
-    cutlass::Status st = conv_.run(stream);
-    if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
-    return cudaGetLastError();
-  }
+  cudaError_t launch(cudaStream_t stream) override { return runner_.run(stream); }
 
  private:
   std::string name_;
-  Conv conv_;
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
+  AdapterRunner<Conv> runner_;
 };
 
 }  // namespace probe

@@ -13,6 +13,11 @@ std::unique_ptr<ConvKernel> make_f16_res_128x128x64_1x1();
 std::unique_ptr<ConvKernel> make_s8_128x64x64_1x1_s4();
 std::unique_ptr<ConvKernel> make_s8_res_128x64x64_1x1_s4();
 std::unique_ptr<ConvKernel> make_f16_128x64x64_1x1_s4();
+std::unique_ptr<ConvKernel> make_s8_p_128x128x128();
+std::unique_ptr<ConvKernel> make_s8_p_res_128x128x128();
+std::unique_ptr<ConvKernel> make_s8_p_128x256x64();
+std::unique_ptr<ConvKernel> make_f16_p_128x128x64();
+std::unique_ptr<ConvKernel> make_f16_p_128x256x64();
 
 std::vector<KernelFactory> kernels() {
   return {
@@ -26,6 +31,11 @@ std::vector<KernelFactory> kernels() {
       &make_f16_res_128x128x64_1x1,
       &make_s8_128x64x64_1x1_s4,
       &make_s8_res_128x64x64_1x1_s4,
-      &make_f16_128x64x64_1x1_s4};
+      &make_f16_128x64x64_1x1_s4,
+      &make_s8_p_128x128x128,
+      &make_s8_p_res_128x128x128,
+      &make_s8_p_128x256x64,
+      &make_f16_p_128x128x64,
+      &make_f16_p_128x256x64};
 }
 }  // namespace probe

@@ -48,15 +48,16 @@ def main(path: str) -> int:
         if r["kind"] != "time":
             continue
         if r["impl"] == "cutlass":
-            col = ("cutlass_" + r["dtype"]) + ("_res" if r["residual"] else "")
+            # Persistent instantiations (persistent_conv.cuh, named *_p_*) get columns of their own.
+            col = ("cutlass_" + r["dtype"]) + ("_res" if r["residual"] else "") + ("_p" if "_p_" in r["kernel"] else "")
         else:
             col = "cudnn_legacy_" + r["dtype"]
         key = (r["layer"], r["n"])
         counts[r["layer"]] = r["count"]
         if col not in best[key] or r["ms"] < best[key][col][0]:
             best[key][col] = (r["ms"], r["kernel"], r.get("pass", True))
-    cols = ["cutlass_int8", "cutlass_int8_res", "cutlass_fp16", "cutlass_fp16_res", "cudnn_legacy_fp16",
-            "cudnn_legacy_int8"]
+    cols = ["cutlass_int8", "cutlass_int8_p", "cutlass_int8_res", "cutlass_int8_res_p", "cutlass_fp16",
+            "cutlass_fp16_p", "cutlass_fp16_res", "cudnn_legacy_fp16", "cudnn_legacy_int8"]
     print("\nmedian ms per call (best instantiation); x = cudnn_legacy_fp16 / that")
     print(f"{'layer':28s} {'n':>5s} " + " ".join(f"{c:>18s}" for c in cols))
     totals: dict = defaultdict(lambda: defaultdict(float))
