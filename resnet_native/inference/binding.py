@@ -21,7 +21,6 @@ from .buffers import plan_buffers
 from .fold import conv_step_params
 from .input_stage import InputStage, QuantizedInputStage
 from .quantized import (
-    PREFIX_PRECISION,
     boundary_quantize,
     input_table,
     quantized_plan,
@@ -33,11 +32,9 @@ from .simulate import quantized_steps
 
 @dataclasses.dataclass
 class Binding:
-    """One plan with its device memory, for the batch sizes of `forwards`."""
+    """One plan with its device memory, for the batch sizes of `forwards` (their calls hold the 8-bit operands)."""
 
-    quantize_from: str | None  # None for a float engine
     plan: object
-    quantized: dict  # step name -> QuantizedConv / BoundaryQuantize (quantized.py)
     buffers: object  # buffers.BufferAssignment
     arena: list  # one uint8 device buffer per assigned buffer, sized for the largest batch size
     input: object  # InputStage or QuantizedInputStage
@@ -99,10 +96,9 @@ class Binder:
             dtype = plan.values[plan.input].dtype
             stage = InputStage(dtype, self.layout, (height, width), cupy.asarray(normalization_lut(dtype)))
         specs = {s.name: self._spec(s, s.name in quantized) for s in plan.conv_steps()}
-        binding = Binding(quantize_from, plan, quantized, buffers, arena, stage, specs, {}, self.layout)
+        binding = Binding(plan, buffers, arena, stage, specs, {}, self.layout)
         # The residual steps' fp16 scratch (quantised suffixes: quantized.py), shared: each is read at once.
-        in_suffix = quantize_from not in (None, FLOAT)
-        scratch = cupy.empty(residual_scratch_elements(self.base, quantize_from) * largest if in_suffix else 0,
+        scratch = cupy.empty(residual_scratch_elements(self.base, quantize_from) * largest if quantized else 0,
                              np.float16)
         binding.forwards = {b: bind_forward(plan, b, binding.view, weights, specs, self.layout, quantized, scratch)
                             for b in batch_sizes}
@@ -142,4 +138,4 @@ def _to_device(array: np.ndarray, dtype: str):
     return kernels.cast(a32, cupy.empty(a32.shape, dtype=ARRAY_DTYPES[dtype]))
 
 
-__all__ = ["FLOAT", "PREFIX_PRECISION", "Binder", "Binding"]
+__all__ = ["Binder", "Binding"]

@@ -39,12 +39,12 @@ from ..ops.workspace import reserve_workspace
 from ..quantization.prefix import AUTO, FLOAT, QUANTIZE_FROM, quantize_from_choices
 from . import choice_cache
 from .batching import batch_chunks
-from .binding import PREFIX_PRECISION, Binder
+from .binding import Binder
 from .flip_tta import FlipAverage, tta_mode
 from .input_stage import as_device_array
 from .kernel_choice import QUANTIZED_KERNELS, KernelChooser
 from .plan import build_plan
-from .quantized import checked_scales, quantized_convs, quantized_plan
+from .quantized import PREFIX_PRECISION, checked_scales, quantized_convs, quantized_plan
 from .source import model_source, release_calibration
 from .timing import forward_ms
 from .tuning import decide_fusion
@@ -91,8 +91,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         quantized_kernels: which kernel runs each int8 convolution ('auto' timed per layer and batch size, 'own',
         'cudnn': kernel_choice.py); engine.kernel_choice records what was chosen and why.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
-        timing. tta='flip': the mean of the logits of each image and its mirror image (flip_tta.py: the staged input
-        mirrored in place and replayed; twice the forward's latency); None or 'none': the logits alone. dtype: the
+        timing. tta='flip': the mean of the logits of each image and its mirror image (flip_tta.py: the staged input's
+        mirror replayed; twice the forward's latency); None or 'none': the logits alone. dtype: the
         deprecated name of precision."""
         self._graphs, self._hold, self._pool, self._closed, self._bindings = {}, None, None, False, {}
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))

@@ -1,5 +1,5 @@
-"""Flip test-time augmentation on the engine: each chunk's staged input mirrored in place and run through the same
-captured forward again, its logits averaged with the first run's.
+"""Flip test-time augmentation on the engine: each chunk's staged input, mirrored, run through the same captured
+forward again, its logits averaged with the first run's.
 
 The mirror is taken after the input stage, from the staged buffer the graph reads (any input kind: uint8 images,
 float batches in either layout, an 8-bit engine's padded codes), into a scratch buffer of the largest batch made
