@@ -44,9 +44,10 @@ def test_each_kernel_lists_its_fixed_properties():
 
 
 def runs_3x3(info):
-    """Whether the kernel takes 3x3 filters: the persistent 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only."""
-    assert info["persistent"] == info["name"].startswith("s8_1x1_")
-    return not info["persistent"]
+    """Whether the kernel takes 3x3 filters: the 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only. They and the
+    persistent convolutions ('s8_p_*' cooperative, 's8_pp_*' ping-pong) are persistent, the rest not."""
+    assert info["persistent"] == info["name"].startswith(("s8_1x1_", "s8_p_", "s8_pp_"))
+    return not info["name"].startswith("s8_1x1_")
 
 
 def expected_auto(c, k, residual):
@@ -235,6 +236,6 @@ def test_a_1x1_stride_1_layer_prefers_a_persistent_gemm(residual):
         return next(k for k in own_conv.kernels() if k["name"] == name)
 
     name = own_conv.select((2, 8, 8, 64), (256, 1, 1, 64), pad=0, stride=1, residual=residual)
-    assert info(name)["persistent"] and info(name)["residual"] == residual
+    assert name.startswith("s8_1x1_") and info(name)["persistent"] and info(name)["residual"] == residual
     strided = own_conv.select((2, 8, 8, 64), (256, 1, 1, 64), pad=0, stride=2, residual=residual)
-    assert not info(strided)["persistent"]
+    assert not strided.startswith("s8_1x1_") and info(strided)["residual"] == residual

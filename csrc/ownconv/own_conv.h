@@ -51,7 +51,7 @@ struct KernelInfo {
   int tile_m = 0, tile_n = 0, tile_k = 0;  // output pixels x output channels x input channels per CTA step
   int cluster_m = 1, cluster_n = 1;
   int stages = 0;           // mainloop pipeline stages
-  bool persistent = false;  // a fixed grid walking the tiles (the 1x1 GEMMs), else one CTA a tile
+  bool persistent = false;  // a fixed grid walking the tiles (1x1 GEMMs, s8_p_*, s8_pp_*), else one CTA a tile
   int smem_bytes = 0;
   int threads = 0;
   int channel_multiple = 1;   // C and K must be multiples of it: TMA needs 16-byte strides

@@ -90,6 +90,7 @@ for src in "${SOURCES[@]}"; do
   obj="$BUILD/obj/$(basename "$src").o"
   # Up to date: the object is newer than its source, the shared headers and this script (FORCE=1 rebuilds all).
   if [[ -z "${FORCE:-}" && -f "$obj" && "$obj" -nt "$src" && "$obj" -nt "$HERE/conv_instance.cuh" && "$obj" -nt "$HERE/persistent_conv.cuh" \
+        && "$obj" -nt "$HERE/../../csrc/ownconv/sm90/persistent_conv_mainloop.cuh" \
         && "$obj" -nt "$HERE/probe_api.h" && "$obj" -nt "$HERE/build.sh" ]]; then continue; fi
   compile "$src" "$obj" &
   pids+=($!)

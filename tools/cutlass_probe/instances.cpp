@@ -18,6 +18,11 @@ std::unique_ptr<ConvKernel> make_s8_p_res_128x128x128();
 std::unique_ptr<ConvKernel> make_s8_p_128x256x64();
 std::unique_ptr<ConvKernel> make_f16_p_128x128x64();
 std::unique_ptr<ConvKernel> make_f16_p_128x256x64();
+std::unique_ptr<ConvKernel> make_s8_p_128x64x64();
+std::unique_ptr<ConvKernel> make_s8_pp_128x64x64();
+std::unique_ptr<ConvKernel> make_f16_p_128x64x64();
+std::unique_ptr<ConvKernel> make_f16_pp_128x64x64();
+std::unique_ptr<ConvKernel> make_f16_p_256x128x64();
 
 std::vector<KernelFactory> kernels() {
   return {
@@ -36,6 +41,11 @@ std::vector<KernelFactory> kernels() {
       &make_s8_p_res_128x128x128,
       &make_s8_p_128x256x64,
       &make_f16_p_128x128x64,
-      &make_f16_p_128x256x64};
+      &make_f16_p_128x256x64,
+      &make_s8_p_128x64x64,
+      &make_s8_pp_128x64x64,
+      &make_f16_p_128x64x64,
+      &make_f16_pp_128x64x64,
+      &make_f16_p_256x128x64};
 }
 }  // namespace probe

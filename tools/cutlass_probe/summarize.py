@@ -48,8 +48,9 @@ def main(path: str) -> int:
         if r["kind"] != "time":
             continue
         if r["impl"] == "cutlass":
-            # Persistent instantiations (persistent_conv.cuh, named *_p_*) get columns of their own.
-            col = ("cutlass_" + r["dtype"]) + ("_res" if r["residual"] else "") + ("_p" if "_p_" in r["kernel"] else "")
+            # Persistent instantiations (persistent_conv.cuh, named *_p_* and *_pp_*) get columns of their own.
+            persistent = "_p_" in r["kernel"] or "_pp_" in r["kernel"]
+            col = "cutlass_" + r["dtype"] + ("_res" if r["residual"] else "") + ("_p" if persistent else "")
         else:
             col = "cudnn_legacy_" + r["dtype"]
         key = (r["layer"], r["n"])

@@ -3,11 +3,11 @@
 // path, and only where nvcc >= 12, "90" among the archs and the headers are all there (build_ext.py).
 //
 // Mainloop: CUTLASS's conv CollectiveBuilder for Sm90 kFprop: activations through TMA im2col, filters through
-// tiled TMA, one producer warp group feeding one wgmma consumer warp group (CUTLASS 4.2 has only this
-// non-persistent schedule for convolutions). Epilogue: TMA warp-specialised, running one of our visitor trees
-// (requantize_epilogue.cuh). Mainloop stages: as many as fit beside the epilogue's shared memory (STAGES 0: one CTA
-// per SM), or a fixed few, which leave room for two or more CTAs per SM, so that one CTA's epilogue overlaps
-// another's mainloop, the only overlap the non-persistent schedule has.
+// tiled TMA, one producer warp group feeding one wgmma consumer warp group (CUTLASS 4.2's only schedule for
+// convolutions; persistent_conv_sm90.cuh runs the same collective under its persistent GEMM kernels). Epilogue:
+// TMA warp-specialised, running one of our visitor trees (requantize_epilogue.cuh). Mainloop stages: as many as fit
+// beside the epilogue's shared memory (STAGES 0: one CTA per SM), or a fixed few, which leave room for two or more
+// CTAs per SM, so that one CTA's epilogue overlaps another's mainloop, the only overlap this schedule has.
 //
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90(...) line (see the existing ones).
 #pragma once
@@ -140,12 +140,7 @@ class Sm90Conv final : public ConvKernel {
  private:
   typename Conv::Arguments arguments(const ConvProblem& p, const ConvOperands& operands,
                                      const EpilogueArgs& epilogue) const {
-    typename ProblemShape::TensorExtent x{p.n, p.h, p.w, p.c};
-    typename ProblemShape::TensorExtent w{p.k, p.r, p.s, p.c};
-    typename ProblemShape::ShapePadding pad{p.pad_h, p.pad_w};
-    typename ProblemShape::TraversalStride stride{p.stride_h, p.stride_w};
-    typename ProblemShape::ShapeDilation dilation{1, 1};
-    ProblemShape problem(cutlass::conv::Mode::kCrossCorrelation, x, w, pad, pad, stride, dilation, 1);
+    const ProblemShape problem = conv_problem_shape<ProblemShape>(p);
     // y (and the residual) in the epilogue's ((Q, P, N), K, L) view of NHWC.
     typename Kernel::StrideC stride_c{};
     typename Kernel::StrideD stride_d{};

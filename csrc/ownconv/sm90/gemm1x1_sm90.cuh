@@ -8,9 +8,7 @@
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_GEMM1X1(...) line (see the existing ones).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "cutlass/cutlass.h"
@@ -31,7 +29,7 @@
 namespace rn::ownconv::sm90 {
 
 template <Epilogue E, int TM, int TN, int TK>
-class Sm90Gemm1x1 final : public ConvKernel {
+class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
  public:
   using Element = int8_t;
   using Accumulator = int32_t;
@@ -77,39 +75,7 @@ class Sm90Gemm1x1 final : public ConvKernel {
     return "";
   }
 
-  size_t workspace_bytes(const ConvProblem& p) const override {
-    return Gemm::get_workspace_size(arguments(p, {}, {}, hardware()));
-  }
-
-  void launch(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue, void* workspace,
-              cudaStream_t stream) const override {
-    const std::string why = unsupported(p);
-    if (!why.empty()) throw ValueError(info_.name + ": " + p.describe() + ": " + why);
-    typename Gemm::Arguments args = arguments(p, operands, epilogue, hardware());
-    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
-      throw ValueError(info_.name + ": " + p.describe() + ": CUTLASS cannot run this GEMM");
-    }
-    // Host work only: the TMA descriptors and the parameters, passed by value with the launch (a captured graph
-    // keeps its own copy). The persistent scheduler needs no workspace for a plain GEMM; any it asks for is
-    // initialised on the stream.
-    if (workspace != nullptr && Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
-      throw std::runtime_error(info_.name + ": initialising the tile scheduler's workspace failed");
-    }
-    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-    allow_shared_memory<Kernel>(args.hw_info.device_id);
-    const dim3 grid = Kernel::get_grid_shape(params);
-    const dim3 block = Kernel::get_block_shape();
-    cutlass::device_kernel<Kernel><<<grid, block, static_cast<int>(Kernel::SharedStorageSize), stream>>>(params);
-    RN_CUDA_CHECK_LAUNCH();
-  }
-
- private:
-  static cutlass::KernelHardwareInfo hardware() {
-    int device = 0;
-    RN_CUDA_CHECK(cudaGetDevice(&device));
-    return {device, sm_count()};
-  }
-
+  // Gemm::Arguments of one call (GemmUniversalConv launches it).
   typename Gemm::Arguments arguments(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue,
                                      const cutlass::KernelHardwareInfo& hw) const {
     const int m = p.n * p.h * p.w;
@@ -128,6 +94,7 @@ class Sm90Gemm1x1 final : public ConvKernel {
         hw};
   }
 
+ private:
   KernelInfo info_;
 };
 

@@ -4,10 +4,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
+#include "cutlass/conv/convolution.h"
 #include "cutlass/device_kernel.h"
+#include "cutlass/kernel_hardware_info.hpp"
 
 #include "../../core/error.h"
+#include "../../core/launch_config.h"
 #include "../own_conv.h"
 
 namespace rn::ownconv::sm90 {
@@ -33,6 +38,17 @@ KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int
   return info;
 }
 
+// The 2-D fprop problem of CUTLASS's ConvProblemShape for `p` (NHWC activations, KRSC filters, no dilation).
+template <class ProblemShape>
+ProblemShape conv_problem_shape(const ConvProblem& p) {
+  typename ProblemShape::TensorExtent x{p.n, p.h, p.w, p.c};
+  typename ProblemShape::TensorExtent w{p.k, p.r, p.s, p.c};
+  typename ProblemShape::ShapePadding pad{p.pad_h, p.pad_w};
+  typename ProblemShape::TraversalStride stride{p.stride_h, p.stride_w};
+  typename ProblemShape::ShapeDilation dilation{1, 1};
+  return ProblemShape(cutlass::conv::Mode::kCrossCorrelation, x, w, pad, pad, stride, dilation, 1);
+}
+
 // A kernel's shared memory exceeds the default 48 KiB: its limit is raised once per device (a function attribute,
 // not a stream operation, so a capture may be in progress).
 template <class Kernel>
@@ -44,5 +60,50 @@ void allow_shared_memory(int device) {
                                      static_cast<int>(Kernel::SharedStorageSize)));
   done.fetch_or(bit, std::memory_order_release);
 }
+
+// The current device as CUTLASS's KernelHardwareInfo.
+inline cutlass::KernelHardwareInfo current_hardware() {
+  int device = 0;
+  RN_CUDA_CHECK(cudaGetDevice(&device));
+  return {device, sm_count()};
+}
+
+// A ConvKernel that CUTLASS's GemmUniversal runs (the persistent kernels: gemm1x1_sm90.cuh, persistent_conv_sm90.cuh).
+// Derived supplies Gemm (its device adapter), info(), unsupported() and arguments(problem, operands, epilogue,
+// hardware) -> Gemm::Arguments.
+template <class Derived>
+class GemmUniversalConv : public ConvKernel {
+ public:
+  size_t workspace_bytes(const ConvProblem& p) const override {
+    return Derived::Gemm::get_workspace_size(derived().arguments(p, {}, {}, current_hardware()));
+  }
+
+  // Host work only: the tile scheduler's workspace, when there is one, initialised on the stream; the TMA
+  // descriptors and the parameters, passed by value with the launch, so a captured graph keeps its own copy.
+  void launch(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue, void* workspace,
+              cudaStream_t stream) const override {
+    using Gemm = typename Derived::Gemm;
+    using Kernel = typename Gemm::GemmKernel;
+    const std::string& name = derived().info().name;
+    const std::string why = derived().unsupported(p);
+    if (!why.empty()) throw ValueError(name + ": " + p.describe() + ": " + why);
+    typename Gemm::Arguments args = derived().arguments(p, operands, epilogue, current_hardware());
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
+      throw ValueError(name + ": " + p.describe() + ": CUTLASS cannot run this problem");
+    }
+    if (workspace != nullptr && Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
+      throw std::runtime_error(name + ": initialising the tile scheduler's workspace failed");
+    }
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+    allow_shared_memory<Kernel>(args.hw_info.device_id);
+    const dim3 grid = Kernel::get_grid_shape(params);
+    const dim3 block = Kernel::get_block_shape();
+    cutlass::device_kernel<Kernel><<<grid, block, static_cast<int>(Kernel::SharedStorageSize), stream>>>(params);
+    RN_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  const Derived& derived() const { return static_cast<const Derived&>(*this); }
+};
 
 }  // namespace rn::ownconv::sm90

@@ -1,3 +1,3 @@
 // A persistent cooperative conv (persistent_conv.cuh): two consumer warp groups share a 128x256 tile.
 #include "../persistent_conv.cuh"
-PROBE_PERSISTENT_INSTANCE(s8_p_128x256x64, int8_t, false, 128, 256, 64, 6)
+PROBE_PERSISTENT_INSTANCE(s8_p_128x256x64, int8_t, false, Cooperative, 128, 256, 64, 6)

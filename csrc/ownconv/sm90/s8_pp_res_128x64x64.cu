@@ -1,0 +1,4 @@
+// int8 persistent ping-pong convolution, RequantizeResidual epilogue, tile 128x64x64 (see persistent_conv_sm90.cuh).
+#include "persistent_conv_sm90.cuh"
+
+RN_OWNCONV_SM90_PERSISTENT(s8_pp_res_128x64x64, RequantizeResidual, Pingpong, 128, 64, 64)
