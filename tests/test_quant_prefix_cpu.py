@@ -27,7 +27,14 @@ from resnet_native.inference.simulate import (
     simulate_logits,
     value_names,
 )
-from resnet_native.quantization.prefix import QUANTIZE_FROM, boundary_value, first_quantized_step
+from resnet_native.quantization.prefix import (
+    FLOAT,
+    MIN_GAIN_OVER_FLOAT,
+    QUANTIZE_FROM,
+    boundary_value,
+    fastest,
+    first_quantized_step,
+)
 
 PREFIXED = QUANTIZE_FROM[1:]  # 'layer1' ... 'layer4'
 
@@ -158,3 +165,11 @@ def test_quantize_from_stem_simulates_as_before(problem):
     before = simulate._run(plan, images, weights, quantize, 3)
     assert len(scales) == len({v for s in plan.conv_steps()[:-1] for v in s.inputs})
     assert np.array_equal(simulate_logits(state, images, calibration, batch_size=3, quantize_from="stem"), before)
+
+
+def test_auto_keeps_the_fp16_plan_unless_an_8bit_candidate_is_clearly_faster():
+    edge = 1.0 - MIN_GAIN_OVER_FLOAT
+    assert fastest({"stem": 0.99, "layer1": 0.98, FLOAT: 1.0}) == FLOAT  # within the noise: fp16 kept
+    assert fastest({"stem": 0.99, "layer1": edge - 1e-6, FLOAT: 1.0}) == "layer1"
+    assert fastest({"stem": 1.2, FLOAT: 1.0}) == FLOAT
+    assert fastest({"stem": 0.5, "layer1": 0.6}) == "stem"  # no fp16 plan timed: the fastest

@@ -36,7 +36,7 @@ from .._core.names import (
 from .._core.runtime import require_gpu
 from ..ops import conv, own_conv
 from ..ops.workspace import reserve_workspace
-from ..quantization.prefix import AUTO, FLOAT, QUANTIZE_FROM, quantize_from_choices
+from ..quantization.prefix import AUTO, FLOAT, QUANTIZE_FROM, fastest, quantize_from_choices
 from . import choice_cache
 from .batching import batch_chunks
 from .binding import Binder
@@ -83,7 +83,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
         (quantization/prefix.py): 'stem' (all but the classifier; the 'cifar' stem, uint8 images only), 'layer1'
         ... 'layer4' (the earlier stages in fp16, then one quantise step; any input the fp16 engine takes), or
         'auto': per batch size, each candidate and 'float' (no 8-bit part: the fp16 engine's plan, so no batch
-        size is slower than fp16) built and graph-timed, the fastest kept (engine.quantize_from_by_batch
+        size is slower than fp16) built and graph-timed, the fastest kept, 'float' unless an 8-bit one is at least
+        3% faster (prefix.fastest; engine.quantize_from_by_batch
         {batch: choice}, engine.quantize_from the largest batch size's, quantize_from_times {batch: {candidate:
         ms}}, quantize_from_source 'timed' or 'cache': with algorithm_cache the file's stored choices of the same
         problem, choice_cache.choice_key, are reused). When any batch size chose 'stem', the engine takes uint8
@@ -344,7 +345,8 @@ class InferenceEngine(contextlib.AbstractContextManager):
 
     def _choose_quantize_from(self, binder: Binder, stored: dict) -> None:
         """'auto': the stored choices of this problem when the file has every batch size's, else each candidate
-        bound at every batch size and timed, the fastest kept per batch size."""
+        bound at every batch size and timed, the fastest kept per batch size (prefix.fastest: the fp16 plan unless an
+        8-bit candidate is clearly faster)."""
         import cupy
 
         keys = {b: self._choice_key(b) for b in self.batch_sizes}
@@ -363,8 +365,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
                     self.quantize_from_times.setdefault(b, {})[candidate] = forward_ms(
                         binding.forwards[b], self._pool, self.cuda_graph)
                 self._bindings, binding = {}, None  # the next candidate's buffers reuse the memory
-            self.quantize_from_by_batch = {b: min(times, key=times.get)
-                                           for b, times in self.quantize_from_times.items()}
+            self.quantize_from_by_batch = {b: fastest(times) for b, times in self.quantize_from_times.items()}
             self.quantize_from_source = "timed"
             self.fused_paths = {}
             self.kernel_choice.forget_steps()  # the chosen candidates' binds record their own

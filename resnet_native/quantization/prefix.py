@@ -19,6 +19,18 @@ AUTO = "auto"  # the engine's choice: every candidate timed, the fastest kept
 # 'auto''s one more candidate: no 8-bit part at all (the fp16 engine's plan), so that no batch size an engine
 # serves is slower than the fp16 engine; never a value a caller passes.
 FLOAT = "float"
+# An 8-bit candidate replaces the fp16 plan only when it is at least this much faster: it costs some accuracy, and a
+# smaller difference is within the timing's noise at small batches, where the two run about alike.
+MIN_GAIN_OVER_FLOAT = 0.03
+
+
+def fastest(times: dict) -> str:
+    """'auto''s choice among {candidate: median ms}: the fastest, but the fp16 plan (FLOAT, when timed) unless that
+    candidate is at least MIN_GAIN_OVER_FLOAT faster."""
+    best = min(times, key=times.get)
+    if FLOAT in times and best != FLOAT and times[best] > times[FLOAT] * (1 - MIN_GAIN_OVER_FLOAT):
+        return FLOAT
+    return best
 
 
 def quantize_from_choices(plan) -> tuple:
@@ -53,4 +65,5 @@ def boundary_value(plan, quantize_from: str = "stem") -> int:
     return boundary
 
 
-__all__ = ["AUTO", "FLOAT", "QUANTIZE_FROM", "boundary_value", "first_quantized_step", "quantize_from_choices"]
+__all__ = ["AUTO", "FLOAT", "MIN_GAIN_OVER_FLOAT", "QUANTIZE_FROM", "boundary_value", "fastest", "first_quantized_step",
+           "quantize_from_choices"]
