@@ -42,7 +42,11 @@ def test_the_engine_averages_the_logits_of_both_views(rng, layout):
         cp.testing.assert_array_equal(got, two)  # the same replays, the same fp32 arithmetic
         x = normalize_on_gpu(images, layout=layout, dtype="fp16")  # a normalised batch is mirrored alike
         cp.testing.assert_array_equal(tta(x), got)
-        cp.testing.assert_array_equal(tta(images[:3]), got[:3])
+        # A short batch replays the batch-4 plan, whose algorithms may differ from batch 8's: equal to the plain
+        # engine's views at that batch size, close to the reference.
+        short = tta(images[:3])
+        cp.testing.assert_array_equal(short, (plain(images[:3]) + plain(cp.asarray(mirrored[:3]))) * np.float32(0.5))
+        _assert_close(short, want[:3], "fp16")
         assert tta.capture_error is None and "tta='flip'" in repr(tta)
 
 
