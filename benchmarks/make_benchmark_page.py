@@ -36,14 +36,24 @@ def folder_key(folder):
 
 
 def call_number(path):
-    m = re.match(r"call(\d+)", path.name)
-    return int(m.group(1)) if m else 0
+    """The N of the first 'callN' folder or file name below the results folder (0 if none)."""
+    for part in path.relative_to(RESULTS).parts[1:]:
+        m = re.match(r"call(\d+)", part)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def results_folder(path):
+    """The results folder (date, GPU, session) a file lies in, directly or in a call's subfolder."""
+    return RESULTS / path.relative_to(RESULTS).parts[0]
 
 
 def newest_first(pattern):
-    """Files matching the glob pattern (relative to a results folder), newest first."""
-    files = [pathlib.Path(p) for p in glob.glob(str(RESULTS / "*" / pattern))]
-    return sorted(files, key=lambda p: (folder_key(p.parent), call_number(p), p.name), reverse=True)
+    """Files matching the glob pattern anywhere below a results folder (in it, or in a call's subfolder), newest
+    first: by the results folder's date and session, then the call."""
+    files = {pathlib.Path(p) for p in glob.glob(str(RESULTS / "*" / "**" / pattern), recursive=True)}
+    return sorted(files, key=lambda p: (folder_key(results_folder(p)), call_number(p), p.name), reverse=True)
 
 
 def rel(path):
@@ -275,8 +285,8 @@ def inference_section():
         break
     compiled = [p for p in newest_first("*compile*.json") if rows_by(load(p), "torch_compile")]
     if compiled:
-        newest = folder_key(compiled[0].parent)
-        compiled = sorted((p for p in compiled if folder_key(p.parent) == newest), key=lambda p: p.name)
+        newest = folder_key(results_folder(compiled[0]))
+        compiled = sorted((p for p in compiled if folder_key(results_folder(p)) == newest), key=lambda p: p.name)
         body = []
         for path in compiled:
             d = load(path)
@@ -307,48 +317,65 @@ def inference_section():
     return "\n".join(parts)
 
 
-def quantized_speed_section():
-    for path in newest_first("*bench_infer*.json") + newest_first("*quant*.json"):
-        d = load(path) if path.exists() else {}
-        if "rows" not in d or not d.get("args", {}).get("quant_dtypes"):
-            continue
-        rows = [r for r in d["rows"] if r["impl"].startswith("engine_uint8")]
-        base = next((r for r in rows if r["dtype"] in ("fp16", "bf16")), None)
+def quantized_rows(path):
+    """{(model, batch, dtype, impl): row} of one benchmark file's uint8-input engines, each row with the
+    float engine of its model and batch size ('base') and the quantize_from 'auto' chose for that batch size."""
+    d = load(path)
+    if "rows" not in d or not d.get("args", {}).get("quant_dtypes"):
+        return {}
+    rows = [r for r in d["rows"] if r["impl"].startswith("engine_uint8")]
+    bases = {(r["model"], r["batch"]): r for r in rows if r["dtype"] in ("fp16", "bf16")}
+    found = {}
+    for r in rows:
+        base = bases.get((r["model"], r["batch"]))
         if base is None:
             continue
-        body = []
-        for r in rows:
-            prefix = r["impl"].removeprefix("engine_uint8").removeprefix("_from_") or ("—" if r is base else "stem")
-            if prefix == "auto":
-                chosen = d.get("engines", {}).get(f"{r['model']}:{r['dtype']}:auto", {}).get("quantize_from")
-                prefix = f"auto (chose {chosen})" if chosen else "auto"
-            body.append(
-                [
-                    r["model"],
-                    r["batch"],
-                    r["dtype"],
-                    prefix,
-                    f"{r['median_ms']:.3f}",
-                    f"{base['median_ms'] / r['median_ms']:.2f}",
-                ]
-            )
-        return "\n".join(
-            [
-                "## 8-bit engines' speed",
-                "",
-                "uint8 images in, CUDA-graph replay, median ms. `quantize_from` names the first stage that runs in "
-                "8 bits (the ones before it run in fp16); \"× fp16\" is the fp16 engine's time over this one's.",
-                "",
-                table(["model", "batch", "precision", "quantize_from", "median ms", "× fp16"], body),
-                "",
+        prefix = r["impl"].removeprefix("engine_uint8").removeprefix("_from_") or ("—" if r is base else "stem")
+        if prefix == "auto":
+            engine = d.get("engines", {}).get(f"{r['model']}:{r['dtype']}:auto", {})
+            chosen = engine.get("quantize_from_by_batch", {}).get(str(r["batch"]), engine.get("quantize_from"))
+            prefix = f"auto (chose {chosen})" if chosen else "auto"
+        found[(r["model"], r["batch"], r["dtype"], r["impl"])] = {**r, "prefix": prefix, "base": base, "path": path}
+    return found
+
+
+def quantized_speed_section():
+    """The newest results folder with 8-bit rows, its files merged (a later call's row wins)."""
+    files = [p for p in newest_first("*bench_infer*.json") + newest_first("*quant*.json") if quantized_rows(p)]
+    if not files:
+        return ""
+    newest = folder_key(results_folder(files[0]))
+    merged = {}
+    for path in files:
+        if folder_key(results_folder(path)) == newest:
+            for key, row in quantized_rows(path).items():
+                merged.setdefault(key, row)
+    order = sorted(merged, key=lambda key: (key[0], key[1], key[2] not in ("fp16", "bf16"), key[3]))
+    body = [
+        [*key[:3], r["prefix"], f"{r['median_ms']:.3f}", f"{r['base']['median_ms'] / r['median_ms']:.2f}"]
+        for key, r in ((key, merged[key]) for key in order)
+    ]
+    sources = sorted({r["path"] for r in merged.values()}, key=call_number)
+    return "\n".join(
+        [
+            "## 8-bit engines' speed",
+            "",
+            "uint8 images in, CUDA-graph replay, median ms. `quantize_from` names the first stage that runs in "
+            "8 bits (the ones before it run in fp16; 'auto' chooses per batch size, the fp16 plan among the "
+            "candidates); \"× fp16\" is the fp16 engine's time over this one's, both in the same run.",
+            "",
+            table(["model", "batch", "precision", "quantize_from", "median ms", "× fp16"], body),
+            "",
+            *(
                 source_block(
                     [path],
-                    command_from_args("benchmarks/bench_infer.py", d["args"]),
-                    environment_line(d["environment"]),
-                ),
-            ]
-        )
-    return ""
+                    command_from_args("benchmarks/bench_infer.py", load(path)["args"]),
+                    environment_line(load(path)["environment"]),
+                )
+                for path in sources
+            ),
+        ]
+    )
 
 
 def quantized_accuracy_section():
@@ -456,7 +483,7 @@ def recipe_runs(recipe):
             if not seed:
                 m = re.search(r"seed(\d+)", path.name)
                 seed = m.group(1) if m else "—"
-            fresh = "fresh" in path.name or "fresh machine" in str(entry.get("note", ""))
+            fresh = entry.get("fresh") is True or "fresh" in path.name or "fresh machine" in str(entry.get("note", ""))
             if "cached" in path.name:
                 fresh = False
             label = path.name if not entry.get("name") else f"{path.name} ({entry['name']})"
@@ -469,7 +496,8 @@ def recipes_section():
         "## Recipes",
         "",
         "Every recorded run of each recipe exactly as shipped (the YAML's epochs, batch size and learning rate; "
-        "only the seed may differ). ResNet-18, fp16, NHWC, one H200. Accuracy: the final test-set accuracy. "
+        "only the seed may differ). ResNet-18, fp16, NHWC, on one H200 or H100 (the folder's name says which). "
+        "Accuracy: the final test-set accuracy, and with flip test-time augmentation where the recipe has it. "
         "Time: the trainer's wall time (`wall_time_s`: data, warm-up, training, evaluation and checkpoints). "
         '"fresh" marks the first run on a new machine (JPEGs decoded, nothing cached); the others had the decoded '
         "data cached or were not marked. The code got faster between runs, so the times of the newest folder are "
@@ -478,21 +506,27 @@ def recipes_section():
     for recipe, command in (
         ("A", "python -m resnet_native.train --recipe A --data cifar10-jpeg.tar.xz [--seed S]"),
         ("B", "python -m resnet_native.train --recipe B --data cifar10-jpeg.tar.xz [--seed S]"),
+        ("C", "python -m resnet_native.train --recipe C --data cifar10-jpeg.tar.xz [--seed S]"),
     ):
         runs = recipe_runs(recipe)
         if not runs:
             continue
         accs = [100 * s["test_acc"] for *_, s in runs]
-        newest = folder_key(runs[0][0].parent)
-        latest = [s["wall_time_s"] for p, _, _, _, s in runs if folder_key(p.parent) == newest and s.get("wall_time_s")]
+        newest = folder_key(results_folder(runs[0][0]))
+        latest = [
+            s["wall_time_s"]
+            for p, _, _, _, s in runs
+            if folder_key(results_folder(p)) == newest and s.get("wall_time_s")
+        ]
         seeds = sorted({seed for _, _, seed, _, _ in runs if seed != "—"})
         body = [
             [
-                p.parent.name,
+                results_folder(p).name,
                 label,
                 seed,
                 "fresh" if fresh else "",
                 f"{100 * s['test_acc']:.2f}%",
+                f"{100 * s['test_acc_tta']:.2f}%" if s.get("test_acc_tta") is not None else "",
                 f"{s['wall_time_s']:.1f}" if s.get("wall_time_s") else "-",
                 f"{s['train_images_per_s'] / 1000:.1f}k" if s.get("train_images_per_s") else "-",
             ]
@@ -508,7 +542,7 @@ def recipes_section():
                 else f"{latest[0]:.1f} s in the newest folder's run"
             ),
             "",
-            table(["folder", "file (run)", "seed", "", "test acc", "wall s", "train img/s"], body),
+            table(["folder", "file (run)", "seed", "", "test acc", "with TTA", "wall s", "train img/s"], body),
             "",
             "```bash",
             command,
@@ -524,8 +558,8 @@ def serving_section():
     files = [p for p in newest_first("*bench_serve*.json") if load(p).get("args", {}).get("model")]
     if not files:
         return ""
-    newest = folder_key(files[0].parent)
-    files = [p for p in files if folder_key(p.parent) == newest and load(p)["args"].get("client_processes")]
+    newest = folder_key(results_folder(files[0]))
+    files = [p for p in files if folder_key(results_folder(p)) == newest and load(p)["args"].get("client_processes")]
     body, commands = [], []
     for path in sorted(files, key=lambda p: p.name):
         d = load(path)
@@ -578,10 +612,10 @@ def page():
         "",
         "The newest measurement of each kind, read from the raw result files in "
         "[lab-notes/results/](lab-notes/results/); the run-by-run log that explains them is "
-        "[lab-notes/RESULTS.md](lab-notes/RESULTS.md). All on one NVIDIA H200 with cuDNN 9.19.0 and CUDA 13 "
+        "[lab-notes/RESULTS.md](lab-notes/RESULTS.md). On one NVIDIA H200 or H100 with cuDNN 9.19.0 and CUDA 13 "
         "(driver 580), PyTorch 2.11 (cu130, the same cuDNN) as the comparison. Under each table: the command "
-        "that produced it. Speeds compare against PyTorch in the same process; machines of the same kind differ "
-        "by a few per cent, so compare within a table.",
+        "that produced it and the GPU it ran on. Speeds compare against PyTorch in the same process; machines of "
+        "the same kind differ by a few per cent, so compare within a table.",
         "",
         training_section(),
         "",
