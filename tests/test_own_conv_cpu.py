@@ -47,16 +47,18 @@ def runs_3x3(info):
     """Whether the kernel takes 3x3 filters: the 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only. They and the
     persistent convolutions ('s8_p_*' cooperative, 's8_pp_*' ping-pong) are persistent, the rest not."""
     assert info["persistent"] == info["name"].startswith(("s8_1x1_", "s8_p_", "s8_pp_"))
-    return not info["name"].startswith("s8_1x1_")
+    assert info["gemm_1x1"] == info["name"].startswith("s8_1x1_")
+    return not info["gemm_1x1"]
 
 
 def expected_auto(c, k, residual):
     """select()'s documented rule: among the kernels of the epilogue that can run the problem, persistent ones first,
-    then tiles without partly empty ones, then the larger tile (else the smallest), then fewer stages."""
+    then a 1x1 GEMM, then tiles without partly empty ones, then the larger tile (else the smallest), then fewer
+    stages. The problems here are 3x3: no GEMM runs them."""
     def key(info):
         tm, tn, tk = info["tile"]
         whole = k % tn == 0 and c % tk == 0
-        return (info["persistent"], whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
+        return (info["persistent"], info["gemm_1x1"], whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
     return max((i for i in own_conv.kernels() if i["residual"] == residual and runs_3x3(i)), key=key)["name"]
 
 

@@ -32,9 +32,9 @@ from .conv_spec import ConvSpec
 
 
 def kernels() -> list[dict]:
-    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, persistent, smem_bytes, threads,
-    channel_multiple, address_alignment, sm); empty in a build without them. The persistent ones ('s8_1x1_*') are
-    GEMMs for 1x1 filters at stride 1 without padding."""
+    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, persistent, gemm_1x1, smem_bytes,
+    threads, channel_multiple, address_alignment, sm); empty in a build without them. 'gemm_1x1' ('s8_1x1_*'): GEMMs
+    for 1x1 filters at stride 1 without padding; persistent: those and the 's8_p_*' / 's8_pp_*' convolutions."""
     return list(_C.own_conv_kernels())
 
 

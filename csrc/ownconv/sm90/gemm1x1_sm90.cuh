@@ -59,6 +59,7 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
   explicit Sm90Gemm1x1(const char* name)
       : info_(int8_kernel_info<Kernel, CollectiveMainloop>(name, E, TM, TN, TK, kAlignment)) {
     info_.persistent = true;
+    info_.gemm_1x1 = true;
   }
 
   const KernelInfo& info() const override { return info_; }
