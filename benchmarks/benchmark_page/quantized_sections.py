@@ -28,21 +28,26 @@ def quantized_rows(path):
 
 def quantized_speed_section():
     """The newest results folder with 8-bit rows, its files merged (a later call's row wins)."""
-    files = [p for p in newest_first("*bench_infer*.json") + newest_first("*quant*.json") if quantized_rows(p)]
-    if not files:
-        return ""
-    newest = folder_key(results_folder(files[0]))
-    merged = {}
-    for path in files:
-        if folder_key(results_folder(path)) == newest:
-            for key, row in quantized_rows(path).items():
-                merged.setdefault(key, row)
-    order = sorted(merged, key=lambda key: (key[0], key[1], key[2] not in ("fp16", "bf16"), key[3]))
-    body = [
-        [*key[:3], r["prefix"], f"{r['median_ms']:.3f}", f"{r['base']['median_ms'] / r['median_ms']:.2f}"]
-        for key, r in ((key, merged[key]) for key in order)
+    found = [
+        (p, rows)
+        for p in newest_first("*bench_infer*.json") + newest_first("*quant*.json")
+        if (rows := quantized_rows(p))
     ]
-    sources = sorted({r["path"] for r in merged.values()}, key=call_number)
+    if not found:
+        return ""
+    newest = folder_key(results_folder(found[0][0]))
+    merged = {}
+    for path, rows in found:
+        if folder_key(results_folder(path)) == newest:
+            for key, row in rows.items():
+                merged.setdefault(key, row)
+    # By model and batch size, the float engine first.
+    order = sorted(merged, key=lambda key: (key[0], key[1], key[2] not in ("fp16", "bf16"), key[3]))
+    body = []
+    for key in order:
+        r = merged[key]
+        body.append([*key[:3], r["prefix"], f"{r['median_ms']:.3f}", f"{r['base']['median_ms'] / r['median_ms']:.2f}"])
+    sources = {path: load(path) for path in sorted({r["path"] for r in merged.values()}, key=call_number)}
     return "\n".join(
         [
             "## 8-bit engines' speed",
@@ -56,10 +61,10 @@ def quantized_speed_section():
             *(
                 source_block(
                     [path],
-                    command_from_args("benchmarks/bench_infer.py", load(path)["args"]),
-                    environment_line(load(path)["environment"]),
+                    command_from_args("benchmarks/bench_infer.py", d["args"]),
+                    environment_line(d["environment"]),
                 )
-                for path in sources
+                for path, d in sources.items()
             ),
         ]
     )
