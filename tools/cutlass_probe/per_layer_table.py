@@ -9,21 +9,24 @@ import argparse
 import collections
 import json
 
+from summarize import best_by_column, read_records
+
 
 def best_times(path):
-    """{(layer, batch, dtype, persistent): (ms, kernel, count)}: the fastest instantiation without a residual."""
-    best = {}
-    for line in open(path):
-        r = json.loads(line) if line.startswith("{") else {}
-        if r.get("kind") != "time" or r.get("impl") != "cutlass" or r["residual"]:
-            continue
-        key = (r["layer"], r["n"], r["dtype"], "_p_" in r["kernel"] or "_pp_" in r["kernel"])
-        if key not in best or r["ms"] < best[key][0]:
-            best[key] = (r["ms"], r["kernel"], r["count"])
-    return best
+    """{(layer, batch, dtype, persistent): (ms, kernel, count)}: summarize.py's fastest instantiation per column,
+    those without a residual."""
+    best, counts = best_by_column(read_records(path))
+    return {
+        (layer, n, dtype, persistent): (d[col][0], d[col][1], counts[layer])
+        for (layer, n), d in best.items()
+        for dtype in ("int8", "fp16")
+        for persistent, col in ((False, f"cutlass_{dtype}"), (True, f"cutlass_{dtype}_p"))
+        if col in d
+    }
 
 
 def shapes(best):
+    """(layer, batch) in ResNet-18's order, batch by batch."""
     seen = []
     for layer, n, _, _ in best:
         if (layer, n) not in seen:

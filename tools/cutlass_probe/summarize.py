@@ -11,7 +11,8 @@ import sys
 from collections import defaultdict
 
 
-def main(path: str) -> int:
+def read_records(path: str) -> list:
+    """The JSON records of a probe run, one per line (other lines reported and skipped)."""
     rows = []
     for line in open(path):
         line = line.strip()
@@ -20,6 +21,35 @@ def main(path: str) -> int:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 print(f"unparsed line: {line[:120]}")
+    return rows
+
+
+def column(r: dict) -> str:
+    """A timed record's column: cutlass_<dtype>[_res][_p] (persistent instantiations, persistent_conv.cuh, are named
+    *_p_* and *_pp_*) or cudnn_legacy_<dtype>."""
+    if r["impl"] != "cutlass":
+        return "cudnn_legacy_" + r["dtype"]
+    persistent = "_p_" in r["kernel"] or "_pp_" in r["kernel"]
+    return "cutlass_" + r["dtype"] + ("_res" if r["residual"] else "") + ("_p" if persistent else "")
+
+
+def best_by_column(rows: list) -> tuple[dict, dict]:
+    """best[(layer, n)][column] = (ms, kernel, sampled outputs passed), the fastest record of each column; and each
+    layer's count in one ResNet-18 forward pass, in the order the layers come."""
+    best: dict = defaultdict(dict)
+    counts = {}
+    for r in rows:
+        if r["kind"] != "time":
+            continue
+        col, key = column(r), (r["layer"], r["n"])
+        counts[r["layer"]] = r["count"]
+        if col not in best[key] or r["ms"] < best[key][col][0]:
+            best[key][col] = (r["ms"], r["kernel"], r.get("pass", True))
+    return best, counts
+
+
+def main(path: str) -> int:
+    rows = read_records(path)
     for r in rows:
         if r["kind"] in ("device", "done"):
             print(json.dumps(r))
@@ -41,22 +71,7 @@ def main(path: str) -> int:
     for r in errors:
         print("error:", json.dumps(r)[:300])
 
-    # best[(layer, n)][column] = (ms, kernel)
-    best: dict = defaultdict(dict)
-    counts = {}
-    for r in rows:
-        if r["kind"] != "time":
-            continue
-        if r["impl"] == "cutlass":
-            # Persistent instantiations (persistent_conv.cuh, named *_p_* and *_pp_*) get columns of their own.
-            persistent = "_p_" in r["kernel"] or "_pp_" in r["kernel"]
-            col = "cutlass_" + r["dtype"] + ("_res" if r["residual"] else "") + ("_p" if persistent else "")
-        else:
-            col = "cudnn_legacy_" + r["dtype"]
-        key = (r["layer"], r["n"])
-        counts[r["layer"]] = r["count"]
-        if col not in best[key] or r["ms"] < best[key][col][0]:
-            best[key][col] = (r["ms"], r["kernel"], r.get("pass", True))
+    best, counts = best_by_column(rows)
     cols = ["cutlass_int8", "cutlass_int8_p", "cutlass_int8_res", "cutlass_int8_res_p", "cutlass_fp16",
             "cutlass_fp16_p", "cutlass_fp16_res", "cudnn_legacy_fp16", "cudnn_legacy_int8"]
     print("\nmedian ms per call (best instantiation); x = cudnn_legacy_fp16 / that")
