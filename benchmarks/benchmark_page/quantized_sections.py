@@ -6,7 +6,8 @@ from .markdown import command_from_args, environment_line, source_block, table
 
 def quantized_rows(path):
     """{(model, batch, dtype, impl): row} of one benchmark file's uint8-input engines, each row with the
-    float engine of its model and batch size ('base') and the quantize_from 'auto' chose for that batch size."""
+    float engine of its model and batch size ('base'), the quantize_from 'auto' chose for that batch size, and its
+    file ('path', and 'source': the loaded document, so the sources block needs no second read)."""
     d = load(path)
     if "rows" not in d or not d.get("args", {}).get("quant_dtypes"):
         return {}
@@ -22,7 +23,13 @@ def quantized_rows(path):
             engine = d.get("engines", {}).get(f"{r['model']}:{r['dtype']}:auto", {})
             chosen = engine.get("quantize_from_by_batch", {}).get(str(r["batch"]), engine.get("quantize_from"))
             prefix = f"auto (chose {chosen})" if chosen else "auto"
-        found[(r["model"], r["batch"], r["dtype"], r["impl"])] = {**r, "prefix": prefix, "base": base, "path": path}
+        found[(r["model"], r["batch"], r["dtype"], r["impl"])] = {
+            **r,
+            "prefix": prefix,
+            "base": base,
+            "path": path,
+            "source": d,
+        }
     return found
 
 
@@ -47,7 +54,7 @@ def quantized_speed_section():
     for key in order:
         r = merged[key]
         body.append([*key[:3], r["prefix"], f"{r['median_ms']:.3f}", f"{r['base']['median_ms'] / r['median_ms']:.2f}"])
-    sources = {path: load(path) for path in sorted({r["path"] for r in merged.values()}, key=call_number)}
+    sources = {r["path"]: r["source"] for r in sorted(merged.values(), key=lambda r: call_number(r["path"]))}
     return "\n".join(
         [
             "## 8-bit engines' speed",
