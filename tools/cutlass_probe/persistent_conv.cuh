@@ -32,9 +32,7 @@ class PersistentConvInstance final : public ConvKernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Acc, float, ElementC, cutlass::layout::RowMajor, kAlign, Element,
       cutlass::layout::RowMajor, kAlign,
-      std::conditional_t<Schedule == PersistentSchedule::Cooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
-                         cutlass::epilogue::TmaWarpSpecialized>,
-      Fusion>::CollectiveOp;
+      rn::ownconv::sm90::EpilogueSchedule<Schedule>, Fusion>::CollectiveOp;
   using CollectiveMainloop =
       typename PersistentConvMainloop<Element, Acc, TM, TN, TK, Schedule, Stages,
                                       static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>::Collective;

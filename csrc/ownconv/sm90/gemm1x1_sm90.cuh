@@ -1,9 +1,9 @@
 // A 1x1, stride-1, unpadded forward convolution as the plain GEMM it is on NHWC data: y (N*H*W, K) = x (N*H*W, C)
-// times w (K, C) transposed, both operands K-major (the int8 wgmma's layout). Unlike CUTLASS 4.2's convolutions,
-// its GEMMs have persistent schedules: a fixed grid of CTAs walks the output tiles and, cooperative, two consumer
-// warp groups share a tile while the producer loads the next, so one tile's epilogue overlaps the next tile's
-// loads. That overlap is what a 1x1 layer with few input channels needs (one or two k-steps a tile, an epilogue
-// as long as its mainloop). The epilogue is the same visitor tree as the convolutions' (requantize_epilogue.cuh).
+// times w (K, C) transposed, both operands K-major (the int8 wgmma's layout), under one of CUTLASS's persistent
+// GEMM schedules (persistent_schedule.cuh): a fixed grid of CTAs walks the output tiles while the producer loads the
+// next, so one tile's epilogue overlaps the next tile's loads. That overlap is what a 1x1 layer with few input
+// channels needs (one or two k-steps a tile, an epilogue as long as its mainloop, longer with a residual). The epilogue
+// is the same visitor tree as the convolutions' (requantize_epilogue.cuh).
 //
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_GEMM1X1(...) line (see the existing ones).
 #pragma once
@@ -24,12 +24,13 @@
 #include "../../core/launch_config.h"
 #include "../registry.h"
 #include "kernel_common.cuh"
+#include "persistent_schedule.cuh"
 #include "requantize_epilogue.cuh"
 
 namespace rn::ownconv::sm90 {
 
-template <Epilogue E, int TM, int TN, int TK>
-class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
+template <Epilogue E, PersistentSchedule Schedule, int TM, int TN, int TK>
+class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, TN, TK>> {
  public:
   using Element = int8_t;
   using Accumulator = int32_t;
@@ -42,7 +43,7 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float, ElementC, cutlass::layout::RowMajor,
-      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, EpilogueSchedule<Schedule>,
       typename EpilogueTree::Fusion>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -50,7 +51,7 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
       cutlass::layout::ColumnMajor, kAlignment, Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      GemmKernelSchedule<Schedule>>::CollectiveOp;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
@@ -101,10 +102,12 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, TM, TN, TK>> {
 
 }  // namespace rn::ownconv::sm90
 
-// One kernel per translation unit: RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x128x64, RequantizeResidual, 128, 128, 64)
-// defines it and registers it under that name.
-#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, TM, TN, TK)                                                   \
-  namespace {                                                                                                 \
-  const ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK> kernel_##NAME(#NAME); \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                      \
+// One kernel per translation unit: RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x128x64, RequantizeResidual, Cooperative,
+// 128, 128, 64) defines it and registers it under that name.
+#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)                                   \
+  namespace {                                                                                           \
+  const ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE,                             \
+                                         ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK> \
+      kernel_##NAME(#NAME);                                                                             \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                \
   }

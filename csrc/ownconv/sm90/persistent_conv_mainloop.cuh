@@ -1,8 +1,6 @@
-// CUTLASS 4.2's sm90 conv collective (TMA im2col loads, wgmma) under one of its persistent GEMM kernels, where a
-// fixed grid of CTAs walks the output tiles and the producer loads the next tile during an epilogue:
-//   cooperative: two consumer warp groups share each tile (tiles of 128 rows or more);
-//   ping-pong:   each consumer warp group takes every other tile, so one's epilogue overlaps the other's mainloop
-//                (small tiles, few k-steps a tile).
+// CUTLASS 4.2's sm90 conv collective (TMA im2col loads, wgmma) under one of its persistent GEMM kernels
+// (persistent_schedule.cuh), where a fixed grid of CTAs walks the output tiles and the producer loads the next tile
+// during an epilogue.
 // CUTLASS's ConvUniversal runs the collective only under the non-persistent kernel (its persistent conv schedules
 // are refused), where a tile's epilogue stalls its mainloop.
 //
@@ -28,14 +26,14 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
 
+#include "persistent_schedule.cuh"
+
 namespace rn::ownconv::sm90 {
 
 // GemmUniversal dispatches on these to its cooperative and ping-pong kernels; the conv dispatch policy accepts them
 // (it rejects only CUTLASS's own conv cooperative / ping-pong tags).
-struct KernelConvPersistentCooperative : cutlass::gemm::KernelTmaWarpSpecializedCooperative {};
-struct KernelConvPersistentPingpong : cutlass::gemm::KernelTmaWarpSpecializedPingpong {};
-
-enum class PersistentSchedule { Cooperative, Pingpong };
+struct KernelConvPersistentCooperative : GemmKernelSchedule<PersistentSchedule::Cooperative> {};
+struct KernelConvPersistentPingpong : GemmKernelSchedule<PersistentSchedule::Pingpong> {};
 
 template <class Base>
 struct ConvMainloopAdapter : Base {

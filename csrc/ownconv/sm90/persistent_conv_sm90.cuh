@@ -37,14 +37,11 @@ class Sm90PersistentConv final : public GemmUniversalConv<Sm90PersistentConv<E, 
   using EpilogueTree = RequantizeEpilogue<E, TileShape, Element>;
   using ElementC = typename EpilogueTree::ElementC;
   static constexpr int kAlignment = 16;  // int8 elements per 16 bytes: TMA's unit
-  using EpilogueSchedule =
-      std::conditional_t<Schedule == PersistentSchedule::Cooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
-                         cutlass::epilogue::TmaWarpSpecialized>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float, ElementC, cutlass::layout::RowMajor,
-      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, EpilogueSchedule,
+      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, EpilogueSchedule<Schedule>,
       typename EpilogueTree::Fusion>::CollectiveOp;
   using CollectiveMainloop =
       typename PersistentConvMainloop<Element, Accumulator, TM, TN, TK, Schedule, 0,

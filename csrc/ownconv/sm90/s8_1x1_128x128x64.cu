@@ -2,4 +2,4 @@
 // gemm1x1_sm90.cuh).
 #include "gemm1x1_sm90.cuh"
 
-RN_OWNCONV_SM90_GEMM1X1(s8_1x1_128x128x64, Requantize, 128, 128, 64)
+RN_OWNCONV_SM90_GEMM1X1(s8_1x1_128x128x64, Requantize, Cooperative, 128, 128, 64)

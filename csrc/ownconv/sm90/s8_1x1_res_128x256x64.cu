@@ -2,4 +2,4 @@
 // gemm1x1_sm90.cuh).
 #include "gemm1x1_sm90.cuh"
 
-RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x256x64, RequantizeResidual, 128, 256, 64)
+RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x256x64, RequantizeResidual, Cooperative, 128, 256, 64)
