@@ -74,6 +74,9 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, 
              std::to_string(kAlignment) + " (TMA moves 16-byte rows of channels)";
     }
     if (int64_t{p.n} * p.h * p.w > INT32_MAX) return "N*H*W over 2^31 - 1 (the GEMM's M is an int)";
+    if (Gemm::can_implement(arguments(p, {}, {}, {0, 1})) != cutlass::Status::kSuccess) {
+      return "CUTLASS cannot run this problem";
+    }
     return "";
   }
 

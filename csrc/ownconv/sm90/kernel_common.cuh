@@ -69,8 +69,8 @@ inline cutlass::KernelHardwareInfo current_hardware() {
 }
 
 // A ConvKernel that CUTLASS's GemmUniversal runs (the persistent kernels: gemm1x1_sm90.cuh, persistent_conv_sm90.cuh).
-// Derived supplies Gemm (its device adapter), info(), unsupported() and arguments(problem, operands, epilogue,
-// hardware) -> Gemm::Arguments.
+// Derived supplies Gemm (its device adapter), info(), unsupported() (which asks Gemm::can_implement, so a launch
+// asks once) and arguments(problem, operands, epilogue, hardware) -> Gemm::Arguments.
 template <class Derived>
 class GemmUniversalConv : public ConvKernel {
  public:
@@ -88,9 +88,6 @@ class GemmUniversalConv : public ConvKernel {
     const std::string why = derived().unsupported(p);
     if (!why.empty()) throw ValueError(name + ": " + p.describe() + ": " + why);
     typename Gemm::Arguments args = derived().arguments(p, operands, epilogue, current_hardware());
-    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
-      throw ValueError(name + ": " + p.describe() + ": CUTLASS cannot run this problem");
-    }
     if (workspace != nullptr && Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
       throw std::runtime_error(name + ": initialising the tile scheduler's workspace failed");
     }
