@@ -1,0 +1,353 @@
+// A 3x3 int8 convolution of 64 channels to 64 (stride 1, padding 1) that reads each input pixel once per tile.
+//
+// CUTLASS's implicit GEMM gathers the im2col matrix tap by tap: at 64 channels every input pixel crosses L2 and
+// shared memory nine times, and the 32x32x64 layers run at a fraction of the int8 peak. Here one TMA load brings an
+// 8x8 output tile's 10x10 input window (zeros outside the image: the padding) into shared memory, and each of the
+// nine taps is the same window seen through a shifted wgmma descriptor: no-swizzle K-major core matrices are 8
+// pixels of one window row, so a tap moves the start address and the 8-row stride is the window's row pitch. The
+// filters (36 KiB) stay in shared memory for the CTA's whole life; each CTA (one warpgroup) walks its tiles with a
+// ring of windows in flight, and several CTAs share an SM so one's epilogue overlaps another's wgmma.
+//
+// The epilogue is own_conv.h's: the same fp32 fused multiply-adds, clamp and rounding as requantize_epilogue.cuh's
+// trees, so both give the same bits. Each quad of lanes holds two output pixels' 64 channels in the wgmma
+// fragment's order; a 4x4 shuffle transpose turns them into 16-byte stores (and the residual's 16-byte loads
+// back), so every access is a whole coalesced row of 8 pixels.
+//
+// Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_HALO(...) line (see the existing ones).
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/cuda_host_adapter.hpp"
+
+#include "../../core/device.h"
+#include "../../core/error.h"
+#include "../../core/launch_config.h"
+#include "../registry.h"
+
+namespace rn::ownconv::sm90::halo {
+
+constexpr int kChannels = 64;            // C = K
+constexpr int kTile = 8;                 // output tile kTile x kTile pixels: the wgmma's M = 64
+constexpr int kWindow = kTile + 2;       // the input window's side (one pixel of halo each way)
+constexpr int kChunks = kChannels / 16;  // 16-byte channel chunks: a core matrix row each
+constexpr int kChunkBytes = kWindow * kWindow * 16;
+constexpr int kChunkPitch = (kChunkBytes + 127) / 128 * 128;  // TMA writes to 128-byte aligned shared memory
+constexpr int kWindowBytes = kChunks * kChunkPitch;
+constexpr int kTaps = 9;
+constexpr int kFilterBytes = kChannels * kTaps * kChannels;
+constexpr int kStages = 4;  // windows in flight per CTA
+constexpr int kThreads = 128;
+constexpr uint64_t kEvictNormal = 0x1000000000000000ull;  // TMA's L2 cache hint (CUTLASS's CacheHintSm90)
+
+struct Params {
+  const int8_t* w;         // KRSC
+  int8_t* y;               // NHWC
+  const int8_t* residual;  // NHWC, y's shape (RequantizeResidual)
+  const float* alpha;
+  const float* bias;
+  float beta, lower;
+  int h, w_, tiles_x, tiles_y, tiles;
+};
+
+struct alignas(128) SharedStorage {
+  int8_t windows[kStages][kWindowBytes];  // [chunk][window pixel][16 bytes], each chunk 128-byte aligned
+  int8_t filters[kFilterBytes];           // [tap * kChunks + chunk][k][16 bytes]
+  uint64_t full[kStages];                 // a window has landed
+};
+
+// A wgmma shared-memory descriptor for a no-swizzle K-major operand: core matrices of 8 rows x 16 bytes, `lbo`
+// bytes between core matrices along K, `sbo` bytes between 8-row groups.
+__device__ inline uint64_t interleaved_desc(uint32_t address, uint32_t lbo, uint32_t sbo) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>(address >> 4);
+  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = 0;
+  return d.desc_;
+}
+
+struct TileCoord {
+  int n, y0, x0;
+};
+__device__ inline TileCoord tile_coord(const Params& p, int t) {
+  const int tx = t % p.tiles_x;
+  const int rest = t / p.tiles_x;
+  return {rest / p.tiles_y, (rest % p.tiles_y) * kTile, tx * kTile};
+}
+
+// 4 words, one per lane of a quad, selected by a lane-dependent index without local memory.
+__device__ inline uint32_t pick(const uint32_t (&v)[4], int i) {
+  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+}
+
+// The quad's 4x4 word transpose: lane q ends with out[s] = lane s's in[q].
+__device__ inline void quad_transpose(const uint32_t (&in)[4], uint32_t (&out)[4], int q) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int from = (q + k) & 3;
+    const uint32_t got = __shfl_sync(0xffffffffu, pick(in, (q - k) & 3), from, 4);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) out[s] = s == from ? got : out[s];
+  }
+}
+
+template <bool kResidual>
+__device__ inline uint32_t requantize(int32_t acc, float alpha, float bias, float beta, int8_t r, float lower) {
+  float v = __fmaf_rn(alpha, __int2float_rn(acc), bias);
+  if constexpr (kResidual) v = __fmaf_rn(beta, static_cast<float>(r), v);
+  v = fminf(fmaxf(v, lower), 127.f);
+  return static_cast<uint32_t>(__float2int_rn(v)) & 0xffu;
+}
+
+// One 8x8 tile's epilogue from the wgmma accumulator (thread t holds rows 16 * warp + t / 4 and that + 8, columns
+// 8 * j + 2 * (t % 4) + {0, 1} for j < 8).
+template <bool kResidual>
+__device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t (&acc)[32], const float (&alpha)[16],
+                                  const float (&bias)[16], int warp, int lane) {
+  const int q = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int oy = tc.y0 + 2 * warp + half;
+    const int ox = tc.x0 + lane / 4;
+    const bool inside = oy < p.h && ox < p.w_;
+    const int64_t offset = ((static_cast<int64_t>(tc.n) * p.h + oy) * p.w_ + ox) * kChannels + 16 * q;
+    uint32_t r[4] = {0, 0, 0, 0};  // the residual in the fragment's order: r[j / 2] byte 2 * (j % 2) + b
+    if constexpr (kResidual) {
+      int4 v = make_int4(0, 0, 0, 0);
+      if (inside) v = __ldg(reinterpret_cast<const int4*>(p.residual + offset));
+      const uint32_t w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
+      const uint32_t send[4] = {__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
+                                __byte_perm(w1, w3, 0x7632)};
+      quad_transpose(send, r, q);
+    }
+    uint32_t packed[4];  // packed[m]: blocks j = 2m (low half) and 2m + 1 (high half), 2 bytes each
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 2 * m + e / 2, b = e % 2;
+        const int8_t res = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
+        const uint32_t code = requantize<kResidual>(static_cast<int32_t>(acc[4 * j + 2 * half + b]), alpha[2 * j + b],
+                                                    bias[2 * j + b], p.beta, res, p.lower);
+        word |= code << (8 * e);
+      }
+      packed[m] = word;
+    }
+    uint32_t row[4];
+    quad_transpose(packed, row, q);
+    if (inside) {
+      *reinterpret_cast<int4*>(p.y + offset) = make_int4(
+          static_cast<int>(__byte_perm(row[0], row[1], 0x5410)), static_cast<int>(__byte_perm(row[2], row[3], 0x5410)),
+          static_cast<int>(__byte_perm(row[0], row[1], 0x7632)), static_cast<int>(__byte_perm(row[2], row[3], 0x7632)));
+    }
+  }
+}
+
+template <bool kResidual>
+__global__ void __launch_bounds__(kThreads) halo_conv3x3_s8(const __grid_constant__ CUtensorMap x_map, Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
+  const int count = p.tiles > first ? (p.tiles - 1 - first) / step + 1 : 0;
+
+  auto load_window = [&](int i) {  // this CTA's i-th tile into ring slot i % kStages (one thread)
+    const TileCoord tc = tile_coord(p, first + i * step);
+    uint64_t* full = &s.full[i % kStages];
+    Barrier::arrive_and_expect_tx(full, kChunks * kChunkBytes);
+    for (int c = 0; c < kChunks; ++c) {
+      cute::SM90_TMA_LOAD_4D::copy(&x_map, full, kEvictNormal, s.windows[i % kStages] + c * kChunkPitch, 16 * c,
+                                   tc.x0 - 1, tc.y0 - 1, tc.n);
+    }
+  };
+  if (tid == 0) {
+    cute::prefetch_tma_descriptor(&x_map);
+    for (int i = 0; i < kStages; ++i) Barrier::init(&s.full[i], 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    for (int i = 0; i < kStages && i < count; ++i) load_window(i);
+  }
+  // The filters, KRSC in memory, to [tap * kChunks + chunk][k][16 bytes]: 16-byte vectors, consecutive threads on
+  // consecutive k (conflict-free stores).
+  for (int v = tid; v < kFilterBytes / 16; v += kThreads) {
+    const int k = v % kChannels, tap_chunk = v / kChannels;
+    const int4 value = __ldg(reinterpret_cast<const int4*>(p.w) + k * (kTaps * kChunks) + tap_chunk);
+    *reinterpret_cast<int4*>(s.filters + v * 16) = value;
+  }
+  float alpha[16], bias[16];  // this thread's 16 channels: 8 * j + 2 * (lane % 4) + b at [2 * j + b]
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int k = 8 * j + 2 * (lane & 3) + b;
+      alpha[2 * j + b] = __ldg(p.alpha + k);
+      bias[2 * j + b] = __ldg(p.bias + k);
+    }
+  }
+  cutlass::arch::fence_view_async_shared();  // the filters' generic stores, before wgmma reads them
+  __syncthreads();
+
+  const uint32_t filters = cute::cast_smem_ptr_to_uint(s.filters);
+  uint32_t acc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) acc[i] = 0;
+  for (int i = 0; i < count; ++i) {
+    const int slot = i % kStages;
+    Barrier::wait(&s.full[slot], (i / kStages) & 1);
+    const uint32_t window = cute::cast_smem_ptr_to_uint(s.windows[slot]);
+#pragma unroll
+    for (int a = 0; a < 32; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int tap = 0; tap < kTaps; ++tap) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // 32 of the tap's 64 channels: two 16-byte chunks
+        const uint64_t da = interleaved_desc(window + ((tap / 3) * kWindow + tap % 3) * 16 + 2 * half * kChunkPitch,
+                                             kChunkPitch, kWindow * 16);
+        const uint64_t db =
+            interleaved_desc(filters + (tap * kChunks + 2 * half) * kChannels * 16, kChannels * 16, 8 * 16);
+        cute::SM90::GMMA::MMA_64x64x32_S32S8S8_SS_TN::fma(
+            da, db, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11],
+            acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23],
+            acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31],
+            tap == 0 && half == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One);
+      }
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int a = 0; a < 32; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+    __syncthreads();  // every warp is done with the slot: refill it
+    if (tid == 0 && i + kStages < count) load_window(i + kStages);
+    store_tile<kResidual>(p, tile_coord(p, first + i * step), acc, alpha, bias, warp, lane);
+  }
+#endif
+}
+
+// The kernel behind ConvKernel: C = K = 64, 3x3 filters, stride 1, padding 1, int8 in and out.
+template <Epilogue E>
+class HaloConv3x3 final : public ConvKernel {
+ public:
+  static constexpr bool kResidual = E == Epilogue::RequantizeResidual;
+
+  explicit HaloConv3x3(const char* name) {
+    info_.name = name;
+    info_.in = DType::I8;
+    info_.out = DType::I8;
+    info_.epilogue = E;
+    info_.tile_m = kTile * kTile;
+    info_.tile_n = kChannels;
+    info_.tile_k = kChannels;
+    info_.stages = kStages;
+    info_.persistent = true;
+    info_.smem_bytes = static_cast<int>(sizeof(SharedStorage));
+    info_.threads = kThreads;
+    info_.channel_multiple = kChannels;
+    info_.address_alignment = 16;
+    info_.sm = 90;
+  }
+
+  const KernelInfo& info() const override { return info_; }
+
+  std::string unsupported(const ConvProblem& p) const override {
+    if (p.c != kChannels || p.k != kChannels || p.r != 3 || p.s != 3 || p.stride_h != 1 || p.stride_w != 1 ||
+        p.pad_h != 1 || p.pad_w != 1) {
+      return "a halo-window kernel: takes C = K = 64, 3x3 filters, stride 1 and padding 1 only";
+    }
+    if (tiles(p) > INT32_MAX) return "more than 2^31 - 1 tiles of 8x8 output pixels";
+    return "";
+  }
+
+  size_t workspace_bytes(const ConvProblem&) const override { return 0; }
+
+  void launch(const ConvProblem& p, const ConvOperands& operands, const EpilogueArgs& epilogue, void*,
+              cudaStream_t stream) const override {
+    const std::string why = unsupported(p);
+    if (!why.empty()) throw ValueError(info_.name + ": " + p.describe() + ": " + why);
+    Params params{static_cast<const int8_t*>(operands.w),
+                  static_cast<int8_t*>(operands.y),
+                  static_cast<const int8_t*>(epilogue.residual),
+                  epilogue.alpha,
+                  epilogue.bias,
+                  epilogue.beta,
+                  epilogue.lower,
+                  p.h,
+                  p.w,
+                  (p.w + kTile - 1) / kTile,
+                  (p.h + kTile - 1) / kTile,
+                  static_cast<int>(tiles(p))};
+    const CUtensorMap map = window_map(p, operands.x);
+    allow_shared_memory(current_device());
+    int per_sm = 0;
+    RN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, halo_conv3x3_s8<kResidual>, kThreads,
+                                                                sizeof(SharedStorage)));
+    const int64_t grid = std::min<int64_t>(params.tiles, int64_t{sm_count()} * std::max(per_sm, 1));
+    halo_conv3x3_s8<kResidual><<<static_cast<unsigned>(grid), kThreads, sizeof(SharedStorage), stream>>>(map, params);
+    RN_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  static int64_t tiles(const ConvProblem& p) {
+    return int64_t{p.n} * ((p.h + kTile - 1) / kTile) * ((p.w + kTile - 1) / kTile);
+  }
+
+  // x as a 4-D TMA tensor (C, W, H, N), boxes of 16 channels x a 10x10 window; out-of-image coordinates read zeros.
+  CUtensorMap window_map(const ConvProblem& p, const void* x) const {
+    CUtensorMap map;
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.w),
+                                static_cast<cuuint64_t>(p.h), static_cast<cuuint64_t>(p.n)};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.c) * p.w,
+                                   static_cast<cuuint64_t>(p.c) * p.w * p.h};
+    const cuuint32_t box[4] = {16, kWindow, kWindow, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+        &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(x), dims, strides, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (status != CUDA_SUCCESS) {
+      throw std::runtime_error(info_.name + ": encoding the input's TMA descriptor failed (CUresult " +
+                               std::to_string(static_cast<int>(status)) + ")");
+    }
+    return map;
+  }
+
+  // The shared memory exceeds the default 48 KiB: the limit is raised once per device (a function attribute, not a
+  // stream operation, so a capture may be in progress).
+  static void allow_shared_memory(int device) {
+    static std::atomic<uint64_t> done{0};
+    const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+    if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+    RN_CUDA_CHECK(cudaFuncSetAttribute(halo_conv3x3_s8<kResidual>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(sizeof(SharedStorage))));
+    done.fetch_or(bit, std::memory_order_release);
+  }
+
+  KernelInfo info_;
+};
+
+}  // namespace rn::ownconv::sm90::halo
+
+// One registered kernel: NAME (an identifier, the kernel's name in Python) with EPILOGUE (own_conv.h's Epilogue).
+#define RN_OWNCONV_SM90_HALO(NAME, EPILOGUE)                                                            \
+  namespace {                                                                                           \
+  const ::rn::ownconv::sm90::halo::HaloConv3x3<::rn::ownconv::Epilogue::EPILOGUE> kernel_##NAME(#NAME); \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                \
+  }

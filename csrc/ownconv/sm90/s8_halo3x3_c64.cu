@@ -1,0 +1,4 @@
+// int8 3x3 convolution of 64 channels to 64 on halo windows, Requantize epilogue (see halo_conv_sm90.cuh).
+#include "halo_conv_sm90.cuh"
+
+RN_OWNCONV_SM90_HALO(s8_halo3x3_c64, Requantize)
