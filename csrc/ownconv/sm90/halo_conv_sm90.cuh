@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
@@ -38,18 +39,26 @@
 
 namespace rn::ownconv::sm90::halo {
 
-constexpr int kChannels = 64;            // C = K
-constexpr int kTile = 8;                 // output tile kTile x kTile pixels: the wgmma's M = 64
-constexpr int kWindow = kTile + 2;       // the input window's side (one pixel of halo each way)
-constexpr int kChunks = kChannels / 16;  // 16-byte channel chunks: a core matrix row each
-constexpr int kChunkBytes = kWindow * kWindow * 16;
+constexpr int kTile = 8;                                      // output tile kTile x kTile pixels: the wgmma's M = 64
+constexpr int kWindow = kTile + 2;                            // the input window's side (one pixel of halo each way)
+constexpr int kChunkBytes = kWindow * kWindow * 16;           // one 16-byte channel chunk of a window
 constexpr int kChunkPitch = (kChunkBytes + 127) / 128 * 128;  // TMA writes to 128-byte aligned shared memory
-constexpr int kWindowBytes = kChunks * kChunkPitch;
 constexpr int kTaps = 9;
-constexpr int kFilterBytes = kChannels * kTaps * kChannels;
-constexpr int kStages = 4;  // windows in flight per CTA
-constexpr int kThreads = 128;
 constexpr uint64_t kEvictNormal = 0x1000000000000000ull;  // TMA's L2 cache hint (CUTLASS's CacheHintSm90)
+
+// One instantiation's shape. kChannels = C = K. kWarpgroups consumers per CTA share the filters in shared memory,
+// each walking its own tiles with its own ring of kStages windows.
+template <int kChannels_, int kWarpgroups_, int kStages_>
+struct Config {
+  static constexpr int kChannels = kChannels_;
+  static constexpr int kWarpgroups = kWarpgroups_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kChunks = kChannels / 16;  // 16-byte channel chunks: a core matrix row each
+  static constexpr int kWindowBytes = kChunks * kChunkPitch;
+  static constexpr int kFilterBytes = kChannels * kTaps * kChannels;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kGroups = kChannels / 64;  // 64-channel groups of the accumulator
+};
 
 struct Params {
   const int8_t* w;         // KRSC
@@ -61,10 +70,11 @@ struct Params {
   int h, w_, tiles_x, tiles_y, tiles;
 };
 
+template <class Cfg>
 struct alignas(128) SharedStorage {
-  int8_t windows[kStages][kWindowBytes];  // [chunk][window pixel][16 bytes], each chunk 128-byte aligned
-  int8_t filters[kFilterBytes];           // [tap * kChunks + chunk][k][16 bytes]
-  uint64_t full[kStages];                 // a window has landed
+  int8_t windows[Cfg::kWarpgroups][Cfg::kStages][Cfg::kWindowBytes];  // [chunk][window pixel][16 bytes]
+  int8_t filters[Cfg::kFilterBytes];                                  // [tap * kChunks + chunk][k][16 bytes]
+  uint64_t full[Cfg::kWarpgroups][Cfg::kStages];                      // a window has landed
 };
 
 // A wgmma shared-memory descriptor for a no-swizzle K-major operand: core matrices of 8 rows x 16 bytes, `lbo`
@@ -77,6 +87,23 @@ __device__ inline uint64_t interleaved_desc(uint32_t address, uint32_t lbo, uint
   d.bitfield.base_offset_ = 0;
   d.bitfield.layout_type_ = 0;
   return d.desc_;
+}
+
+// m64 x kN x k32 int8 wgmma, both operands in shared memory, acc (kN / 2 registers) accumulated or overwritten.
+template <int kN>
+struct Wgmma;
+template <>
+struct Wgmma<64> {
+  using Op = cute::SM90::GMMA::MMA_64x64x32_S32S8S8_SS_TN;
+};
+template <>
+struct Wgmma<128> {
+  using Op = cute::SM90::GMMA::MMA_64x128x32_S32S8S8_SS_TN;
+};
+template <int kN, size_t... I>
+__device__ inline void wgmma(uint64_t da, uint64_t db, uint32_t* acc, bool accumulate, std::index_sequence<I...>) {
+  Wgmma<kN>::Op::fma(da, db, acc[I]...,
+                     accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
 struct TileCoord {
@@ -104,6 +131,20 @@ __device__ inline void quad_transpose(const uint32_t (&in)[4], uint32_t (&out)[4
   }
 }
 
+// The warpgroup's 128 threads meet (the whole CTA when it is one warpgroup). Immediate barrier ids: a register id
+// would reserve all 16 of the CTA's barriers.
+template <int kWarpgroups>
+__device__ inline void warpgroup_sync(int wg) {
+  static_assert(kWarpgroups == 1 || kWarpgroups == 2, "one or two warpgroups a CTA");
+  if constexpr (kWarpgroups == 1) {
+    __syncthreads();
+  } else if (wg == 0) {
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;" ::: "memory");
+  }
+}
+
 template <bool kResidual>
 __device__ inline uint32_t requantize(int32_t acc, float alpha, float bias, float beta, int8_t r, float lower) {
   float v = __fmaf_rn(alpha, __int2float_rn(acc), bias);
@@ -112,89 +153,100 @@ __device__ inline uint32_t requantize(int32_t acc, float alpha, float bias, floa
   return static_cast<uint32_t>(__float2int_rn(v)) & 0xffu;
 }
 
-// One 8x8 tile's epilogue from the wgmma accumulator (thread t holds rows 16 * warp + t / 4 and that + 8, columns
-// 8 * j + 2 * (t % 4) + {0, 1} for j < 8).
-template <bool kResidual>
-__device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t (&acc)[32], const float (&alpha)[16],
-                                  const float (&bias)[16], int warp, int lane) {
+// One 8x8 tile's epilogue from the wgmma accumulator: thread t of the warpgroup holds rows 16 * warp + t / 4 and
+// that + 8, columns 8 * j + 2 * (t % 4) + {0, 1} at acc[4 * j + 2 * (row half) + {0, 1}]. Each 64-channel group
+// of a pixel is one quad transpose away from four 16-byte rows.
+template <class Cfg, bool kResidual>
+__device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t* acc, const float* alpha,
+                                  const float* bias, int warp, int lane) {
   const int q = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int oy = tc.y0 + 2 * warp + half;
     const int ox = tc.x0 + lane / 4;
     const bool inside = oy < p.h && ox < p.w_;
-    const int64_t offset = ((static_cast<int64_t>(tc.n) * p.h + oy) * p.w_ + ox) * kChannels + 16 * q;
-    uint32_t r[4] = {0, 0, 0, 0};  // the residual in the fragment's order: r[j / 2] byte 2 * (j % 2) + b
-    if constexpr (kResidual) {
-      int4 v = make_int4(0, 0, 0, 0);
-      if (inside) v = __ldg(reinterpret_cast<const int4*>(p.residual + offset));
-      const uint32_t w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
-      const uint32_t send[4] = {__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
-                                __byte_perm(w1, w3, 0x7632)};
-      quad_transpose(send, r, q);
-    }
-    uint32_t packed[4];  // packed[m]: blocks j = 2m (low half) and 2m + 1 (high half), 2 bytes each
+    const int64_t pixel = ((static_cast<int64_t>(tc.n) * p.h + oy) * p.w_ + ox) * Cfg::kChannels;
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 2 * m + e / 2, b = e % 2;
-        const int8_t res = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
-        const uint32_t code = requantize<kResidual>(static_cast<int32_t>(acc[4 * j + 2 * half + b]), alpha[2 * j + b],
-                                                    bias[2 * j + b], p.beta, res, p.lower);
-        word |= code << (8 * e);
+    for (int g = 0; g < Cfg::kGroups; ++g) {
+      const int64_t offset = pixel + 64 * g + 16 * q;
+      uint32_t r[4] = {0, 0, 0, 0};  // the residual in the fragment's order: r[j / 2] byte 2 * (j % 2) + b
+      if constexpr (kResidual) {
+        int4 v = make_int4(0, 0, 0, 0);
+        if (inside) v = __ldg(reinterpret_cast<const int4*>(p.residual + offset));
+        const uint32_t w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
+        const uint32_t send[4] = {__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
+                                  __byte_perm(w1, w3, 0x7632)};
+        quad_transpose(send, r, q);
       }
-      packed[m] = word;
-    }
-    uint32_t row[4];
-    quad_transpose(packed, row, q);
-    if (inside) {
-      *reinterpret_cast<int4*>(p.y + offset) = make_int4(
-          static_cast<int>(__byte_perm(row[0], row[1], 0x5410)), static_cast<int>(__byte_perm(row[2], row[3], 0x5410)),
-          static_cast<int>(__byte_perm(row[0], row[1], 0x7632)), static_cast<int>(__byte_perm(row[2], row[3], 0x7632)));
+      uint32_t packed[4];  // packed[m]: blocks j = 2m (low half) and 2m + 1 (high half), 2 bytes each
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 2 * m + e / 2, b = e % 2;
+          const int c = 16 * g + 2 * j + b;  // this thread's channel index (alpha, bias)
+          const int8_t res = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
+          const uint32_t code = requantize<kResidual>(static_cast<int32_t>(acc[32 * g + 4 * j + 2 * half + b]),
+                                                      alpha[c], bias[c], p.beta, res, p.lower);
+          word |= code << (8 * e);
+        }
+        packed[m] = word;
+      }
+      uint32_t row[4];
+      quad_transpose(packed, row, q);
+      if (inside) {
+        *reinterpret_cast<int4*>(p.y + offset) = make_int4(static_cast<int>(__byte_perm(row[0], row[1], 0x5410)),
+                                                           static_cast<int>(__byte_perm(row[2], row[3], 0x5410)),
+                                                           static_cast<int>(__byte_perm(row[0], row[1], 0x7632)),
+                                                           static_cast<int>(__byte_perm(row[2], row[3], 0x7632)));
+      }
     }
   }
 }
 
-template <bool kResidual>
-__global__ void __launch_bounds__(kThreads) halo_conv3x3_s8(const __grid_constant__ CUtensorMap x_map, Params p) {
+template <class Cfg, bool kResidual>
+__global__ void __launch_bounds__(Cfg::kThreads) halo_conv3x3_s8(const __grid_constant__ CUtensorMap x_map, Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int C = Cfg::kChannels, kStages = Cfg::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
+  SharedStorage<Cfg>& s = *reinterpret_cast<SharedStorage<Cfg>*>(smem_raw);
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const bool producer = tid % 128 == 0;
+  // This warpgroup's tiles: first, first + step, ...
+  const int first = static_cast<int>(blockIdx.x) * Cfg::kWarpgroups + wg;
+  const int step = static_cast<int>(gridDim.x) * Cfg::kWarpgroups;
   const int count = p.tiles > first ? (p.tiles - 1 - first) / step + 1 : 0;
 
-  auto load_window = [&](int i) {  // this CTA's i-th tile into ring slot i % kStages (one thread)
+  auto load_window = [&](int i) {  // this warpgroup's i-th tile into its ring slot i % kStages (one thread)
     const TileCoord tc = tile_coord(p, first + i * step);
-    uint64_t* full = &s.full[i % kStages];
-    Barrier::arrive_and_expect_tx(full, kChunks * kChunkBytes);
-    for (int c = 0; c < kChunks; ++c) {
-      cute::SM90_TMA_LOAD_4D::copy(&x_map, full, kEvictNormal, s.windows[i % kStages] + c * kChunkPitch, 16 * c,
+    uint64_t* full = &s.full[wg][i % kStages];
+    Barrier::arrive_and_expect_tx(full, Cfg::kChunks * kChunkBytes);
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      cute::SM90_TMA_LOAD_4D::copy(&x_map, full, kEvictNormal, s.windows[wg][i % kStages] + c * kChunkPitch, 16 * c,
                                    tc.x0 - 1, tc.y0 - 1, tc.n);
     }
   };
-  if (tid == 0) {
-    cute::prefetch_tma_descriptor(&x_map);
-    for (int i = 0; i < kStages; ++i) Barrier::init(&s.full[i], 1);
+  if (producer) {
+    if (wg == 0) cute::prefetch_tma_descriptor(&x_map);
+    for (int i = 0; i < kStages; ++i) Barrier::init(&s.full[wg][i], 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  if (tid == 0) {
+  if (producer) {
     for (int i = 0; i < kStages && i < count; ++i) load_window(i);
   }
   // The filters, KRSC in memory, to [tap * kChunks + chunk][k][16 bytes]: 16-byte vectors, consecutive threads on
   // consecutive k (conflict-free stores).
-  for (int v = tid; v < kFilterBytes / 16; v += kThreads) {
-    const int k = v % kChannels, tap_chunk = v / kChannels;
-    const int4 value = __ldg(reinterpret_cast<const int4*>(p.w) + k * (kTaps * kChunks) + tap_chunk);
+  for (int v = tid; v < Cfg::kFilterBytes / 16; v += Cfg::kThreads) {
+    const int k = v % C, tap_chunk = v / C;
+    const int4 value = __ldg(reinterpret_cast<const int4*>(p.w) + k * (kTaps * Cfg::kChunks) + tap_chunk);
     *reinterpret_cast<int4*>(s.filters + v * 16) = value;
   }
-  float alpha[16], bias[16];  // this thread's 16 channels: 8 * j + 2 * (lane % 4) + b at [2 * j + b]
+  float alpha[C / 4], bias[C / 4];  // this thread's channels: 8 * j + 2 * (lane % 4) + b at [2 * j + b]
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < C / 8; ++j) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int k = 8 * j + 2 * (lane & 3) + b;
@@ -206,47 +258,44 @@ __global__ void __launch_bounds__(kThreads) halo_conv3x3_s8(const __grid_constan
   __syncthreads();
 
   const uint32_t filters = cute::cast_smem_ptr_to_uint(s.filters);
-  uint32_t acc[32];
+  uint32_t acc[C / 2];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0;
+  for (int i = 0; i < C / 2; ++i) acc[i] = 0;
   for (int i = 0; i < count; ++i) {
     const int slot = i % kStages;
-    Barrier::wait(&s.full[slot], (i / kStages) & 1);
-    const uint32_t window = cute::cast_smem_ptr_to_uint(s.windows[slot]);
+    Barrier::wait(&s.full[wg][slot], (i / kStages) & 1);
+    const uint32_t window = cute::cast_smem_ptr_to_uint(s.windows[wg][slot]);
 #pragma unroll
-    for (int a = 0; a < 32; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+    for (int a = 0; a < C / 2; ++a) asm volatile("" : "+r"(acc[a])::"memory");
     cute::warpgroup_arrive();
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {  // 32 of the tap's 64 channels: two 16-byte chunks
-        const uint64_t da = interleaved_desc(window + ((tap / 3) * kWindow + tap % 3) * 16 + 2 * half * kChunkPitch,
+      for (int ks = 0; ks < C / 32; ++ks) {  // 32 of the tap's channels: two 16-byte chunks
+        const uint64_t da = interleaved_desc(window + ((tap / 3) * kWindow + tap % 3) * 16 + 2 * ks * kChunkPitch,
                                              kChunkPitch, kWindow * 16);
-        const uint64_t db =
-            interleaved_desc(filters + (tap * kChunks + 2 * half) * kChannels * 16, kChannels * 16, 8 * 16);
-        cute::SM90::GMMA::MMA_64x64x32_S32S8S8_SS_TN::fma(
-            da, db, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7], acc[8], acc[9], acc[10], acc[11],
-            acc[12], acc[13], acc[14], acc[15], acc[16], acc[17], acc[18], acc[19], acc[20], acc[21], acc[22], acc[23],
-            acc[24], acc[25], acc[26], acc[27], acc[28], acc[29], acc[30], acc[31],
-            tap == 0 && half == 0 ? cute::SM90::GMMA::ScaleOut::Zero : cute::SM90::GMMA::ScaleOut::One);
+        const uint64_t db = interleaved_desc(filters + (tap * Cfg::kChunks + 2 * ks) * C * 16, C * 16, 8 * 16);
+        wgmma<C>(da, db, acc, tap != 0 || ks != 0, std::make_index_sequence<C / 2>{});
       }
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
 #pragma unroll
-    for (int a = 0; a < 32; ++a) asm volatile("" : "+r"(acc[a])::"memory");
-    __syncthreads();  // every warp is done with the slot: refill it
-    if (tid == 0 && i + kStages < count) load_window(i + kStages);
-    store_tile<kResidual>(p, tile_coord(p, first + i * step), acc, alpha, bias, warp, lane);
+    for (int a = 0; a < C / 2; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+    warpgroup_sync<Cfg::kWarpgroups>(wg);  // every warp of the warpgroup is done with the slot: refill it
+    if (producer && i + kStages < count) load_window(i + kStages);
+    store_tile<Cfg, kResidual>(p, tile_coord(p, first + i * step), acc, alpha, bias, warp, lane);
   }
 #endif
 }
 
-// The kernel behind ConvKernel: C = K = 64, 3x3 filters, stride 1, padding 1, int8 in and out.
-template <Epilogue E>
+// The kernel behind ConvKernel: C = K = Cfg::kChannels, 3x3 filters, stride 1, padding 1, int8 in and out.
+template <class Cfg, Epilogue E>
 class HaloConv3x3 final : public ConvKernel {
  public:
   static constexpr bool kResidual = E == Epilogue::RequantizeResidual;
+  static constexpr int kChannels = Cfg::kChannels;
+  static constexpr auto kKernel = halo_conv3x3_s8<Cfg, kResidual>;
 
   explicit HaloConv3x3(const char* name) {
     info_.name = name;
@@ -256,10 +305,10 @@ class HaloConv3x3 final : public ConvKernel {
     info_.tile_m = kTile * kTile;
     info_.tile_n = kChannels;
     info_.tile_k = kChannels;
-    info_.stages = kStages;
+    info_.stages = Cfg::kStages;
     info_.persistent = true;
-    info_.smem_bytes = static_cast<int>(sizeof(SharedStorage));
-    info_.threads = kThreads;
+    info_.smem_bytes = static_cast<int>(sizeof(SharedStorage<Cfg>));
+    info_.threads = Cfg::kThreads;
     info_.channel_multiple = kChannels;
     info_.address_alignment = 16;
     info_.sm = 90;
@@ -270,7 +319,8 @@ class HaloConv3x3 final : public ConvKernel {
   std::string unsupported(const ConvProblem& p) const override {
     if (p.c != kChannels || p.k != kChannels || p.r != 3 || p.s != 3 || p.stride_h != 1 || p.stride_w != 1 ||
         p.pad_h != 1 || p.pad_w != 1) {
-      return "a halo-window kernel: takes C = K = 64, 3x3 filters, stride 1 and padding 1 only";
+      return "a halo-window kernel: takes C = K = " + std::to_string(kChannels) +
+             ", 3x3 filters, stride 1 and padding 1 only";
     }
     if (tiles(p) > INT32_MAX) return "more than 2^31 - 1 tiles of 8x8 output pixels";
     return "";
@@ -297,10 +347,11 @@ class HaloConv3x3 final : public ConvKernel {
     const CUtensorMap map = window_map(p, operands.x);
     allow_shared_memory(current_device());
     int per_sm = 0;
-    RN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, halo_conv3x3_s8<kResidual>, kThreads,
-                                                                sizeof(SharedStorage)));
-    const int64_t grid = std::min<int64_t>(params.tiles, int64_t{sm_count()} * std::max(per_sm, 1));
-    halo_conv3x3_s8<kResidual><<<static_cast<unsigned>(grid), kThreads, sizeof(SharedStorage), stream>>>(map, params);
+    RN_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, sizeof(SharedStorage<Cfg>)));
+    const int64_t ctas = (int64_t{params.tiles} + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups;
+    const int64_t grid = std::min<int64_t>(ctas, int64_t{sm_count()} * std::max(per_sm, 1));
+    kKernel<<<static_cast<unsigned>(grid), Cfg::kThreads, sizeof(SharedStorage<Cfg>), stream>>>(map, params);
     RN_CUDA_CHECK_LAUNCH();
   }
 
@@ -335,8 +386,8 @@ class HaloConv3x3 final : public ConvKernel {
     static std::atomic<uint64_t> done{0};
     const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
     if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-    RN_CUDA_CHECK(cudaFuncSetAttribute(halo_conv3x3_s8<kResidual>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sizeof(SharedStorage))));
+    RN_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(sizeof(SharedStorage<Cfg>))));
     done.fetch_or(bit, std::memory_order_release);
   }
 
@@ -345,9 +396,12 @@ class HaloConv3x3 final : public ConvKernel {
 
 }  // namespace rn::ownconv::sm90::halo
 
-// One registered kernel: NAME (an identifier, the kernel's name in Python) with EPILOGUE (own_conv.h's Epilogue).
-#define RN_OWNCONV_SM90_HALO(NAME, EPILOGUE)                                                            \
-  namespace {                                                                                           \
-  const ::rn::ownconv::sm90::halo::HaloConv3x3<::rn::ownconv::Epilogue::EPILOGUE> kernel_##NAME(#NAME); \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                \
+// One registered kernel: NAME (an identifier, the kernel's name in Python) with EPILOGUE (own_conv.h's Epilogue),
+// CHANNELS = C = K, WARPGROUPS consumers per CTA sharing the filters, STAGES windows in flight per warpgroup.
+#define RN_OWNCONV_SM90_HALO(NAME, EPILOGUE, CHANNELS, WARPGROUPS, STAGES)                                      \
+  namespace {                                                                                                   \
+  const ::rn::ownconv::sm90::halo::HaloConv3x3<::rn::ownconv::sm90::halo::Config<CHANNELS, WARPGROUPS, STAGES>, \
+                                               ::rn::ownconv::Epilogue::EPILOGUE>                               \
+      kernel_##NAME(#NAME);                                                                                     \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                        \
   }

@@ -1,0 +1,5 @@
+// int8 3x3 convolution of 128 channels to 128 on halo windows, Requantize epilogue (see halo_conv_sm90.cuh): two
+// warpgroups share the filters (144 KiB) in one CTA an SM, 2 windows in flight each.
+#include "halo_conv_sm90.cuh"
+
+RN_OWNCONV_SM90_HALO(s8_halo3x3_c128, Requantize, 128, 2, 2)
