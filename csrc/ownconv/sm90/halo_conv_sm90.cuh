@@ -1,16 +1,18 @@
-// A 3x3 int8 convolution of 64 channels to 64 (stride 1, padding 1) that reads each input pixel once per tile.
+// A 3x3 int8 convolution of C channels to C (64 or 128; stride 1, padding 1) that reads each input pixel once per
+// tile.
 //
 // CUTLASS's implicit GEMM gathers the im2col matrix tap by tap: at 64 channels every input pixel crosses L2 and
 // shared memory nine times, and the 32x32x64 layers run at a fraction of the int8 peak. Here one TMA load brings an
 // 8x8 output tile's 10x10 input window (zeros outside the image: the padding) into shared memory, and each of the
 // nine taps is the same window seen through a shifted wgmma descriptor: no-swizzle K-major core matrices are 8
 // pixels of one window row, so a tap moves the start address and the 8-row stride is the window's row pitch. The
-// filters (36 KiB) stay in shared memory for the CTA's whole life; each CTA (one warpgroup) walks its tiles with a
-// ring of windows in flight, and several CTAs share an SM so one's epilogue overlaps another's wgmma.
+// filters stay in shared memory for the CTA's whole life; each warpgroup walks its own tiles with a ring of
+// windows in flight, and one warpgroup's epilogue overlaps another's wgmma (several CTAs an SM at 64 channels,
+// two warpgroups sharing the 144 KiB of filters at 128).
 //
 // The epilogue is own_conv.h's: the same fp32 fused multiply-adds, clamp and rounding as requantize_epilogue.cuh's
-// trees, so both give the same bits. Each quad of lanes holds two output pixels' 64 channels in the wgmma
-// fragment's order; a 4x4 shuffle transpose turns them into 16-byte stores (and the residual's 16-byte loads
+// trees, so both give the same bits. Each quad of lanes holds two output pixels' channels in the wgmma fragment's
+// order; a 4x4 shuffle transpose per 64 channels turns them into 16-byte stores (and the residual's 16-byte loads
 // back), so every access is a whole coalesced row of 8 pixels.
 //
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_HALO(...) line (see the existing ones).
