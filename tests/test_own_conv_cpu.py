@@ -44,11 +44,17 @@ def test_each_kernel_lists_its_fixed_properties():
 
 
 def runs_3x3(info):
-    """Whether the kernel takes 3x3 filters: the 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only. They and the
-    persistent convolutions ('s8_p_*' cooperative, 's8_pp_*' ping-pong) are persistent, the rest not."""
-    assert info["persistent"] == info["name"].startswith(("s8_1x1_", "s8_p_", "s8_pp_"))
+    """Whether the kernel takes 3x3 filters: the 1x1 GEMMs ('s8_1x1_*') take 1x1 at stride 1 only. They, the
+    persistent convolutions ('s8_p_*' cooperative, 's8_pp_*' ping-pong) and the halo-window kernels ('s8_halo_*',
+    one channel count each) are persistent, the rest not."""
+    assert info["persistent"] == info["name"].startswith(("s8_1x1_", "s8_p_", "s8_pp_", "s8_halo_"))
     assert info["gemm_1x1"] == info["name"].startswith("s8_1x1_")
     return not info["gemm_1x1"]
+
+
+def halo_channels(info):
+    """The one channel count (C = K) a halo-window kernel runs ('s8_halo_c64', 's8_halo_res_c128'), else None."""
+    return int(info["name"].rsplit("_c", 1)[1]) if info["name"].startswith("s8_halo_") else None
 
 
 def expected_auto(c, k, residual):
@@ -59,7 +65,9 @@ def expected_auto(c, k, residual):
         tm, tn, tk = info["tile"]
         whole = k % tn == 0 and c % tk == 0
         return (info["persistent"], info["gemm_1x1"], whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
-    return max((i for i in own_conv.kernels() if i["residual"] == residual and runs_3x3(i)), key=key)["name"]
+    runs = [i for i in own_conv.kernels() if i["residual"] == residual and runs_3x3(i)
+            and halo_channels(i) in (None, c if c == k else None)]
+    return max(runs, key=key)["name"]
 
 
 @built
@@ -74,6 +82,9 @@ def test_auto_picks_a_kernel_by_its_rule_and_a_named_one_is_checked(c, k, residu
                 own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual, kernel=info["name"])
             assert own_conv.select((2, 8, 8, c), (k, 1, 1, c), pad=0, stride=1, residual=residual,
                                    kernel=info["name"]) == info["name"]
+        elif info["residual"] == residual and halo_channels(info) not in (None, c if c == k else None):
+            with pytest.raises(ValueError, match=f"a halo-window kernel: takes C = K = {halo_channels(info)}, 3x3"):
+                own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual, kernel=info["name"])
         elif info["residual"] == residual:
             assert own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual,
                                    kernel=info["name"]) == info["name"]

@@ -2,4 +2,4 @@
 // warpgroup a CTA (several CTAs an SM), 4 windows in flight.
 #include "halo_conv_sm90.cuh"
 
-RN_OWNCONV_SM90_HALO(s8_halo3x3_c64, Requantize, 64, 1, 4)
+RN_OWNCONV_SM90_HALO(s8_halo_c64, Requantize, 64, 1, 4)

@@ -2,4 +2,4 @@
 // warpgroups share the filters (144 KiB) in one CTA an SM, 2 windows in flight each.
 #include "halo_conv_sm90.cuh"
 
-RN_OWNCONV_SM90_HALO(s8_halo3x3_c128, Requantize, 128, 2, 2)
+RN_OWNCONV_SM90_HALO(s8_halo_c128, Requantize, 128, 2, 2)

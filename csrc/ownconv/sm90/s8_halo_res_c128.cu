@@ -2,4 +2,4 @@
 // halo_conv_sm90.cuh): two warpgroups share the filters (144 KiB) in one CTA an SM, 2 windows in flight each.
 #include "halo_conv_sm90.cuh"
 
-RN_OWNCONV_SM90_HALO(s8_res_halo3x3_c128, RequantizeResidual, 128, 2, 2)
+RN_OWNCONV_SM90_HALO(s8_halo_res_c128, RequantizeResidual, 128, 2, 2)

@@ -2,4 +2,4 @@
 // one warpgroup a CTA (several CTAs an SM), 4 windows in flight.
 #include "halo_conv_sm90.cuh"
 
-RN_OWNCONV_SM90_HALO(s8_res_halo3x3_c64, RequantizeResidual, 64, 1, 4)
+RN_OWNCONV_SM90_HALO(s8_halo_res_c64, RequantizeResidual, 64, 1, 4)
