@@ -21,7 +21,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -38,6 +37,7 @@
 #include "../../core/error.h"
 #include "../../core/launch_config.h"
 #include "../registry.h"
+#include "kernel_common.cuh"
 
 namespace rn::ownconv::sm90::halo {
 
@@ -347,7 +347,7 @@ class HaloConv3x3 final : public ConvKernel {
                   (p.h + kTile - 1) / kTile,
                   static_cast<int>(tiles(p))};
     const CUtensorMap map = window_map(p, operands.x);
-    allow_shared_memory(current_device());
+    raise_shared_memory_limit<kKernel, static_cast<int>(sizeof(SharedStorage<Cfg>))>(current_device());
     int per_sm = 0;
     RN_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, sizeof(SharedStorage<Cfg>)));
@@ -380,17 +380,6 @@ class HaloConv3x3 final : public ConvKernel {
                                std::to_string(static_cast<int>(status)) + ")");
     }
     return map;
-  }
-
-  // The shared memory exceeds the default 48 KiB: the limit is raised once per device (a function attribute, not a
-  // stream operation, so a capture may be in progress).
-  static void allow_shared_memory(int device) {
-    static std::atomic<uint64_t> done{0};
-    const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
-    if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-    RN_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sizeof(SharedStorage<Cfg>))));
-    done.fetch_or(bit, std::memory_order_release);
   }
 
   KernelInfo info_;

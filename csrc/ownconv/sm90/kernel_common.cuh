@@ -49,16 +49,21 @@ ProblemShape conv_problem_shape(const ConvProblem& p) {
   return ProblemShape(cutlass::conv::Mode::kCrossCorrelation, x, w, pad, pad, stride, dilation, 1);
 }
 
-// A kernel's shared memory exceeds the default 48 KiB: its limit is raised once per device (a function attribute,
-// not a stream operation, so a capture may be in progress).
-template <class Kernel>
-void allow_shared_memory(int device) {
+// A kernel's shared memory exceeds the default 48 KiB: its limit (kBytes for the __global__ function kFunction) is
+// raised once per device (a function attribute, not a stream operation, so a capture may be in progress).
+template <auto kFunction, int kBytes>
+void raise_shared_memory_limit(int device) {
   static std::atomic<uint64_t> done{0};
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-  RN_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Kernel::SharedStorageSize)));
+  RN_CUDA_CHECK(cudaFuncSetAttribute(kFunction, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
   done.fetch_or(bit, std::memory_order_release);
+}
+
+// The same for a CUTLASS kernel type, launched as cutlass::device_kernel<Kernel>.
+template <class Kernel>
+void allow_shared_memory(int device) {
+  raise_shared_memory_limit<cutlass::device_kernel<Kernel>, static_cast<int>(Kernel::SharedStorageSize)>(device);
 }
 
 // The current device as CUTLASS's KernelHardwareInfo.
