@@ -347,12 +347,10 @@ class HaloConv3x3 final : public ConvKernel {
                   (p.h + kTile - 1) / kTile,
                   static_cast<int>(tiles(p))};
     const CUtensorMap map = window_map(p, operands.x);
-    raise_shared_memory_limit<kKernel, static_cast<int>(sizeof(SharedStorage<Cfg>))>(current_device());
-    int per_sm = 0;
-    RN_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, Cfg::kThreads, sizeof(SharedStorage<Cfg>)));
+    const int per_sm =
+        resident_ctas_per_sm<kKernel, Cfg::kThreads, static_cast<int>(sizeof(SharedStorage<Cfg>))>(current_device());
     const int64_t ctas = (int64_t{params.tiles} + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups;
-    const int64_t grid = std::min<int64_t>(ctas, int64_t{sm_count()} * std::max(per_sm, 1));
+    const int64_t grid = std::min<int64_t>(ctas, int64_t{sm_count()} * per_sm);
     kKernel<<<static_cast<unsigned>(grid), Cfg::kThreads, sizeof(SharedStorage<Cfg>), stream>>>(map, params);
     RN_CUDA_CHECK_LAUNCH();
   }

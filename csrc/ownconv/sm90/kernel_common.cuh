@@ -60,6 +60,26 @@ void raise_shared_memory_limit(int device) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
+// How many CTAs of kFunction (kThreads threads, kBytes of dynamic shared memory) fit on one SM of `device`, with
+// its shared-memory limit raised first; the runtime is asked once per device (devices 0-63; others ask each time).
+template <auto kFunction, int kThreads, int kBytes>
+int resident_ctas_per_sm(int device) {
+  static std::atomic<int> known[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    const int n = known[device].load(std::memory_order_acquire);
+    if (n > 0) return n;
+  }
+  raise_shared_memory_limit<kFunction, kBytes>(device);
+  int per_sm = 0;
+  RN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kFunction, kThreads, kBytes));
+  if (per_sm < 1)
+    throw std::runtime_error("a kernel's CTA does not fit on one SM (" + std::to_string(kBytes) +
+                             " bytes of shared memory, " + std::to_string(kThreads) + " threads)");
+  if (cached) known[device].store(per_sm, std::memory_order_release);
+  return per_sm;
+}
+
 // The same for a CUTLASS kernel type, launched as cutlass::device_kernel<Kernel>.
 template <class Kernel>
 void allow_shared_memory(int device) {
