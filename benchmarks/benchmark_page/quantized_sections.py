@@ -77,22 +77,19 @@ def quantized_speed_section():
     )
 
 
-def quantized_accuracy_section():
-    files = newest_first("*quant_A_accuracy.json")
-    if not files:
-        return ""
-    path = files[0]
-    d = load(path)
-    body, prefixes = [], []
+def accuracy_rows(d):
+    """One row per engine of a quant_accuracy.py document, and the engine keys (dtype, quantize_from) it holds."""
+    body, keys = [], []
     for name, r in d["results"].items():
         prefix = name.split("@")[1] if "@" in name else ("—" if name == "float" else "stem")
-        if prefix not in prefixes and prefix != "—":
-            prefixes.append(prefix)
+        engine = "fp16" if name == "float" else name.split("@")[0].replace("fp8", "FP8")
+        if prefix != "—":
+            keys.append((engine, prefix))
         shown = prefix if prefix != "auto" else f"auto (chose {r['quantize_from']})"
         gap = r.get("gap_points")
         body.append(
             [
-                "fp16" if name == "float" else name.split("@")[0].replace("fp8", "FP8"),
+                engine,
                 shown,
                 f"{100 * r['accuracy']:.2f}%",
                 "—" if gap is None else f"{-gap:+.2f}",
@@ -100,23 +97,44 @@ def quantized_accuracy_section():
                 f"{r['build_seconds']:.1f}",
             ]
         )
-    command = (
-        "python -m resnet_native.train --recipe A --data cifar10-jpeg.tar.xz --out runs/A\n"
-        "python -m resnet_native.release --run runs/A --version A --int8 --fp8 --data cifar10-jpeg.tar.xz "
-        "--calibrate-on gpu\n"
-        f"python tools/quant_accuracy.py --release cifar10_models/version_A --data cifar10-jpeg.tar.xz "
-        f"--quantize-from {','.join(prefixes)}"
-    )
+    return body, keys
+
+
+def quantized_accuracy_section():
+    """The newest release's figures, then each older one that evaluated an engine no newer one did."""
+    covered, blocks, images = set(), [], None
+    for path in newest_first("*quant_A_accuracy.json"):
+        d = load(path)
+        body, keys = accuracy_rows(d)
+        if covered.issuperset(keys):
+            continue
+        covered.update(keys)
+        images = images or d["images"]
+        prefixes = list(dict.fromkeys(prefix for _, prefix in keys))
+        command = (
+            "python -m resnet_native.train --recipe A --data cifar10-jpeg.tar.xz --out runs/A\n"
+            "python -m resnet_native.release --run runs/A --version A --int8 --fp8 --data cifar10-jpeg.tar.xz "
+            "--calibrate-on gpu\n"
+            f"python tools/quant_accuracy.py --release cifar10_models/version_A --data cifar10-jpeg.tar.xz "
+            f"--quantize-from {','.join(prefixes)}"
+        )
+        blocks += [
+            table(["engine", "quantize_from", "accuracy", "change", "agreement with fp16", "build s"], body),
+            "",
+            source_block([path], command),
+            "",
+        ]
+    if not blocks:
+        return ""
     return "\n".join(
         [
             "## 8-bit engines' accuracy",
             "",
-            f"One recipe-A release, calibrated for int8 and FP8 on the GPU, then the {d['images']:,} CIFAR-10 test "
+            f"A recipe-A release, calibrated for int8 and FP8 on the GPU, then the {images:,} CIFAR-10 test "
             'images through each engine at batch 256. "change" is the accuracy minus the fp16 engine\'s, in points; '
-            '"agreement" the share of images classified as the fp16 engine classifies them.',
+            '"agreement" the share of images classified as the fp16 engine classifies them. One table a release, '
+            "newest first; an older one only for the engines no newer one evaluated.",
             "",
-            table(["engine", "quantize_from", "accuracy", "change", "agreement with fp16", "build s"], body),
-            "",
-            source_block([path], command),
+            *blocks[:-1],
         ]
     )
