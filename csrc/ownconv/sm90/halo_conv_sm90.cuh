@@ -155,26 +155,58 @@ __device__ inline uint32_t requantize(int32_t acc, float alpha, float bias, floa
   return static_cast<uint32_t>(__float2int_rn(v)) & 0xffu;
 }
 
-// One 8x8 tile's epilogue from the wgmma accumulator: thread t of the warpgroup holds rows 16 * warp + t / 4 and
-// that + 8, columns 8 * j + 2 * (t % 4) + {0, 1} at acc[4 * j + 2 * (row half) + {0, 1}]. Each 64-channel group
-// of a pixel is one quad transpose away from four 16-byte rows.
+// Where this thread's output row `half` of a tile lies: the element offset of its pixel's first channel in y (and
+// the residual), and whether the pixel is inside the image. Thread t of the warpgroup holds rows 16 * warp + t / 4
+// and that + 8 of the wgmma's M, that is tile pixel (2 * warp + half, lane / 4).
+struct RowPlace {
+  int64_t pixel;
+  bool inside;
+};
+template <class Cfg>
+__device__ inline RowPlace row_place(const Params& p, TileCoord tc, int warp, int lane, int half) {
+  const int oy = tc.y0 + 2 * warp + half;
+  const int ox = tc.x0 + lane / 4;
+  return {((static_cast<int64_t>(tc.n) * p.h + oy) * p.w_ + ox) * Cfg::kChannels, oy < p.h && ox < p.w_};
+}
+
+// The residual this thread's epilogue needs, as the 16-byte rows it stores: issued before the tile's wgmma so the
+// loads are in flight while the tensor cores run (an epilogue that loads them waits for them once per tile).
+template <class Cfg>
+struct ResidualRows {
+  int4 v[2][Cfg::kGroups];
+};
 template <class Cfg, bool kResidual>
-__device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t* acc, const float* alpha,
-                                  const float* bias, int warp, int lane) {
+__device__ inline void load_residual(const Params& p, TileCoord tc, int warp, int lane, ResidualRows<Cfg>& r) {
+  if constexpr (kResidual) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const RowPlace place = row_place<Cfg>(p, tc, warp, lane, half);
+#pragma unroll
+      for (int g = 0; g < Cfg::kGroups; ++g) {
+        r.v[half][g] = place.inside
+                           ? __ldg(reinterpret_cast<const int4*>(p.residual + place.pixel + 64 * g + 16 * (lane & 3)))
+                           : make_int4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+// One 8x8 tile's epilogue from the wgmma accumulator: thread t holds columns 8 * j + 2 * (t % 4) + {0, 1} of its two
+// rows at acc[4 * j + 2 * (row half) + {0, 1}]. Each 64-channel group of a pixel is one quad transpose away from
+// four 16-byte rows.
+template <class Cfg, bool kResidual>
+__device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t* acc, const ResidualRows<Cfg>& res,
+                                  const float* alpha, const float* bias, int warp, int lane) {
   const int q = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int oy = tc.y0 + 2 * warp + half;
-    const int ox = tc.x0 + lane / 4;
-    const bool inside = oy < p.h && ox < p.w_;
-    const int64_t pixel = ((static_cast<int64_t>(tc.n) * p.h + oy) * p.w_ + ox) * Cfg::kChannels;
+    const RowPlace place = row_place<Cfg>(p, tc, warp, lane, half);
 #pragma unroll
     for (int g = 0; g < Cfg::kGroups; ++g) {
-      const int64_t offset = pixel + 64 * g + 16 * q;
+      const int64_t offset = place.pixel + 64 * g + 16 * q;
       uint32_t r[4] = {0, 0, 0, 0};  // the residual in the fragment's order: r[j / 2] byte 2 * (j % 2) + b
       if constexpr (kResidual) {
-        int4 v = make_int4(0, 0, 0, 0);
-        if (inside) v = __ldg(reinterpret_cast<const int4*>(p.residual + offset));
+        const int4 v = res.v[half][g];
         const uint32_t w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
         const uint32_t send[4] = {__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
                                   __byte_perm(w1, w3, 0x7632)};
@@ -188,16 +220,16 @@ __device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t*
         for (int e = 0; e < 4; ++e) {
           const int j = 2 * m + e / 2, b = e % 2;
           const int c = 16 * g + 2 * j + b;  // this thread's channel index (alpha, bias)
-          const int8_t res = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
+          const int8_t rv = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
           const uint32_t code = requantize<kResidual>(static_cast<int32_t>(acc[32 * g + 4 * j + 2 * half + b]),
-                                                      alpha[c], bias[c], p.beta, res, p.lower);
+                                                      alpha[c], bias[c], p.beta, rv, p.lower);
           word |= code << (8 * e);
         }
         packed[m] = word;
       }
       uint32_t row[4];
       quad_transpose(packed, row, q);
-      if (inside) {
+      if (place.inside) {
         *reinterpret_cast<int4*>(p.y + offset) = make_int4(static_cast<int>(__byte_perm(row[0], row[1], 0x5410)),
                                                            static_cast<int>(__byte_perm(row[2], row[3], 0x5410)),
                                                            static_cast<int>(__byte_perm(row[0], row[1], 0x7632)),
@@ -265,6 +297,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) halo_conv3x3_s8(const __grid_co
   for (int i = 0; i < C / 2; ++i) acc[i] = 0;
   for (int i = 0; i < count; ++i) {
     const int slot = i % kStages;
+    const TileCoord tc = tile_coord(p, first + i * step);
+    ResidualRows<Cfg> residual;
+    load_residual<Cfg, kResidual>(p, tc, warp, lane, residual);
     Barrier::wait(&s.full[wg][slot], (i / kStages) & 1);
     const uint32_t window = cute::cast_smem_ptr_to_uint(s.windows[wg][slot]);
 #pragma unroll
@@ -286,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) halo_conv3x3_s8(const __grid_co
     for (int a = 0; a < C / 2; ++a) asm volatile("" : "+r"(acc[a])::"memory");
     warpgroup_sync<Cfg::kWarpgroups>(wg);  // every warp of the warpgroup is done with the slot: refill it
     if (producer && i + kStages < count) load_window(i + kStages);
-    store_tile<Cfg, kResidual>(p, tile_coord(p, first + i * step), acc, alpha, bias, warp, lane);
+    store_tile<Cfg, kResidual>(p, tc, acc, residual, alpha, bias, warp, lane);
   }
 #endif
 }
