@@ -10,10 +10,8 @@
 // windows in flight, and one warpgroup's epilogue overlaps another's wgmma (several CTAs an SM at 64 channels,
 // two warpgroups sharing the 144 KiB of filters at 128).
 //
-// The epilogue is own_conv.h's: the same fp32 fused multiply-adds, clamp and rounding as requantize_epilogue.cuh's
-// trees, so both give the same bits. Each quad of lanes holds two output pixels' channels in the wgmma fragment's
-// order; a 4x4 shuffle transpose per 64 channels turns them into 16-byte stores (and the residual's 16-byte loads
-// back), so every access is a whole coalesced row of 8 pixels.
+// The epilogue (wgmma_int8.cuh) is own_conv.h's requantisation, bit for bit the CUTLASS kernels'; the residual's
+// rows are loaded before the tile's wgmma, so they are in flight while the tensor cores run.
 //
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_HALO(...) line (see the existing ones).
 #pragma once
@@ -28,8 +26,6 @@
 
 #include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
-#include "cute/arch/mma_sm90_desc.hpp"
-#include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cuda_host_adapter.hpp"
 
@@ -38,15 +34,21 @@
 #include "../../core/launch_config.h"
 #include "../registry.h"
 #include "kernel_common.cuh"
+#include "wgmma_int8.cuh"
 
 namespace rn::ownconv::sm90::halo {
+
+using wgmma_int8::interleaved_desc;
+using wgmma_int8::kEvictNormal;
+using wgmma_int8::store_group;
+using wgmma_int8::warpgroup_sync;
+using wgmma_int8::wgmma;
 
 constexpr int kTile = 8;                                      // output tile kTile x kTile pixels: the wgmma's M = 64
 constexpr int kWindow = kTile + 2;                            // the input window's side (one pixel of halo each way)
 constexpr int kChunkBytes = kWindow * kWindow * 16;           // one 16-byte channel chunk of a window
 constexpr int kChunkPitch = (kChunkBytes + 127) / 128 * 128;  // TMA writes to 128-byte aligned shared memory
 constexpr int kTaps = 9;
-constexpr uint64_t kEvictNormal = 0x1000000000000000ull;  // TMA's L2 cache hint (CUTLASS's CacheHintSm90)
 
 // One instantiation's shape. kChannels = C = K. kWarpgroups consumers per CTA share the filters in shared memory,
 // each walking its own tiles with its own ring of kStages windows.
@@ -79,35 +81,6 @@ struct alignas(128) SharedStorage {
   uint64_t full[Cfg::kWarpgroups][Cfg::kStages];                      // a window has landed
 };
 
-// A wgmma shared-memory descriptor for a no-swizzle K-major operand: core matrices of 8 rows x 16 bytes, `lbo`
-// bytes between core matrices along K, `sbo` bytes between 8-row groups.
-__device__ inline uint64_t interleaved_desc(uint32_t address, uint32_t lbo, uint32_t sbo) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>(address >> 4);
-  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
-  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = 0;
-  return d.desc_;
-}
-
-// m64 x kN x k32 int8 wgmma, both operands in shared memory, acc (kN / 2 registers) accumulated or overwritten.
-template <int kN>
-struct Wgmma;
-template <>
-struct Wgmma<64> {
-  using Op = cute::SM90::GMMA::MMA_64x64x32_S32S8S8_SS_TN;
-};
-template <>
-struct Wgmma<128> {
-  using Op = cute::SM90::GMMA::MMA_64x128x32_S32S8S8_SS_TN;
-};
-template <int kN, size_t... I>
-__device__ inline void wgmma(uint64_t da, uint64_t db, uint32_t* acc, bool accumulate, std::index_sequence<I...>) {
-  Wgmma<kN>::Op::fma(da, db, acc[I]...,
-                     accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
-
 struct TileCoord {
   int n, y0, x0;
 };
@@ -115,44 +88,6 @@ __device__ inline TileCoord tile_coord(const Params& p, int t) {
   const int tx = t % p.tiles_x;
   const int rest = t / p.tiles_x;
   return {rest / p.tiles_y, (rest % p.tiles_y) * kTile, tx * kTile};
-}
-
-// 4 words, one per lane of a quad, selected by a lane-dependent index without local memory.
-__device__ inline uint32_t pick(const uint32_t (&v)[4], int i) {
-  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-}
-
-// The quad's 4x4 word transpose: lane q ends with out[s] = lane s's in[q].
-__device__ inline void quad_transpose(const uint32_t (&in)[4], uint32_t (&out)[4], int q) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int from = (q + k) & 3;
-    const uint32_t got = __shfl_sync(0xffffffffu, pick(in, (q - k) & 3), from, 4);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) out[s] = s == from ? got : out[s];
-  }
-}
-
-// The warpgroup's 128 threads meet (the whole CTA when it is one warpgroup). Immediate barrier ids: a register id
-// would reserve all 16 of the CTA's barriers.
-template <int kWarpgroups>
-__device__ inline void warpgroup_sync(int wg) {
-  static_assert(kWarpgroups == 1 || kWarpgroups == 2, "one or two warpgroups a CTA");
-  if constexpr (kWarpgroups == 1) {
-    __syncthreads();
-  } else if (wg == 0) {
-    asm volatile("bar.sync 1, 128;" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 128;" ::: "memory");
-  }
-}
-
-template <bool kResidual>
-__device__ inline uint32_t requantize(int32_t acc, float alpha, float bias, float beta, int8_t r, float lower) {
-  float v = __fmaf_rn(alpha, __int2float_rn(acc), bias);
-  if constexpr (kResidual) v = __fmaf_rn(beta, static_cast<float>(r), v);
-  v = fminf(fmaxf(v, lower), 127.f);
-  return static_cast<uint32_t>(__float2int_rn(v)) & 0xffu;
 }
 
 // Where this thread's output row `half` of a tile lies: the element offset of its pixel's first channel in y (and
@@ -191,9 +126,7 @@ __device__ inline void load_residual(const Params& p, TileCoord tc, int warp, in
   }
 }
 
-// One 8x8 tile's epilogue from the wgmma accumulator: thread t holds columns 8 * j + 2 * (t % 4) + {0, 1} of its two
-// rows at acc[4 * j + 2 * (row half) + {0, 1}]. Each 64-channel group of a pixel is one quad transpose away from
-// four 16-byte rows.
+// One 8x8 tile's epilogue: each 64-channel group of the thread's two pixels through wgmma_int8::store_group.
 template <class Cfg, bool kResidual>
 __device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t* acc, const ResidualRows<Cfg>& res,
                                   const float* alpha, const float* bias, int warp, int lane) {
@@ -203,38 +136,12 @@ __device__ inline void store_tile(const Params& p, TileCoord tc, const uint32_t*
     const RowPlace place = row_place<Cfg>(p, tc, warp, lane, half);
 #pragma unroll
     for (int g = 0; g < Cfg::kGroups; ++g) {
-      const int64_t offset = place.pixel + 64 * g + 16 * q;
-      uint32_t r[4] = {0, 0, 0, 0};  // the residual in the fragment's order: r[j / 2] byte 2 * (j % 2) + b
-      if constexpr (kResidual) {
-        const int4 v = res.v[half][g];
-        const uint32_t w0 = v.x, w1 = v.y, w2 = v.z, w3 = v.w;
-        const uint32_t send[4] = {__byte_perm(w0, w2, 0x5410), __byte_perm(w0, w2, 0x7632), __byte_perm(w1, w3, 0x5410),
-                                  __byte_perm(w1, w3, 0x7632)};
-        quad_transpose(send, r, q);
-      }
-      uint32_t packed[4];  // packed[m]: blocks j = 2m (low half) and 2m + 1 (high half), 2 bytes each
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = 2 * m + e / 2, b = e % 2;
-          const int c = 16 * g + 2 * j + b;  // this thread's channel index (alpha, bias)
-          const int8_t rv = static_cast<int8_t>(r[j / 2] >> (8 * (2 * (j % 2) + b)));
-          const uint32_t code = requantize<kResidual>(static_cast<int32_t>(acc[32 * g + 4 * j + 2 * half + b]),
-                                                      alpha[c], bias[c], p.beta, rv, p.lower);
-          word |= code << (8 * e);
-        }
-        packed[m] = word;
-      }
-      uint32_t row[4];
-      quad_transpose(packed, row, q);
-      if (place.inside) {
-        *reinterpret_cast<int4*>(p.y + offset) = make_int4(static_cast<int>(__byte_perm(row[0], row[1], 0x5410)),
-                                                           static_cast<int>(__byte_perm(row[2], row[3], 0x5410)),
-                                                           static_cast<int>(__byte_perm(row[0], row[1], 0x7632)),
-                                                           static_cast<int>(__byte_perm(row[2], row[3], 0x7632)));
-      }
+      // this thread's channel 64 * g + 8 * j + 2 * q + b sits at [16 * g + 2 * j + b] of alpha and bias
+      const auto coefficients = [&](int j, int b) {
+        return make_float2(alpha[16 * g + 2 * j + b], bias[16 * g + 2 * j + b]);
+      };
+      store_group<kResidual>(p.y + place.pixel + 64 * g + 16 * q, place.inside, res.v[half][g], acc + 32 * g, half,
+                             coefficients, p.beta, p.lower, q);
     }
   }
 }
