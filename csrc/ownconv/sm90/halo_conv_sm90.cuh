@@ -43,6 +43,7 @@ using wgmma_int8::kEvictNormal;
 using wgmma_int8::store_group;
 using wgmma_int8::warpgroup_sync;
 using wgmma_int8::wgmma;
+using wgmma_int8::wgmma_batch;
 
 constexpr int kTile = 8;                                      // output tile kTile x kTile pixels: the wgmma's M = 64
 constexpr int kWindow = kTile + 2;                            // the input window's side (one pixel of halo each way)
@@ -209,23 +210,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) halo_conv3x3_s8(const __grid_co
     load_residual<Cfg, kResidual>(p, tc, warp, lane, residual);
     Barrier::wait(&s.full[wg][slot], (i / kStages) & 1);
     const uint32_t window = cute::cast_smem_ptr_to_uint(s.windows[wg][slot]);
+    wgmma_batch<C / 2>(acc, [&] {
 #pragma unroll
-    for (int a = 0; a < C / 2; ++a) asm volatile("" : "+r"(acc[a])::"memory");
-    cute::warpgroup_arrive();
+      for (int tap = 0; tap < kTaps; ++tap) {
 #pragma unroll
-    for (int tap = 0; tap < kTaps; ++tap) {
-#pragma unroll
-      for (int ks = 0; ks < C / 32; ++ks) {  // 32 of the tap's channels: two 16-byte chunks
-        const uint64_t da = interleaved_desc(window + ((tap / 3) * kWindow + tap % 3) * 16 + 2 * ks * kChunkPitch,
-                                             kChunkPitch, kWindow * 16);
-        const uint64_t db = interleaved_desc(filters + (tap * Cfg::kChunks + 2 * ks) * C * 16, C * 16, 8 * 16);
-        wgmma<C>(da, db, acc, tap != 0 || ks != 0, std::make_index_sequence<C / 2>{});
+        for (int ks = 0; ks < C / 32; ++ks) {  // 32 of the tap's channels: two 16-byte chunks
+          const uint64_t da = interleaved_desc(window + ((tap / 3) * kWindow + tap % 3) * 16 + 2 * ks * kChunkPitch,
+                                               kChunkPitch, kWindow * 16);
+          const uint64_t db = interleaved_desc(filters + (tap * Cfg::kChunks + 2 * ks) * C * 16, C * 16, 8 * 16);
+          wgmma<C>(da, db, acc, tap != 0 || ks != 0, std::make_index_sequence<C / 2>{});
+        }
       }
-    }
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int a = 0; a < C / 2; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+    });
     warpgroup_sync<Cfg::kWarpgroups>(wg);  // every warp of the warpgroup is done with the slot: refill it
     if (producer && i + kStages < count) load_window(i + kStages);
     store_tile<Cfg, kResidual>(p, tc, acc, residual, alpha, bias, warp, lane);
@@ -241,22 +237,9 @@ class HaloConv3x3 final : public ConvKernel {
   static constexpr int kChannels = Cfg::kChannels;
   static constexpr auto kKernel = halo_conv3x3_s8<Cfg, kResidual>;
 
-  explicit HaloConv3x3(const char* name) {
-    info_.name = name;
-    info_.in = DType::I8;
-    info_.out = DType::I8;
-    info_.epilogue = E;
-    info_.tile_m = kTile * kTile;
-    info_.tile_n = kChannels;
-    info_.tile_k = kChannels;
-    info_.stages = Cfg::kStages;
-    info_.persistent = true;
-    info_.smem_bytes = static_cast<int>(sizeof(SharedStorage<Cfg>));
-    info_.threads = Cfg::kThreads;
-    info_.channel_multiple = 16;  // TMA's 16-byte strides; unsupported() asks for exactly kChannels
-    info_.address_alignment = 16;
-    info_.sm = 90;
-  }
+  explicit HaloConv3x3(const char* name)
+      : info_(hand_written_int8_info(name, E, kTile * kTile, kChannels, kChannels, Cfg::kStages,
+                                     static_cast<int>(sizeof(SharedStorage<Cfg>)), Cfg::kThreads, false)) {}
 
   const KernelInfo& info() const override { return info_; }
 
@@ -288,13 +271,9 @@ class HaloConv3x3 final : public ConvKernel {
                   (p.w + kTile - 1) / kTile,
                   (p.h + kTile - 1) / kTile,
                   static_cast<int>(tiles(p))};
-    const CUtensorMap map = window_map(p, operands.x);
-    const int per_sm =
-        resident_ctas_per_sm<kKernel, Cfg::kThreads, static_cast<int>(sizeof(SharedStorage<Cfg>))>(current_device());
     const int64_t ctas = (int64_t{params.tiles} + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups;
-    const int64_t grid = std::min<int64_t>(ctas, int64_t{sm_count()} * per_sm);
-    kKernel<<<static_cast<unsigned>(grid), Cfg::kThreads, sizeof(SharedStorage<Cfg>), stream>>>(map, params);
-    RN_CUDA_CHECK_LAUNCH();
+    launch_persistent<kKernel, Cfg::kThreads, static_cast<int>(sizeof(SharedStorage<Cfg>))>(
+        ctas, stream, window_map(p, operands.x), params);
   }
 
  private:
@@ -304,22 +283,10 @@ class HaloConv3x3 final : public ConvKernel {
 
   // x as a 4-D TMA tensor (C, W, H, N), boxes of 16 channels x a 10x10 window; out-of-image coordinates read zeros.
   CUtensorMap window_map(const ConvProblem& p, const void* x) const {
-    CUtensorMap map;
-    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.w),
-                                static_cast<cuuint64_t>(p.h), static_cast<cuuint64_t>(p.n)};
-    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.c), static_cast<cuuint64_t>(p.c) * p.w,
-                                   static_cast<cuuint64_t>(p.c) * p.w * p.h};
-    const cuuint32_t box[4] = {16, kWindow, kWindow, 1};
-    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-    const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-        &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(x), dims, strides, box, element_strides,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (status != CUDA_SUCCESS) {
-      throw std::runtime_error(info_.name + ": encoding the input's TMA descriptor failed (CUresult " +
-                               std::to_string(static_cast<int>(status)) + ")");
-    }
-    return map;
+    const cuuint64_t c = static_cast<cuuint64_t>(p.c);
+    return int8_tma_map<4>(
+        info_.name, x, {c, static_cast<cuuint64_t>(p.w), static_cast<cuuint64_t>(p.h), static_cast<cuuint64_t>(p.n)},
+        {c, c * p.w, c * p.w * p.h}, {16, kWindow, kWindow, 1});
   }
 
   KernelInfo info_;

@@ -1,26 +1,32 @@
-// What every CUTLASS kernel of this folder shares, whatever its mainloop: the properties read off its CUTLASS types,
-// and the shared-memory limit raised before its launch.
+// What the kernels of this folder share, whatever their mainloop: the properties read off a CUTLASS kernel's types
+// (or a hand-written kernel's), the shared-memory limit raised before a launch and the CTAs an SM holds, and the
+// hand-written kernels' TMA descriptors.
 #pragma once
 
+#include <cuda.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "cutlass/conv/convolution.h"
+#include "cutlass/cuda_host_adapter.hpp"
 #include "cutlass/device_kernel.h"
 #include "cutlass/kernel_hardware_info.hpp"
 
+#include "../../core/device.h"
 #include "../../core/error.h"
 #include "../../core/launch_config.h"
 #include "../own_conv.h"
 
 namespace rn::ownconv::sm90 {
 
-// An int8 kernel's KernelInfo from its CUTLASS types (Kernel, and Mainloop's stage count); the caller adds what its
-// schedule sets (cluster, persistent).
-template <class Kernel, class Mainloop>
-KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k, int alignment) {
+// An int8 kernel's KernelInfo: int8 in and out, channel counts a multiple of `channel_multiple`, 16-byte aligned
+// operands (TMA), sm_90a; the caller adds what its schedule sets (cluster, persistent, gemm_1x1).
+inline KernelInfo int8_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k, int stages,
+                            int smem_bytes, int threads, int channel_multiple) {
   KernelInfo info;
   info.name = name;
   info.in = DType::I8;
@@ -29,13 +35,51 @@ KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int
   info.tile_m = tile_m;
   info.tile_n = tile_n;
   info.tile_k = tile_k;
-  info.stages = Mainloop::DispatchPolicy::Stages;
-  info.smem_bytes = static_cast<int>(Kernel::SharedStorageSize);
-  info.threads = static_cast<int>(Kernel::MaxThreadsPerBlock);
-  info.channel_multiple = alignment;
+  info.stages = stages;
+  info.smem_bytes = smem_bytes;
+  info.threads = threads;
+  info.channel_multiple = channel_multiple;
   info.address_alignment = 16;
   info.sm = 90;
   return info;
+}
+
+// The same from a CUTLASS kernel's types (Kernel, and Mainloop's stage count).
+template <class Kernel, class Mainloop>
+KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k, int alignment) {
+  return int8_info(name, epilogue, tile_m, tile_n, tile_k, Mainloop::DispatchPolicy::Stages,
+                   static_cast<int>(Kernel::SharedStorageSize), static_cast<int>(Kernel::MaxThreadsPerBlock),
+                   alignment);
+}
+
+// A hand-written persistent kernel's (halo_conv_sm90.cuh, stream1x1_sm90.cuh): 16-byte channel multiples for TMA;
+// its unsupported() asks for its exact channel counts.
+inline KernelInfo hand_written_int8_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k,
+                                         int stages, int smem_bytes, int threads, bool gemm_1x1) {
+  KernelInfo info = int8_info(name, epilogue, tile_m, tile_n, tile_k, stages, smem_bytes, threads, 16);
+  info.persistent = true;
+  info.gemm_1x1 = gemm_1x1;
+  return info;
+}
+
+// A TMA descriptor over int8 data at x of kRank dimensions (innermost first, byte strides of dimensions 1 and up),
+// loading boxes of `box` elements without swizzle; coordinates outside the tensor read zeros. `kernel` names the
+// kernel in the error.
+template <int kRank>
+CUtensorMap int8_tma_map(const std::string& kernel, const void* x, const cuuint64_t (&dims)[kRank],
+                         const cuuint64_t (&strides)[kRank - 1], const cuuint32_t (&box)[kRank]) {
+  CUtensorMap map;
+  cuuint32_t element_strides[kRank];
+  for (int i = 0; i < kRank; ++i) element_strides[i] = 1;
+  const CUresult status = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, kRank, const_cast<void*>(x), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    throw std::runtime_error(kernel + ": encoding the input's TMA descriptor failed (CUresult " +
+                             std::to_string(static_cast<int>(status)) + ")");
+  }
+  return map;
 }
 
 // The 2-D fprop problem of CUTLASS's ConvProblemShape for `p` (NHWC activations, KRSC filters, no dilation).
@@ -78,6 +122,17 @@ int resident_ctas_per_sm(int device) {
                              " bytes of shared memory, " + std::to_string(kThreads) + " threads)");
   if (cached) known[device].store(per_sm, std::memory_order_release);
   return per_sm;
+}
+
+// Launches a hand-written persistent kernel over `ctas` CTAs' worth of work: at most as many CTAs as the SMs hold at
+// once, each walking its share (none for no work).
+template <auto kKernel, int kThreads, int kSharedBytes, class... Args>
+void launch_persistent(int64_t ctas, cudaStream_t stream, const Args&... args) {
+  const int per_sm = resident_ctas_per_sm<kKernel, kThreads, kSharedBytes>(current_device());
+  const int64_t grid = std::min<int64_t>(ctas, int64_t{sm_count()} * per_sm);
+  if (grid <= 0) return;
+  kKernel<<<static_cast<unsigned>(grid), kThreads, kSharedBytes, stream>>>(args...);
+  RN_CUDA_CHECK_LAUNCH();
 }
 
 // The same for a CUTLASS kernel type, launched as cutlass::device_kernel<Kernel>.

@@ -48,6 +48,21 @@ __device__ inline void wgmma(uint64_t da, uint64_t db, uint32_t* acc, bool accum
                      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
+// Runs `issue` (the wgmmas of one accumulation into acc, kRegisters words) as one committed batch and waits for it.
+// The accumulator registers are fenced on both sides, so the compiler keeps its own reads and writes of them out
+// of the asynchronous wgmma's way.
+template <int kRegisters, class Issue>
+__device__ inline void wgmma_batch(uint32_t* acc, const Issue& issue) {
+#pragma unroll
+  for (int a = 0; a < kRegisters; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+  cute::warpgroup_arrive();
+  issue();
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int a = 0; a < kRegisters; ++a) asm volatile("" : "+r"(acc[a])::"memory");
+}
+
 // 4 words, one per lane of a quad, selected by a lane-dependent index without local memory.
 __device__ inline uint32_t pick(const uint32_t (&v)[4], int i) {
   return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
