@@ -64,8 +64,8 @@ def time_shape(cp, own_conv, device_ms, shape, batch, residual, rng):
         out.fill(99)
         call()
         got = out.get()
-        same = True if first is None else bool(np.array_equal(got, first))
         first = got if first is None else first
+        same = bool(np.array_equal(got, first))
         ms = device_ms(call, samples=15)
         rows.append(
             {
