@@ -16,6 +16,14 @@ class Registration {
   explicit Registration(const ConvKernel* kernel);
 };
 
+// Defines the kernel object NAME of type __VA_ARGS__ (a ConvKernel constructed from its name) in the translation
+// unit's anonymous namespace and registers it under NAME; each kernel family's macro (conv_sm90.cuh, ...) is this.
+#define RN_OWNCONV_REGISTER(NAME, ...)                                   \
+  namespace {                                                            \
+  const __VA_ARGS__ kernel_##NAME(#NAME);                                \
+  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME); \
+  }
+
 // Every registered kernel, sorted by name.
 const std::vector<const ConvKernel*>& kernels();
 // The kernel of that name, or nullptr.

@@ -165,9 +165,6 @@ class Sm90Conv final : public ConvKernel {
 
 // One kernel per translation unit: RN_OWNCONV_SM90(s8_res_128x64x64_s4, int8_t, RequantizeResidual, 128, 64, 64, 4)
 // defines it (the last argument: mainloop stages, 0 for as many as fit) and registers it under that name.
-#define RN_OWNCONV_SM90(NAME, ELEMENT, EPILOGUE, TM, TN, TK, STAGES)                                                 \
-  namespace {                                                                                                        \
-  const ::rn::ownconv::sm90::Sm90Conv<ELEMENT, ::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK, STAGES> kernel_##NAME( \
-      #NAME);                                                                                                        \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                             \
-  }
+#define RN_OWNCONV_SM90(NAME, ELEMENT, EPILOGUE, TM, TN, TK, STAGES) \
+  RN_OWNCONV_REGISTER(NAME,                                          \
+                      ::rn::ownconv::sm90::Sm90Conv<ELEMENT, ::rn::ownconv::Epilogue::EPILOGUE, TM, TN, TK, STAGES>)

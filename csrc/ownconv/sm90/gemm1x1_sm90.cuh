@@ -107,10 +107,7 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, 
 
 // One kernel per translation unit: RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x128x64, RequantizeResidual, Cooperative,
 // 128, 128, 64) defines it and registers it under that name.
-#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)                                   \
-  namespace {                                                                                           \
-  const ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE,                             \
-                                         ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK> \
-      kernel_##NAME(#NAME);                                                                             \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                \
-  }
+#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)                     \
+  RN_OWNCONV_REGISTER(NAME,                                                               \
+                      ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE, \
+                                                       ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK>)

@@ -296,10 +296,7 @@ class HaloConv3x3 final : public ConvKernel {
 
 // One registered kernel: NAME (an identifier, the kernel's name in Python) with EPILOGUE (own_conv.h's Epilogue),
 // CHANNELS = C = K, WARPGROUPS consumers per CTA sharing the filters, STAGES windows in flight per warpgroup.
-#define RN_OWNCONV_SM90_HALO(NAME, EPILOGUE, CHANNELS, WARPGROUPS, STAGES)                                      \
-  namespace {                                                                                                   \
-  const ::rn::ownconv::sm90::halo::HaloConv3x3<::rn::ownconv::sm90::halo::Config<CHANNELS, WARPGROUPS, STAGES>, \
-                                               ::rn::ownconv::Epilogue::EPILOGUE>                               \
-      kernel_##NAME(#NAME);                                                                                     \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                        \
-  }
+#define RN_OWNCONV_SM90_HALO(NAME, EPILOGUE, CHANNELS, WARPGROUPS, STAGES)                                           \
+  RN_OWNCONV_REGISTER(                                                                                               \
+      NAME, ::rn::ownconv::sm90::halo::HaloConv3x3< ::rn::ownconv::sm90::halo::Config<CHANNELS, WARPGROUPS, STAGES>, \
+                                                    ::rn::ownconv::Epilogue::EPILOGUE>)

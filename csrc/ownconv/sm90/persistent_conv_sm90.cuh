@@ -95,10 +95,7 @@ class Sm90PersistentConv final : public GemmUniversalConv<Sm90PersistentConv<E, 
 
 // One kernel per translation unit: RN_OWNCONV_SM90_PERSISTENT(s8_p_res_128x128x128, RequantizeResidual, Cooperative,
 // 128, 128, 128) defines it and registers it under that name.
-#define RN_OWNCONV_SM90_PERSISTENT(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)                                       \
-  namespace {                                                                                                  \
-  const ::rn::ownconv::sm90::Sm90PersistentConv<::rn::ownconv::Epilogue::EPILOGUE,                             \
-                                                ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK> \
-      kernel_##NAME(#NAME);                                                                                    \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                       \
-  }
+#define RN_OWNCONV_SM90_PERSISTENT(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)               \
+  RN_OWNCONV_REGISTER(                                                                 \
+      NAME, ::rn::ownconv::sm90::Sm90PersistentConv<::rn::ownconv::Epilogue::EPILOGUE, \
+                                                    ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK>)

@@ -268,10 +268,7 @@ class Stream1x1 final : public ConvKernel {
 
 // One registered kernel: NAME (an identifier, the kernel's name in Python) with EPILOGUE (own_conv.h's Epilogue),
 // C input and K output channels, STAGES input tiles in flight per CTA.
-#define RN_OWNCONV_SM90_STREAM1X1(NAME, EPILOGUE, C, K, STAGES)                                         \
-  namespace {                                                                                           \
-  const ::rn::ownconv::sm90::stream1x1::Stream1x1<::rn::ownconv::sm90::stream1x1::Config<C, K, STAGES>, \
-                                                  ::rn::ownconv::Epilogue::EPILOGUE>                    \
-      kernel_##NAME(#NAME);                                                                             \
-  const ::rn::ownconv::Registration registration_##NAME(&kernel_##NAME);                                \
-  }
+#define RN_OWNCONV_SM90_STREAM1X1(NAME, EPILOGUE, C, K, STAGES)                                                        \
+  RN_OWNCONV_REGISTER(NAME,                                                                                            \
+                      ::rn::ownconv::sm90::stream1x1::Stream1x1< ::rn::ownconv::sm90::stream1x1::Config<C, K, STAGES>, \
+                                                                 ::rn::ownconv::Epilogue::EPILOGUE>)
