@@ -57,13 +57,6 @@ def halo_channels(info):
     return int(info["name"].rsplit("_c", 1)[1]) if info["name"].startswith("s8_halo_") else None
 
 
-def stream_channels(info):
-    """The one (C, K) a streaming 1x1 kernel runs ('s8_1x1_stream_c64_k256', 's8_1x1_stream_res_c128_k512'), else
-    None."""
-    m = re.fullmatch(r"s8_1x1_stream_(?:res_)?c(\d+)_k(\d+)", info["name"])
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def expected_auto(c, k, residual):
     """select()'s documented rule: among the kernels of the epilogue that can run the problem, persistent ones first,
     then a 1x1 GEMM, then tiles without partly empty ones, then the larger tile (else the smallest), then fewer
@@ -87,14 +80,8 @@ def test_auto_picks_a_kernel_by_its_rule_and_a_named_one_is_checked(c, k, residu
         if info["residual"] == residual and not runs_3x3(info):
             with pytest.raises(ValueError, match="takes 1x1 filters at stride 1 without padding only"):
                 own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual, kernel=info["name"])
-            if stream_channels(info) in (None, (c, k)):
-                assert own_conv.select((2, 8, 8, c), (k, 1, 1, c), pad=0, stride=1, residual=residual,
-                                       kernel=info["name"]) == info["name"]
-            else:
-                sc, sk = stream_channels(info)
-                with pytest.raises(ValueError, match=f"a streaming 1x1 kernel: takes C = {sc} and K = {sk} only"):
-                    own_conv.select((2, 8, 8, c), (k, 1, 1, c), pad=0, stride=1, residual=residual,
-                                    kernel=info["name"])
+            assert own_conv.select((2, 8, 8, c), (k, 1, 1, c), pad=0, stride=1, residual=residual,
+                                   kernel=info["name"]) == info["name"]
         elif info["residual"] == residual and halo_channels(info) not in (None, c if c == k else None):
             with pytest.raises(ValueError, match=f"a halo-window kernel: takes C = K = {halo_channels(info)}, 3x3"):
                 own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual, kernel=info["name"])

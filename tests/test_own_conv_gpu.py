@@ -33,15 +33,15 @@ GEOMETRIES = [(3, 1, 1), (3, 1, 2), (1, 0, 1), (1, 0, 2)]  # (filter size, pad, 
 
 def fuzz_cases(count=30, seed=40):
     """(n, hw, c, k, r, pad, stride): H = W in {4, 8, 16, 32}, C and K multiples of 16 in 16..512, each geometry,
-    ResNet-18's CIFAR layer shapes, ResNet-50's 1x1 ones, 64- and 128-channel 3x3s on partial 8x8 tiles and the
-    streaming 1x1 kernels' shapes on a partial 64-pixel tile among them; the batch shrinks a case to MAX_MACS."""
+    ResNet-18's CIFAR layer shapes, ResNet-50's 1x1 ones (some on pixel counts no tile divides) and 64- and 128-channel
+    3x3s on partial 8x8 tiles among them; the batch shrinks a case to MAX_MACS."""
     rng = np.random.default_rng(seed)
     channels = [16, 32, 48, 64, 80, 128, 144, 192, 256, 320, 384, 512]
     cases = [(2, 32, 64, 64, 3, 1, 1), (2, 32, 64, 128, 3, 1, 2), (2, 32, 64, 128, 1, 0, 2), (2, 16, 128, 128, 3, 1, 1),
              (2, 8, 256, 256, 3, 1, 1), (2, 4, 512, 512, 3, 1, 1), (2, 8, 256, 512, 1, 0, 2),
              (2, 32, 64, 256, 1, 0, 1), (2, 32, 256, 64, 1, 0, 1), (3, 8, 1024, 256, 1, 0, 1),  # ResNet-50's 1x1s
              (3, 12, 64, 64, 3, 1, 1), (1, 4, 64, 64, 3, 1, 1), (2, 12, 128, 128, 3, 1, 1),  # partial 8x8 tiles
-             (2, 16, 128, 512, 1, 0, 1), (1, 5, 64, 256, 1, 0, 1), (3, 7, 128, 512, 1, 0, 1)]  # partial 64-pixel tiles
+             (2, 16, 128, 512, 1, 0, 1), (1, 5, 64, 256, 1, 0, 1), (3, 7, 128, 512, 1, 0, 1)]  # odd pixel counts
     while len(cases) < count:
         r, pad, stride = GEOMETRIES[len(cases) % len(GEOMETRIES)]
         hw = int(rng.choice([4, 8, 16, 32]))

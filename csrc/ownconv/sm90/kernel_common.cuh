@@ -52,7 +52,7 @@ KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int
                    alignment);
 }
 
-// A hand-written persistent kernel's (halo_conv_sm90.cuh, stream1x1_sm90.cuh): 16-byte channel multiples for TMA;
+// A hand-written persistent kernel's (halo_conv_sm90.cuh): 16-byte channel multiples for TMA;
 // its unsupported() asks for its exact channel counts.
 inline KernelInfo hand_written_int8_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k,
                                          int stages, int smem_bytes, int threads, bool gemm_1x1) {

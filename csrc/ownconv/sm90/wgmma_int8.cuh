@@ -1,4 +1,4 @@
-// What the hand-written int8 wgmma kernels share (halo_conv_sm90.cuh, stream1x1_sm90.cuh): no-swizzle K-major
+// What hand-written int8 wgmma kernels share (halo_conv_sm90.cuh): no-swizzle K-major
 // shared-memory descriptors, the m64 int8 wgmma over an accumulator array, and the requantising epilogue of one
 // accumulator fragment's 64 output channels of a pixel, written as 16-byte rows.
 //
