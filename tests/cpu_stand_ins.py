@@ -11,8 +11,8 @@ import numpy as np
 def numpy_as_cupy():
     """A module standing in for cupy, on NumPy."""
     fake = types.ModuleType("cupy")
-    for name in ("zeros", "asarray", "ascontiguousarray", "log", "exp", "arange", "int32", "int64",
-                 "float16", "float32", "float64", "uint8", "uint16"):
+    for name in ("zeros", "asarray", "ascontiguousarray", "log", "exp", "arange", "einsum", "floor", "clip", "int32",
+                 "int64", "float16", "float32", "float64", "uint8", "uint16"):
         setattr(fake, name, getattr(np, name))
     class Event:  # NumPy's work is done when it is queued: an event is complete when recorded
         def __init__(self, *args, **kwargs):

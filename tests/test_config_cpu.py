@@ -67,6 +67,24 @@ def test_the_tta_ema_and_schedule_flags():
         cfg_from(["--recipe", "C", "--ema-every", "0"])
 
 
+def test_progressive_resizing_flags_and_schedule():
+    from resnet_native.training.config import reduced_size, train_image_sizes
+
+    cfg = cfg_from(["--recipe", "C", "--epochs", "10", "--progressive-size", "16", "--progressive-until", "0.35"])
+    assert cfg.progressive.to_dict() == {"size": 16, "until": 0.35}
+    assert [reduced_size(cfg, e) for e in range(10)] == [16] * 4 + [None] * 6  # 3.5 epochs, rounded half up
+    assert train_image_sizes(cfg) == (16, 32)
+    off = cfg_from(["--recipe", "C", "--epochs", "10"])
+    assert off.progressive.size == 0 and train_image_sizes(off) == (32,)
+    assert train_image_sizes(cfg_from(["--recipe", "A", "--progressive-size", "24"])) == (32,)  # until 0: none
+    assert resume_differences(off, cfg) == ["progressive"]
+    for size in ("4", "32", "40"):
+        with pytest.raises(ValueError, match=r"progressive.size: expected 0 \(off\) or a size in \[8, 32\)"):
+            cfg_from(["--recipe", "C", "--progressive-size", size])
+    with pytest.raises(ValueError, match="progressive.until: expected < 1"):
+        cfg_from(["--recipe", "C", "--progressive-size", "16", "--progressive-until", "1"])
+
+
 def test_the_average_is_part_of_what_a_resume_must_repeat():
     a, b = cfg_from(["--recipe", "C"]), cfg_from(["--recipe", "C", "--ema-decay", "0.9"])
     assert resume_differences(a, b) == ["ema"]

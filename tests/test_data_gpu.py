@@ -151,3 +151,48 @@ def test_kernel_gathers_labels_and_contains_bad_indices(rng):
     black = apply_reference(np.zeros((1, 32, 32, 3), np.uint8), np.where(np.arange(6)[:, None] == 0, 0,
                             table[:, 5:25][:, ~known]), lut, crop_padding=4, cutout=16)
     np.testing.assert_array_equal(as_bits(got[~known]), as_bits(black))
+
+
+@pytest.mark.parametrize("size", [16, 24])
+def test_downscaled_copy_equals_reference(rng, size):
+    import cupy as cp
+
+    from resnet_native.data.resize import CHUNK, downscale_on_gpu, downscale_reference
+
+    images = rng.integers(0, 256, (CHUNK + 37, 32, 32, 3), dtype=np.uint8)  # two chunks, the second partial
+    got = downscale_on_gpu(cp.asarray(images), size).get()
+    want = downscale_reference(images, size)
+    # The same float64 weights summed in another order: a value within 1e-12 of a rounding tie may round the other
+    # way. 32 -> 16 has dyadic weights and sums that are exact in float64, so it agrees everywhere.
+    diff = np.abs(got.astype(int) - want)
+    assert diff.max() <= (0 if size == 16 else 1) and (diff != 0).mean() < 1e-6
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_gpu_augmenter_serves_a_downscaled_epoch(rng, replacement):
+    import cupy as cp
+
+    from resnet_native.data.resize import downscale_reference
+
+    images = rng.integers(0, 256, (80, 32, 32, 3), dtype=np.uint8)
+    other = rng.integers(0, 256, (80, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, 80).astype(np.int32)
+    a = aug.GpuAugmenter(images, labels, batch_size=32, layout="NCHW", dtype="fp16", config=CUTOUT, seed=2)
+    source = other if replacement else images
+    small = downscale_reference(source, 16)
+    scaled = CUTOUT.scaled(16, 32)
+    table = sample_epoch(2, 3, 80, scaled, 16, 16)
+    lut = normalization_lut("fp16")
+    batches = [(x.get(), y.get()) for x, y in a.epoch(3, images=cp.asarray(other) if replacement else None, size=16)]
+    assert len(batches) == 2
+    for i, (x, y) in enumerate(batches):
+        cols = table[:, i * 32:(i + 1) * 32]
+        assert x.shape == (32, 3, 16, 16)
+        want = apply_reference(small, cols, lut, layout="NCHW", crop_padding=2, cutout=8)
+        np.testing.assert_array_equal(as_bits(x), as_bits(want))
+        np.testing.assert_array_equal(y, labels[cols[aug.ROW_INDEX]])
+    # The full-size epoch after it is untouched by the smaller one's buffers.
+    x, _ = next(iter(a.epoch(4)))
+    assert x.shape == (32, 3, 32, 32)
+    with pytest.raises(ValueError, match="size: expected an int in"):
+        next(iter(a.epoch(0, size=33)))

@@ -123,6 +123,24 @@ def test_resume_is_bit_identical(cpu_backend, tiny, tmp_path):
     assert done["epochs_done"] == 2
 
 
+def test_progressive_resizing_downscales_the_early_epochs_and_resumes_across_the_switch(cpu_backend, tiny, tmp_path):
+    """16x16 images (the tiny set, each pixel doubled), the first epoch downscaled to 8x8: the log says which size
+    each epoch trained at, and a run stopped after the small epoch resumes into the full-size one bit for bit."""
+    big = CIFAR10Data(*(np.repeat(np.repeat(a, 2, axis=1), 2, axis=2) if a.ndim == 4 else a
+                        for a in (tiny.train_images, tiny.train_labels, tiny.test_images, tiny.test_labels)),
+                      source="tiny 16x16")
+    cfg = config("--epochs", "2", "--progressive-size", "8", "--progressive-until", "0.5")
+    full = run(cfg, tmp_path / "full", big).run()
+    assert [r["image_size"] for r in read_metrics_csv(tmp_path / "full" / "metrics.csv")] == [8, 16]
+    run(cfg, tmp_path / "part", big).run(stop_after=1)
+    again = run(cfg, tmp_path / "part", big).run(resume=True)
+    a = checkpoint.load_checkpoint(tmp_path / "full" / "last.npz")
+    b = checkpoint.load_checkpoint(tmp_path / "part" / "last.npz")
+    for k in a["model"]:
+        np.testing.assert_array_equal(b["model"][k], a["model"][k], err_msg=k)
+    assert again["test_acc"] == full["test_acc"]
+
+
 def test_recipe_b_with_autoaugment_workers(cpu_backend, tiny, tmp_path):
     cfg = cli.resolve_config(cli.build_parser().parse_args(
         ["--recipe", "B", "--epochs", "2", "--batch-size", "16", "--eval-batch-size", "8", "--label-smoothing",

@@ -91,6 +91,19 @@ def test_two_epochs_learn_far_above_chance(uninterrupted):
     assert best["metrics"]["best"]["test_acc"] == max(r["test_acc"] for r in rows)
 
 
+def test_progressive_resizing_trains_the_first_epoch_smaller(cifar, tmp_path):
+    """Epoch 1 at 16 x 16 pixels, epoch 2 at full size (its own captured step): the run learns and the log says
+    which size each epoch took. (Each epoch's first steps search algorithms for its shapes, so their times here say
+    nothing of the sizes' speeds; bench runs of the recipe do.)"""
+    from resnet_native.training.metrics_log import read_metrics_csv
+
+    cfg = cfg_from([*SHORT_RUN_ARGS, "--seed", "1", "--progressive-size", "16", "--progressive-until", "0.5"])
+    summary = loop.Trainer(cfg, tmp_path, data=cifar, progress=False, tensorboard=False).run()
+    assert summary["completed"] and summary["test_acc"] > SHORT_RUN_MIN_TEST_ACC, summary
+    rows = read_metrics_csv(tmp_path / "metrics.csv")
+    assert [r["image_size"] for r in rows] == [16, 32]
+
+
 def test_resume_after_epoch_one_equals_uninterrupted(uninterrupted, cifar, config, tmp_path):
     out_a, summary_a = uninterrupted
     first = loop.Trainer(config, tmp_path, data=cifar, progress=False, tensorboard=False).run(stop_after=1)

@@ -21,6 +21,7 @@ from .._core.rng import epoch_rng  # noqa: F401  (re-exported: the augmentation'
 from ..distributed.sharding import shard_indices
 from ..ops.images import launch_augment  # noqa: F401  (re-exported: the augmentation kernel)
 from ..reference.bf16 import to_bf16_bits
+from .resize import downscale_on_gpu
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -47,6 +48,15 @@ class AugmentConfig:
             raise ValueError(f"crop_padding: expected an int >= 0, got {self.crop_padding!r}")
         if not isinstance(self.cutout, int) or self.cutout < 0:
             raise ValueError(f"cutout: expected an int >= 0, got {self.cutout!r}")
+
+    def scaled(self, size: int, full: int) -> AugmentConfig:
+        """The same augmentation for images downscaled from full to size pixels: padding and Cutout in proportion
+        (rounded half up), so a crop shifts and a Cutout hides the same share of the picture."""
+        if size == full:
+            return self
+        k = size / full
+        return AugmentConfig(crop_padding=int(self.crop_padding * k + 0.5), flip=self.flip,
+                             cutout=int(self.cutout * k + 0.5))
 
 
 def storage_dtype(dtype: str) -> np.dtype:
@@ -168,6 +178,8 @@ class GpuAugmenter:
     for x, y in augmenter.epoch(e): ...   # x: (B, H, W, 3) / (B, 3, H, W) in the storage dtype; y: int32 (B,)
     Each epoch uploads one (6, N) int32 table (one host-to-device copy); each batch is one kernel launch into
     reused image and label buffers (stream order keeps the previous step's reads ahead of the next write).
+    epoch(e, size=s) serves the epoch at s x s pixels (progressive resizing): from a copy of the set downscaled once
+    (data/resize.py, kept for later epochs), with the crop padding and Cutout scaled alike (AugmentConfig.scaled).
     drop_last: skip the final partial batch so every step has the same shape.
     num_classes: labels must lie in [0, num_classes) (checked once, here).
     """
@@ -198,6 +210,7 @@ class GpuAugmenter:
         self.labels = cupy.asarray(labels, dtype=cupy.int32)
         self.lut = cupy.asarray(normalization_lut(dtype))
         self._out = {}
+        self._downscaled = {}  # size -> the resident set at that size
 
     def __len__(self):
         n = self.epoch_images
@@ -213,35 +226,56 @@ class GpuAugmenter:
         n = self.num_images
         return n if self.world is None else n // self.world.world_size
 
-    def _buffers(self, batch):
-        """The (images, labels) output buffers of a batch size, reused by every batch of that size."""
+    @property
+    def image_size(self) -> int:
+        """The resident images' side in pixels (CIFAR-10: 32)."""
+        return int(self.images.shape[1])
+
+    def _buffers(self, batch, h, w):
+        """The (images, labels) output buffers of a batch size and image size, reused by every such batch."""
         import cupy
 
-        if batch not in self._out:
-            _, h, w, _ = self.images.shape
+        key = (batch, h, w)
+        if key not in self._out:
             shape = (batch, h, w, 3) if self.layout == "NHWC" else (batch, 3, h, w)
-            self._out[batch] = (cupy.empty(shape, dtype=self.lut.dtype), cupy.empty((batch,), dtype=cupy.int32))
-        return self._out[batch]
+            self._out[key] = (cupy.empty(shape, dtype=self.lut.dtype), cupy.empty((batch,), dtype=cupy.int32))
+        return self._out[key]
 
-    def epoch(self, epoch: int, images=None):
+    def _source(self, images, size):
+        """The epoch's uint8 source at `size` pixels: the resident set (or the given copy, e.g. AutoAugmented,
+        checked to match it), downscaled when size is below the resident size."""
+        if images is not None and tuple(images.shape) != tuple(self.images.shape):
+            raise ValueError(f"images: expected {tuple(self.images.shape)}, got {tuple(images.shape)}")
+        full = self.image_size
+        if size is None or size == full:
+            return self.images if images is None else images
+        if not isinstance(size, int) or not 0 < size < full or self.images.shape[2] != full:
+            raise ValueError(f"size: expected an int in (0, {full}] for square {full} x {full} images, got {size!r}")
+        if images is not None:  # a new copy each epoch: downscaled each epoch
+            return downscale_on_gpu(images, size)
+        if size not in self._downscaled:
+            self._downscaled[size] = downscale_on_gpu(self.images, size)
+        return self._downscaled[size]
+
+    def epoch(self, epoch: int, images=None, size: int | None = None):
         """Yield (x, labels) for every batch of the epoch. images: a replacement uint8 source of the same shape
-        (e.g. this epoch's AutoAugmented copy), indexed like the resident set."""
+        (e.g. this epoch's AutoAugmented copy), indexed like the resident set; size: the side of the epoch's
+        images in pixels (default: the resident size), downscaled from the source."""
         import cupy
 
-        src = self.images if images is None else images
-        if tuple(src.shape) != tuple(self.images.shape):
-            raise ValueError(f"images: expected {tuple(self.images.shape)}, got {tuple(src.shape)}")
+        src = self._source(images, size)
         _, h, w, _ = src.shape
-        table = sample_epoch(self.seed, epoch, self.num_images, self.config, h, w)
+        config = self.config.scaled(h, self.image_size)
+        table = sample_epoch(self.seed, epoch, self.num_images, config, h, w)
         if self.world is not None:
             table = np.ascontiguousarray(table[:, shard_indices(self.num_images, self.world, epoch, self.seed)])
         table = cupy.asarray(table)
         for i in range(len(self)):
             start = i * self.batch_size
             batch = min(self.batch_size, self.epoch_images - start)
-            out, labels = self._buffers(batch)
+            out, labels = self._buffers(batch, h, w)
             launch_augment(src, table, start, batch, self.lut, out, layout=self.layout,
-                           crop_padding=self.config.crop_padding, cutout=self.config.cutout, labels=self.labels,
+                           crop_padding=config.crop_padding, cutout=config.cutout, labels=self.labels,
                            labels_out=labels)
             yield out, labels
 

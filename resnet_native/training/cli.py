@@ -54,6 +54,8 @@ OVERRIDES = (
                                  "(0: none)"),
     ("--ema-every", "ema.every", "training steps between updates of the moving average"),
     ("--ema-start", "ema.start", "fraction of the run's steps before the moving average starts"),
+    ("--progressive-size", "progressive.size", "side in pixels of the early epochs' downscaled images, 0 for none"),
+    ("--progressive-until", "progressive.until", "fraction of the epochs trained at --progressive-size"),
     ("--engine", "engine", "convolution engine: graph (cuDNN 9's graph API), legacy, or auto (both timed per "
                            "problem; the recipes: graph)"),
     ("--deterministic", "deterministic",

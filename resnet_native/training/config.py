@@ -18,6 +18,7 @@ from .settings import REQUIRED, Settings, flag, integer, number, numbers, one_of
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parent.parent / "recipes"
 SCHEDULES = ("cosine", "onecycle", "linear", "constant")
+FULL_SIZE = 32  # CIFAR-10's images are 32 x 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +62,17 @@ class AugmentSettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProgressiveSettings(Settings):
+    """Progressive resizing: the first `until` of the epochs (a fraction) train on the images downscaled to size x
+    size pixels (data/resize.py), the rest at full size; the test set is always seen at full size. The network ends
+    in a global average pool, so it takes any size; a smaller one costs less per epoch. size 0: every epoch at full
+    size."""
+
+    size: int = integer(0, minimum=0)
+    until: float = number(0.0, minimum=0.0, below=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EMASettings(Settings):
     """An exponential moving average of the weights and batch-norm running statistics (optim/ema.py), evaluated,
     checkpointed and released in the trained weights' place. decay: per update, 0 for none (an average of decay 0
@@ -84,7 +96,8 @@ class TrainConfig(Settings):
     batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
     gradient bucket's all-reduce starts during backward (not with sync_bn); tta: test-time augmentation of the
     evaluation ('flip': the mean logits of each test image and its mirror, reported beside the plain figures);
-    ema: the weights' moving average (EMASettings)."""
+    ema: the weights' moving average (EMASettings); progressive: the early epochs at a lower resolution
+    (ProgressiveSettings)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -111,8 +124,12 @@ class TrainConfig(Settings):
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)
     ema: EMASettings = section(EMASettings)
+    progressive: ProgressiveSettings = section(ProgressiveSettings)
 
     def check(self) -> None:
+        if self.progressive.size and not 8 <= self.progressive.size < FULL_SIZE:
+            raise ValueError(f"progressive.size: expected 0 (off) or a size in [8, {FULL_SIZE}) pixels, got "
+                             f"{self.progressive.size}")
         if self.sync_bn and self.overlap_allreduce:
             raise ValueError("overlap_allreduce: not with sync_bn (both would use the NCCL communicator at once)")
         if self.schedule.warmup_epochs >= self.epochs:
@@ -128,7 +145,19 @@ class TrainConfig(Settings):
 
 # The settings whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
-               "optimizer", "schedule", "augment", "ema")
+               "optimizer", "schedule", "augment", "ema", "progressive")
+
+
+def reduced_size(cfg: TrainConfig, epoch: int) -> int | None:
+    """The side in pixels a (0-based) epoch's training images are downscaled to under progressive resizing; None
+    for full size."""
+    p = cfg.progressive
+    return p.size if p.size and epoch < int(p.until * cfg.epochs + 0.5) else None
+
+
+def train_image_sizes(cfg: TrainConfig) -> tuple:
+    """Every training image side a CIFAR-10 run meets, in order."""
+    return tuple(dict.fromkeys(reduced_size(cfg, e) or FULL_SIZE for e in range(cfg.epochs)))
 
 
 def resume_differences(saved: TrainConfig, cfg: TrainConfig) -> list[str]:

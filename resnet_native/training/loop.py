@@ -34,10 +34,10 @@ from ..nn.models.registry import NUM_CLASSES
 from ..ops import conv
 from .builders import Parts, autoaugment_workers, build_parts, partial_batch_search, subset_indices
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
-from .config import TrainConfig, resume_differences
+from .config import TrainConfig, reduced_size, resume_differences
 from .epoch_upload import EpochUpload
 from .evaluation import Evaluation
-from .metrics_log import TTA_COLUMNS, MetricsLog, plot_curves, preload_plotting
+from .metrics_log import SIZE_COLUMN, TTA_COLUMNS, MetricsLog, plot_curves, preload_plotting
 from .queued_epoch import QueuedEpoch, record_event, reserve_buffers, stage_state, state_sources
 from .resumed_state import check_resumed_state
 from .snapshot import HostSnapshot
@@ -254,7 +254,8 @@ class Trainer:
             steps = len(parts.augmenter)
             bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
             t0, start = time.perf_counter(), record_event()
-            for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images)):
+            size = reduced_size(self.cfg, epoch)
+            for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images, size=size)):
                 with partial_batch_search(len(y), parts.augmenter.batch_size):
                     parts.step.run(x, y)  # loss and correct count stay on the device, summed
                 if parts.ema is not None:  # queued behind the step: one launch or two, no wait
@@ -269,7 +270,8 @@ class Trainer:
             if bar is not None:
                 bar.close()
             totals = parts.step.take_totals()
-            queued = QueuedEpoch(epoch, lr, start, record_event(), totals)
+            queued = QueuedEpoch(epoch, lr, start, record_event(), totals,
+                                 image_size=size or parts.augmenter.image_size)
         if not self.world.is_primary:
             return queued
         with spent("evaluate"):
@@ -296,6 +298,8 @@ class Trainer:
                "images_per_s": parts.images_per_epoch / epoch_time}
         if self.cfg.tta != "none":  # the TTA figures beside the plain ones (None where not evaluated)
             row.update(zip(TTA_COLUMNS, tta or (None, None, None), strict=True))
+        if self.cfg.progressive.size:
+            row[SIZE_COLUMN] = queued.image_size
         with spent("log"):
             log.log_epoch(row)
             rank = f"rank {self.world.rank}: " if self.world.world_size > 1 else ""

@@ -24,6 +24,8 @@ COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "e
 # A run with test-time augmentation adds these (the mean logits' loss and accuracy, the GPU seconds of the mirrored
 # pass); a run without it keeps the columns above alone.
 TTA_COLUMNS = ("test_loss_tta", "test_acc_tta", "tta_s")
+# A run with progressive resizing adds the side of each epoch's training images.
+SIZE_COLUMN = "image_size"
 
 
 _SAID = set()  # the optional packages whose absence has been reported
@@ -83,6 +85,7 @@ class MetricsLog:
     def _write_csv(self):
         buf = io.StringIO()
         columns = COLUMNS + (TTA_COLUMNS if any(TTA_COLUMNS[1] in r for r in self.rows) else ())
+        columns += (SIZE_COLUMN,) if any(SIZE_COLUMN in r for r in self.rows) else ()
         w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for r in self.rows:
@@ -111,11 +114,11 @@ class MetricsLog:
 
 
 def read_metrics_csv(path) -> list[dict]:
-    """Rows of a metrics.csv with numbers parsed (epoch as int, the rest as float)."""
+    """Rows of a metrics.csv with numbers parsed (epoch and image size as int, the rest as float)."""
     with open(path, newline="") as f:
         rows = []
         for r in csv.DictReader(f):
-            rows.append({k: (int(v) if k == "epoch" else float(v)) if v not in ("", None) else None
+            rows.append({k: (int(v) if k in ("epoch", SIZE_COLUMN) else float(v)) if v not in ("", None) else None
                          for k, v in r.items()})
     return rows
 

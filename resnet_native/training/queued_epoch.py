@@ -30,6 +30,7 @@ class QueuedEpoch:
     staged: Any = None  # PendingSnapshot of the arrays, when the epoch may be checkpointed
     host_state: dict | None = None  # the host's part of that state, read when the epoch was queued
     previous_end: Any = None  # the end event of the epoch queued before this one
+    image_size: int = 32  # the side of its training images (progressive resizing downscales the early epochs')
 
     def training_figures(self) -> tuple[float, float, float]:
         """(mean loss, accuracy, seconds between the first step's start and the last step's end on the GPU)."""
