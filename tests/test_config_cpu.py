@@ -44,9 +44,11 @@ def test_recipe_c_is_the_fast_recipe():
     assert cfg.optimizer.name == "sgd" and cfg.optimizer.nesterov and cfg.schedule.name == "linear"
     assert cfg.tta == "flip" and cfg.ema.decay > 0 and cfg.eval_every >= cfg.epochs
     assert (cfg.precision, cfg.layout, cfg.augment.autoaugment) == ("fp16", "NHWC", False)
+    assert 16 <= cfg.progressive.size < 32 and 0 < cfg.progressive.until < 1  # the early epochs downscaled
     for other in ("A", "B"):
         cfg = cfg_from(["--recipe", other])
         assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.0, "every": 1, "start": 0.0}
+        assert cfg.progressive.size == 0  # every epoch at full size
 
 
 def test_the_tta_ema_and_schedule_flags():
@@ -74,7 +76,7 @@ def test_progressive_resizing_flags_and_schedule():
     assert cfg.progressive.to_dict() == {"size": 16, "until": 0.35}
     assert [reduced_size(cfg, e) for e in range(10)] == [16] * 4 + [None] * 6  # 3.5 epochs, rounded half up
     assert train_image_sizes(cfg) == (16, 32)
-    off = cfg_from(["--recipe", "C", "--epochs", "10"])
+    off = cfg_from(["--recipe", "C", "--epochs", "10", "--progressive-size", "0"])
     assert off.progressive.size == 0 and train_image_sizes(off) == (32,)
     assert train_image_sizes(cfg_from(["--recipe", "A", "--progressive-size", "24"])) == (32,)  # until 0: none
     assert resume_differences(off, cfg) == ["progressive"]

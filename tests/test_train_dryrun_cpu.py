@@ -131,6 +131,7 @@ def test_progressive_resizing_downscales_the_early_epochs_and_resumes_across_the
                       source="tiny 16x16")
     cfg = config("--epochs", "2", "--progressive-size", "8", "--progressive-until", "0.5")
     full = run(cfg, tmp_path / "full", big).run()
+    assert full["progressive"] == {"size": 8, "until": 0.5}
     assert [r["image_size"] for r in read_metrics_csv(tmp_path / "full" / "metrics.csv")] == [8, 16]
     run(cfg, tmp_path / "part", big).run(stop_after=1)
     again = run(cfg, tmp_path / "part", big).run(resume=True)

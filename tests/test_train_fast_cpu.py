@@ -96,12 +96,14 @@ def test_the_linear_schedule_runs_to_zero(cpu_backend, tiny, tmp_path):  # noqa:
 
 
 def test_recipe_c_runs(cpu_backend, tiny, tmp_path):  # noqa: F811
-    """Recipe C as shipped (batch, epochs and rate shrunk to the tiny set, Cutout off for its 8x8 images)."""
+    """Recipe C as shipped (batch, epochs and rate shrunk to the tiny set, Cutout and the 20-pixel early epochs off
+    for its 8x8 images; test_train_dryrun_cpu.py runs progressive resizing)."""
     cfg = cli.resolve_config(cli.build_parser().parse_args(
         ["--recipe", "C", "--epochs", "3", "--batch-size", "16", "--eval-batch-size", "8", "--cutout", "0",
-         "--warmup-epochs", "1", "--lr", "0.01"]))
+         "--warmup-epochs", "1", "--lr", "0.01", "--progressive-size", "0"]))
     summary = run(cfg, tmp_path, tiny).run()
     assert summary["recipe"] == "C" and summary["completed"] and summary["epochs_done"] == 3
     assert summary["tta"] == "flip" and summary["ema"] is True and 0.0 <= summary["test_acc_tta"] <= 1.0
+    assert summary["progressive"] is None
     rows = checkpoint.load_checkpoint(tmp_path / "last.npz")["metrics"]["history"]
     assert [r["test_acc"] is None for r in rows] == [True, True, False]  # evaluated once, at the end

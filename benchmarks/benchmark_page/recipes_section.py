@@ -28,10 +28,21 @@ def same_value(a, b):
         return str(a) == str(b)
 
 
-def as_shipped(recipe, summary, args):
-    """The seed of a run of the recipe as shipped (None when the run's settings were not the recipe's)."""
+# The results folder from which a recipe has its current definition, for what a run's summary does not record
+# (recipe C's progressive resizing, from session 31 on): an older folder's runs are of an earlier definition.
+DEFINED_SINCE = {"C": ("2026-12-06", 31)}
+
+
+def as_shipped(recipe, summary, args, folder=("9999", 0)):
+    """The seed of a run of the recipe as shipped (None when the run's settings were not the recipe's). folder: the
+    results folder's key (folder_key), checked against DEFINED_SINCE."""
     settings = recipe_settings(recipe)
     if summary.get("recipe") != recipe or not summary.get("completed", True):
+        return None
+    if folder < DEFINED_SINCE.get(recipe, ("", 0)):
+        return None
+    shipped = {"size": int(settings.get("size", 0)), "until": float(settings.get("until", 0.0))}
+    if "progressive" in summary and (summary["progressive"] or {"size": 0, "until": 0.0}) != shipped:
         return None
     if (
         summary.get("epochs") != int(settings["epochs"])
@@ -39,7 +50,8 @@ def as_shipped(recipe, summary, args):
     ):
         return None
     words, seed = shlex.split(args or ""), ""
-    names = {"--epochs": "epochs", "--batch-size": "batch_size", "--lr": "lr", "--eval-every": "eval_every"}
+    names = {"--epochs": "epochs", "--batch-size": "batch_size", "--lr": "lr", "--eval-every": "eval_every",
+             "--progressive-size": "size", "--progressive-until": "until"}
     for flag, value in zip(words[::2], words[1::2], strict=False):
         if flag == "--seed":
             seed = value
@@ -61,7 +73,7 @@ def recipe_runs(recipe):
             summary = entry.get("summary", entry)
             if not isinstance(summary, dict) or "test_acc" not in summary:
                 continue
-            seed = as_shipped(recipe, summary, entry.get("args"))
+            seed = as_shipped(recipe, summary, entry.get("args"), folder_key(results_folder(path)))
             if seed is None:
                 continue
             if not seed:

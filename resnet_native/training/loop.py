@@ -359,6 +359,7 @@ class Trainer:
             "train_images_per_s": (len(rows) * parts.images_per_epoch / train_time) if train_time > 0 else None,
             "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
             "out": str(self.out), "tta": cfg.tta, "ema": parts.ema is not None,
+            "progressive": cfg.progressive.to_dict() if cfg.progressive.size else None,
         }
         if cfg.tta != "none":
             # The last evaluation's TTA figures, and the GPU seconds every evaluation's mirrored pass took.
