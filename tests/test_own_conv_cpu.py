@@ -49,6 +49,7 @@ def runs_3x3(info):
     one channel count each) are persistent, the rest not."""
     assert info["persistent"] == info["name"].startswith(("s8_1x1_", "s8_p_", "s8_pp_", "s8_halo_"))
     assert info["gemm_1x1"] == info["name"].startswith("s8_1x1_")
+    assert info["preferred"] == (halo_channels(info) == 64)  # the 64-channel halo kernels only
     return not info["gemm_1x1"]
 
 
@@ -58,13 +59,14 @@ def halo_channels(info):
 
 
 def expected_auto(c, k, residual):
-    """select()'s documented rule: among the kernels of the epilogue that can run the problem, persistent ones first,
-    then a 1x1 GEMM, then tiles without partly empty ones, then the larger tile (else the smallest), then fewer
-    stages. The problems here are 3x3: no GEMM runs them."""
+    """select()'s documented rule: among the kernels of the epilogue that can run the problem, a preferred one first
+    (the 64-channel halo kernels), then persistent ones, then a 1x1 GEMM, then tiles without partly empty ones, then
+    the larger tile (else the smallest), then fewer stages. The problems here are 3x3: no GEMM runs them."""
     def key(info):
         tm, tn, tk = info["tile"]
         whole = k % tn == 0 and c % tk == 0
-        return (info["persistent"], info["gemm_1x1"], whole, tm * tn * tk if whole else -tm * tn * tk, -info["stages"])
+        size = tm * tn * tk if whole else -tm * tn * tk
+        return (info["preferred"], info["persistent"], info["gemm_1x1"], whole, size, -info["stages"])
     runs = [i for i in own_conv.kernels() if i["residual"] == residual and runs_3x3(i)
             and halo_channels(i) in (None, c if c == k else None)]
     return max(runs, key=key)["name"]
@@ -76,6 +78,8 @@ def expected_auto(c, k, residual):
 def test_auto_picks_a_kernel_by_its_rule_and_a_named_one_is_checked(c, k, residual):
     name = own_conv.select((2, 8, 8, c), (k, 3, 3, c), pad=1, stride=1, residual=residual)
     assert name == expected_auto(c, k, residual)
+    if c == k == 64:  # the halo-window kernel, faster there than any general one
+        assert name == ("s8_halo_res_c64" if residual else "s8_halo_c64")
     for info in own_conv.kernels():
         if info["residual"] == residual and not runs_3x3(info):
             with pytest.raises(ValueError, match="takes 1x1 filters at stride 1 without padding only"):

@@ -55,6 +55,8 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
     for flag, value in zip(words[::2], words[1::2], strict=False):
         if flag == "--seed":
             seed = value
+        elif flag == "--tta":  # evaluation only: the plain accuracy is the recipe's, the TTA one sits beside it
+            continue
         elif flag not in names or not same_value(value, settings[names[flag]]):
             return None
     return seed

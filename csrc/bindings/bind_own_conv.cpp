@@ -91,6 +91,7 @@ py::dict kernel_dict(const ownconv::ConvKernel& kernel) {
   d["stages"] = i.stages;
   d["persistent"] = i.persistent;
   d["gemm_1x1"] = i.gemm_1x1;
+  d["preferred"] = i.preferred;
   d["smem_bytes"] = i.smem_bytes;
   d["threads"] = i.threads;
   d["channel_multiple"] = i.channel_multiple;
@@ -186,9 +187,11 @@ py::dict own_conv_build_status() {
 }
 
 void bind_own_conv(py::module_& m) {
-  m.def("own_conv_kernels", &own_conv_kernels,
-        "The compiled own convolution kernels: a dict each (name, dtype, epilogue, residual, tile, cluster, stages, "
-        "persistent, gemm_1x1, smem_bytes, threads, channel_multiple, address_alignment, sm); empty when not built.");
+  m.def(
+      "own_conv_kernels", &own_conv_kernels,
+      "The compiled own convolution kernels: a dict each (name, dtype, epilogue, residual, tile, cluster, stages, "
+      "persistent, gemm_1x1, preferred, smem_bytes, threads, channel_multiple, address_alignment, sm); empty when not "
+      "built.");
   m.def("own_conv_select", &own_conv_select, py::arg("x_shape"), py::arg("w_shape"), py::arg("pad"), py::arg("stride"),
         py::arg("residual"), py::arg("kernel") = "auto",
         "The name of the kernel own_conv_s8 would run for these NHWC / KRSC shapes (ValueError says why none can).");

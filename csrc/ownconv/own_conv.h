@@ -53,6 +53,8 @@ struct KernelInfo {
   int stages = 0;           // mainloop pipeline stages
   bool persistent = false;  // a fixed grid walking the tiles (1x1 GEMMs, s8_p_*, s8_pp_*), else one CTA a tile
   bool gemm_1x1 = false;    // a plain GEMM: 1x1 filters at stride 1 without padding only (no im2col)
+  bool preferred = false;   // select() takes it first wherever it runs: it beat the general kernels on every batch
+                            // measured (the 64-channel halo-window kernels)
   int smem_bytes = 0;
   int threads = 0;
   int channel_multiple = 1;   // C and K must be multiples of it: TMA needs 16-byte strides

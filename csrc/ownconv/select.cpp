@@ -10,14 +10,15 @@
 namespace rn::ownconv {
 namespace {
 
-// Persistent kernels first (their epilogue overlaps the next tile's loads), then a plain GEMM where one can run the
-// problem (a 1x1 layer needs no im2col), then tiles without partly empty ones, then the larger (fewer CTAs, more
-// reuse per load), then fewer mainloop stages (more CTAs per SM, one's epilogue overlapping another's mainloop).
+// A kernel marked preferred first (written for exactly this shape family, and measured faster), then persistent
+// kernels (their epilogue overlaps the next tile's loads), then a plain GEMM where one can run the problem (a 1x1
+// layer needs no im2col), then tiles without partly empty ones, then the larger (fewer CTAs, more reuse per load),
+// then fewer mainloop stages (more CTAs per SM, one's epilogue overlapping another's mainloop).
 auto preference(const ConvKernel& kernel, const ConvProblem& p) {
   const KernelInfo& i = kernel.info();
   const bool whole_tiles = p.k % i.tile_n == 0 && p.c % i.tile_k == 0;
   const int size = whole_tiles ? i.tile_m * i.tile_n * i.tile_k : -(i.tile_m * i.tile_n * i.tile_k);
-  return std::make_tuple(i.persistent, i.gemm_1x1, whole_tiles, size, -i.stages);
+  return std::make_tuple(i.preferred, i.persistent, i.gemm_1x1, whole_tiles, size, -i.stages);
 }
 
 std::string names_of(const std::vector<const ConvKernel*>& list) {

@@ -32,9 +32,11 @@ from .conv_spec import ConvSpec
 
 
 def kernels() -> list[dict]:
-    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, persistent, gemm_1x1, smem_bytes,
-    threads, channel_multiple, address_alignment, sm); empty in a build without them. 'gemm_1x1' ('s8_1x1_*'): GEMMs
-    for 1x1 filters at stride 1 without padding; persistent: those and the 's8_p_*' / 's8_pp_*' convolutions."""
+    """The compiled kernels (name, dtype, epilogue, residual, tile, cluster, stages, persistent, gemm_1x1, preferred,
+    smem_bytes, threads, channel_multiple, address_alignment, sm); empty in a build without them. 'gemm_1x1'
+    ('s8_1x1_*'): GEMMs for 1x1 filters at stride 1 without padding; persistent: those, the 's8_p_*' / 's8_pp_*'
+    convolutions and the halo-window ones ('s8_halo_*'); preferred: what select('auto') takes first where it runs
+    (the 64-channel halo-window kernels, faster than the general ones at every batch measured)."""
     return list(_C.own_conv_kernels())
 
 
