@@ -93,8 +93,10 @@ def recipes_section():
     parts = [
         "## Recipes",
         "",
-        "Every recorded run of each recipe exactly as shipped (the YAML's epochs, batch size and learning rate; "
-        "only the seed may differ). ResNet-18, fp16, NHWC, on one H200 or H100 (the folder's name says which). "
+        "Every recorded run of each recipe exactly as shipped (the YAML's epochs, batch size, learning rate and "
+        "progressive resizing; only the seed and the evaluation's `--tta` may differ; recipe C's runs from before it "
+        "trained its early epochs downscaled, session 31, are of an earlier definition and left out). ResNet-18, "
+        "fp16, NHWC, on one H200 or H100 (the folder's name says which). "
         "Accuracy: the final test-set accuracy, and with flip test-time augmentation where the recipe has it. "
         "Time: the trainer's wall time (`wall_time_s`: data, warm-up, training, evaluation and checkpoints). "
         '"fresh" marks the first run on a new machine (JPEGs decoded, nothing cached); the others had the decoded '
