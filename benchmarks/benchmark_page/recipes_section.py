@@ -57,7 +57,7 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
             seed = value
         elif flag == "--tta":  # evaluation only: the plain accuracy is the recipe's, the TTA one sits beside it
             continue
-        elif flag not in names or not same_value(value, settings[names[flag]]):
+        elif flag not in names or not same_value(value, {**settings, **shipped}[names[flag]]):
             return None
     return seed
 
