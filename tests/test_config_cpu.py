@@ -37,12 +37,12 @@ def test_recipe_b_is_the_issue_recipe():
 
 
 def test_recipe_c_is_the_fast_recipe():
-    """The same network as A, fewer epochs, a linear decay, evaluated once with flip TTA, on the weights' average;
+    """The same network as A, fewer epochs, a linear decay, evaluated once with six-view TTA, on the weights' average;
     A and B keep what they were (no TTA, no average)."""
     cfg = cfg_from(["--recipe", "C"])
     assert cfg.name == "C" and cfg.model == "resnet18" and cfg.epochs < 120 and cfg.engine == "graph"
     assert cfg.optimizer.name == "sgd" and cfg.optimizer.nesterov and cfg.schedule.name == "linear"
-    assert cfg.tta == "flip" and cfg.ema.decay > 0 and cfg.eval_every >= cfg.epochs
+    assert cfg.tta == "flip-shift" and cfg.ema.decay > 0 and cfg.eval_every >= cfg.epochs
     assert (cfg.precision, cfg.layout, cfg.augment.autoaugment) == ("fp16", "NHWC", False)
     assert 16 <= cfg.progressive.size < 32 and 0 < cfg.progressive.until < 1  # the early epochs downscaled
     for other in ("A", "B"):
@@ -57,6 +57,9 @@ def test_the_tta_ema_and_schedule_flags():
     assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.999, "every": 2, "start": 0.25}
     assert cfg.schedule.name == "onecycle" and cfg.optimizer.momentum == 0.85 and cfg.augment.crop_padding == 2
     assert cfg_from(["--recipe", "A", "--tta", "flip", "--schedule", "linear"]).tta == "flip"
+    assert cfg_from(["--recipe", "A", "--tta", "flip-shift"]).tta == "flip-shift"
+    with pytest.raises((ValueError, SystemExit)):
+        cfg_from(["--recipe", "A", "--tta", "shift"])
     assert cfg_from(["--recipe", "C", "--ema-decay", "0"]).ema.decay == 0.0  # off
     for argv in (["--tta", "mirror"], ["--schedule", "step"]):
         with pytest.raises(SystemExit):

@@ -16,6 +16,7 @@ import pytest
 from test_inference_plan_cpu import randomized_state
 
 import resnet_native as rn
+from resnet_native.data.tta_views import tta_views, view_images
 from resnet_native.ops import quantized_conv
 from resnet_native.ops.conv import ConvSpec
 from resnet_native.quantization.fp8 import decode_e4m3, encode_e4m3
@@ -244,9 +245,9 @@ def test_auto_keeps_the_fastest_candidate_of_each_batch_size_and_records_every_t
 def test_auto_serves_each_batch_size_from_its_own_choice(rng, tmp_path):
     """Timings made up so that batch size 1 keeps 'float' (the fp16 plan) and 4 keeps 'stem': a batch of 5 runs
     as a chunk of 4 on the 8-bit plan and one of 1 on the float plan, each as that plan alone computes it; float
-    inputs, which the 'stem' plan does not take, are refused at every batch size; flip TTA averages each
-    plan's own mirror (the TTA engine takes the first's choices, kernels and algorithms from the cache file, so
-    both run the same kernels)."""
+    inputs, which the 'stem' plan does not take, are refused at every batch size; flip TTA averages each plan's
+    own mirror, flip-shift each plan's own shifted views (the TTA engines take the first's choices, kernels and
+    algorithms from the cache file, so all run the same kernels)."""
     import resnet_native.inference.engine as engine_module
     from resnet_native.inference import InferenceEngine
     from resnet_native.inference.simulate import simulate_logits
@@ -264,7 +265,8 @@ def test_auto_serves_each_batch_size_from_its_own_choice(rng, tmp_path):
         patch.setattr(engine_module, "forward_ms", made_up_ms)
         engine = InferenceEngine(model, **kwargs)
         flipped = InferenceEngine(model, tta="flip", **kwargs)
-    with engine, flipped, InferenceEngine(model, batch_sizes=(1,), precision="fp16") as fp16:
+        shifted = InferenceEngine(model, tta="flip-shift", **kwargs)
+    with engine, flipped, shifted, InferenceEngine(model, batch_sizes=(1,), precision="fp16") as fp16:
         print(engine)
         assert engine.quantize_from_by_batch == {1: FLOAT, 4: "stem"} and engine.quantize_from == "stem"
         assert "'float'" in repr(engine)
@@ -281,6 +283,10 @@ def test_auto_serves_each_batch_size_from_its_own_choice(rng, tmp_path):
         assert flipped.quantize_from_source == "cache" and flipped.quantize_from_by_batch == {1: FLOAT, 4: "stem"}
         both = (engine(five) + engine(five[:, :, ::-1].copy())) * np.float32(0.5)
         cp.testing.assert_allclose(flipped(five), both, rtol=1e-6, atol=1e-6 * float(cp.abs(both).max()))
+        # The shifted views' black pixels are the input stage's codes of a black pixel, in either plan.
+        views = tta_views("flip-shift")
+        weighted = sum(engine(cp.asarray(view_images(cp.asnumpy(five), v))) * np.float32(v.weight) for v in views)
+        cp.testing.assert_allclose(shifted(five), weighted, rtol=1e-6, atol=1e-6 * float(cp.abs(weighted).max()))
 
 
 def test_auto_reuses_the_choice_stored_in_the_algorithm_cache(rng, tmp_path):

@@ -38,7 +38,7 @@ def test_the_tta_accuracy_is_the_mean_logits_accuracy(cpu_backend, tiny, tmp_pat
     queue = evaluation.Evaluation.queue
 
     def recording(self):
-        seen.append((self.x_flipped is not None, self.model))
+        seen.append((len(self.x_views) == 1, self.model))
         return queue(self)
 
     monkeypatch.setattr(evaluation.Evaluation, "queue", recording)
@@ -103,7 +103,7 @@ def test_recipe_c_runs(cpu_backend, tiny, tmp_path):  # noqa: F811
          "--warmup-epochs", "1", "--lr", "0.01", "--progressive-size", "0"]))
     summary = run(cfg, tmp_path, tiny).run()
     assert summary["recipe"] == "C" and summary["completed"] and summary["epochs_done"] == 3
-    assert summary["tta"] == "flip" and summary["ema"] is True and 0.0 <= summary["test_acc_tta"] <= 1.0
+    assert summary["tta"] == "flip-shift" and summary["ema"] is True and 0.0 <= summary["test_acc_tta"] <= 1.0
     assert summary["progressive"] is None
     rows = checkpoint.load_checkpoint(tmp_path / "last.npz")["metrics"]["history"]
     assert [r["test_acc"] is None for r in rows] == [True, True, False]  # evaluated once, at the end

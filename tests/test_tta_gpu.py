@@ -1,6 +1,7 @@
 """Recipe C's pieces on the GPU: the engine's flip TTA against the float64 reference of both views and against two
-plain calls; the trainer's captured TTA evaluation against the eager one and the mean logits; the weights' average
-(one fused launch) against the float64 recurrence."""
+plain calls, its flip-shift TTA against plain calls on the shifted images; the trainer's captured TTA evaluation
+against the eager one and the weighted mean logits; the weights' average (one fused launch) against the float64
+recurrence."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from test_inference_gpu import _assert_close, _images, _model
 
 import resnet_native as rn
 from resnet_native.data.augment import normalize_on_gpu, normalize_on_host
+from resnet_native.data.tta_views import tta_views, view_images
 from resnet_native.inference import InferenceEngine
 from resnet_native.optim import SGD, WeightAverage
 from resnet_native.optim.ema import running_statistics
@@ -50,15 +52,39 @@ def test_the_engine_averages_the_logits_of_both_views(rng, layout):
         assert tta.capture_error is None and "tta='flip'" in repr(tta)
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_the_engine_weighs_the_shifted_views_as_plain_calls_on_them(rng, layout):
+    """Each view made from the staged input (a black pixel shifted in, as the input stage writes one) is the plain
+    engine's input for the shifted uint8 images: the same replays, summed in the same fp32 order."""
+    model = _model(rng, layout=layout)
+    images = _images(rng, 21)
+    host = cp.asnumpy(images)
+    views = tta_views("flip-shift")
+    with InferenceEngine(model, batch_sizes=(4, 8), layout=layout, deterministic=True, tta="flip-shift") as tta, \
+            InferenceEngine(model, batch_sizes=(4, 8), layout=layout, deterministic=True) as plain:
+        for n in (21, 3):  # chunks of 8 and a padded one; a short batch on the batch-4 plan
+            got = tta(images[:n])
+            want = plain(images[:n]) * np.float32(views[0].weight)
+            for v in views[1:]:
+                want = want + plain(cp.asarray(view_images(host[:n], v))) * np.float32(v.weight)
+            cp.testing.assert_array_equal(got, want)
+        x = normalize_on_gpu(images, layout=layout, dtype="fp16")  # a normalised batch gets the same views
+        cp.testing.assert_array_equal(tta(x), tta(images))
+        assert tta.capture_error is None and "tta='flip-shift'" in repr(tta)
+
+
 def test_the_captured_tta_evaluation_replays_the_eager_one(rng):
     model = _model(rng)
     images = _images(rng, 2500)
+    host = cp.asnumpy(images)
     x = normalize_on_gpu(images)
-    x_flipped = normalize_on_gpu(cp.ascontiguousarray(images[:, :, ::-1]))
+    views = tta_views("flip-shift")
+    x_views = [normalize_on_gpu(view_images(host, v)) for v in views[1:]]
+    weights = [v.weight for v in views]
     labels = cp.asarray(rng.integers(0, 10, 2500).astype(np.int32))
-    eager = Evaluation(model, x, labels, 1000, x_flipped=x_flipped)
-    captured = Evaluation(model, x, labels, 1000, cuda_graph=True, x_flipped=x_flipped)
-    logits = (model.forward(x, train=False) + model.forward(x_flipped, train=False)) / 2
+    eager = Evaluation(model, x, labels, 1000, x_views=x_views, view_weights=weights)
+    captured = Evaluation(model, x, labels, 1000, cuda_graph=True, x_views=x_views, view_weights=weights)
+    logits = sum(w * model.forward(v, train=False) for w, v in zip(weights, [x, *x_views], strict=True))
     want_acc = float((cp.argmax(logits, axis=1) == labels).mean())
     for round_ in range(3):  # warm-up, capture, replay
         a, b = eager(), captured()

@@ -97,7 +97,8 @@ def recipes_section():
         "progressive resizing; only the seed and the evaluation's `--tta` may differ; recipe C's runs from before it "
         "trained its early epochs downscaled, session 31, are of an earlier definition and left out). ResNet-18, "
         "fp16, NHWC, on one H200 or H100 (the folder's name says which). "
-        "Accuracy: the final test-set accuracy, and with flip test-time augmentation where the recipe has it. "
+        "Accuracy: the final test-set accuracy, and with test-time augmentation where the run had it (its mode: "
+        "`flip`, or `flip-shift`, which adds the pair shifted a pixel each way). "
         "Time: the trainer's wall time (`wall_time_s`: data, warm-up, training, evaluation and checkpoints). "
         '"fresh" marks the first run on a new machine (JPEGs decoded, nothing cached); the others had the decoded '
         "data cached or were not marked. The code got faster between runs, so the times of the newest folder are "
@@ -126,7 +127,7 @@ def recipes_section():
                 seed,
                 "fresh" if fresh else "",
                 f"{100 * s['test_acc']:.2f}%",
-                f"{100 * s['test_acc_tta']:.2f}%" if s.get("test_acc_tta") is not None else "",
+                f"{100 * s['test_acc_tta']:.2f}% {s.get('tta', 'flip')}" if s.get("test_acc_tta") is not None else "",
                 f"{s['wall_time_s']:.1f}" if s.get("wall_time_s") else "-",
                 f"{s['train_images_per_s'] / 1000:.1f}k" if s.get("train_images_per_s") else "-",
             ]

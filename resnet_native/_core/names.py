@@ -40,9 +40,9 @@ MASTER_DTYPE = np.dtype(np.float32)
 # (K, R, S, C/g).
 LAYOUTS = ("NCHW", "NHWC")
 
-# Test-time augmentation of an evaluation or a prediction: none, or the mean logits of each image and its mirror
-# image (left to right).
-TTA_MODES = ("none", "flip")
+# Test-time augmentation of an evaluation or a prediction: none, the mean logits of each image and its mirror image
+# (left to right), or those two and their copies shifted by a pixel (data/tta_views.py defines the views).
+TTA_MODES = ("none", "flip", "flip-shift")
 
 # The registered networks (nn/models/registry.py builds them; a release's config.yaml names one).
 MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")

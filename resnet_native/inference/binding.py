@@ -41,7 +41,7 @@ class Binding:
     specs: dict  # conv step name -> ConvSpec
     forwards: dict  # batch size -> runner.Forward
     layout: str
-    flip: object = None  # flip_tta.FlipAverage, made once the binding is kept (tta='flip')
+    views: object = None  # tta.ViewAverage, made once the binding is kept (tta other than 'none')
 
     def view(self, value: int, batch: int):
         """Value `value` for a batch of `batch`: the leading bytes of its buffer, in its dtype and the layout."""

@@ -40,13 +40,13 @@ from ..quantization.prefix import AUTO, FLOAT, QUANTIZE_FROM, fastest, quantize_
 from . import choice_cache
 from .batching import batch_chunks
 from .binding import Binder
-from .flip_tta import FlipAverage, tta_mode
 from .input_stage import as_device_array
 from .kernel_choice import QUANTIZED_KERNELS, KernelChooser
 from .plan import build_plan
 from .quantized import PREFIX_PRECISION, checked_scales, quantized_convs, quantized_plan
 from .source import model_source, release_calibration
 from .timing import forward_ms
+from .tta import ViewAverage, tta_mode
 from .tuning import decide_fusion
 
 # The precision of an int8 / FP8 engine's float values (the last block's output, the pooled features): the
@@ -92,9 +92,10 @@ class InferenceEngine(contextlib.AbstractContextManager):
         quantized_kernels: which kernel runs each int8 convolution ('auto' timed per layer and batch size, 'own',
         'cudnn': kernel_choice.py); engine.kernel_choice records what was chosen and why.
         'stem' is the default: the calibrations' measured accuracy is for it, and the choice does not depend on a
-        timing. tta='flip': the mean of the logits of each image and its mirror image (flip_tta.py: the staged input's
-        mirror replayed; twice the forward's latency); None or 'none': the logits alone. dtype: the
-        deprecated name of precision."""
+        timing. tta='flip': the mean of the logits of each image and its mirror image; 'flip-shift': those two and
+        their copies shifted a pixel diagonally each way (data/tta_views.py; tta.py: each view of the staged input
+        replayed, so 2 or 6 times the forward's latency); None or 'none': the logits alone. dtype: the deprecated
+        name of precision."""
         self._graphs, self._hold, self._pool, self._closed, self._bindings = {}, None, None, False, {}
         self.batch_sizes = tuple(sorted(set(whole_numbers("batch_sizes", batch_sizes, 1))))
         precision = precision_argument("InferenceEngine", precision, dtype, default="fp16")
@@ -190,14 +191,18 @@ class InferenceEngine(contextlib.AbstractContextManager):
             binding = self._bindings[batch]
             forward = binding.forwards[batch]
             binding.input.write(x[start:start + count], kinds[id(binding)], forward.input[:count])
-            if binding.flip is not None:  # kept before the replay, which reuses the input's buffer
-                binding.flip.keep_mirror(forward.input[:count])
-            self._replay_chunk(forward, count, stream)
-            cupy.copyto(out[start:start + count], forward.logits[:count])
-            if binding.flip is not None:  # the mirrored chunk through the same forward, then the mean logits
-                binding.flip.stage_mirror(forward.input[:count])
+            views = binding.views
+            if views is None:
                 self._replay_chunk(forward, count, stream)
-                binding.flip.average(out[start:start + count], forward.logits[:count])
+                cupy.copyto(out[start:start + count], forward.logits[:count])
+                continue
+            views.keep(forward.input[:count])  # before the replay, which reuses the input's buffer
+            self._replay_chunk(forward, count, stream)
+            views.first(out[start:start + count], forward.logits[:count])
+            for index in range(1, len(views.views)):  # each further view through the same forward
+                views.stage(index, forward.input[:count])
+                self._replay_chunk(forward, count, stream)
+                views.add(index, out[start:start + count], forward.logits[:count])
         self._done.record(stream)
         self._last_stream = stream.ptr
         return out
@@ -260,7 +265,7 @@ class InferenceEngine(contextlib.AbstractContextManager):
             auto = f" (auto, {self.quantize_from_source})" if self.quantize_from_source else ""
             kernels = ", ".join(f"{k}: {n}" for k, n in self.kernel_choice.summary().items())
             quantized = f", quantize_from={shown!r}{auto}, kernels=({kernels})"
-        tta = ", tta='flip'" if self.tta == "flip" else ""
+        tta = f", tta={self.tta!r}" if self.tta != "none" else ""
         return (f"InferenceEngine({self.source}, batch_sizes={self.batch_sizes}, precision={self.precision!r}"
                 f"{quantized}, layout={self.layout!r}{tta}, graphs={self.num_graphs})")
 
@@ -316,10 +321,11 @@ class InferenceEngine(contextlib.AbstractContextManager):
             reserve_workspace(workspace)
             if self.cuda_graph:
                 self._capture_all()
-            if self.tta == "flip":
+            if self.tta != "none":
                 for sizes in groups.values():
                     binding = self._bindings[sizes[-1]]
-                    binding.flip = FlipAverage(binding.forwards[sizes[-1]].input, self.layout)
+                    largest = binding.forwards[sizes[-1]].input
+                    binding.views = ViewAverage(self.tta, largest, self.layout, self._black_pixel(binding, largest))
         cupy.cuda.get_current_stream().synchronize()
         if self.algorithm_cache is not None:
             conv.save_algorithm_cache(self.algorithm_cache)  # keeps the file's choices (this machine's)
@@ -331,11 +337,22 @@ class InferenceEngine(contextlib.AbstractContextManager):
                 choice_cache.store_choices(self.algorithm_cache, timed)
         self._done = cupy.cuda.Event(disable_timing=True)
         self._last_stream = None
-        if self.tta == "flip":  # compiles the mirrors' copy kernels now rather than in the first calls
+        if self.tta != "none":  # compiles the views' copy kernels now rather than in the first calls
             _, height, width = self._base_plan.values[self._base_plan.input].shape
             for sizes in groups.values():
                 self(cupy.zeros((sizes[0], height, width, 3), np.uint8))
             cupy.cuda.get_current_stream().synchronize()
+
+    @staticmethod
+    def _black_pixel(binding, largest):
+        """A black image's pixel as the binding's input stage writes it (its first row of `largest`, overwritten
+        by every call), shaped to broadcast against a staged batch: what a shifted view brings in."""
+        import cupy
+
+        stage = binding.input
+        black = cupy.zeros((1, stage.height, stage.width, 3), np.uint8)
+        stage.write(black, stage.kind_of(black), largest[:1])
+        return (largest[:1, :1, :1, :] if binding.layout == "NHWC" else largest[:1, :, :1, :1]).copy()
 
     def _choice_key(self, batch: int) -> str:
         return choice_cache.choice_key(self._base_plan, dtype=self.precision, batch=batch,

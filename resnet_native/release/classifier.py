@@ -6,6 +6,7 @@
     clf.predict_proba(img)        -> (10,) float32 probabilities
     clf.classes                   -> ('airplane', 'automobile', ...)
     CIFAR10Classifier("A", tta="flip")                         # mean logits of each image and its mirror
+    CIFAR10Classifier("A", tta="flip-shift")                   # and of their copies shifted a pixel (6 views)
 
 The backend is picked once (clf.backend): on a GPU an InferenceEngine fed the uint8 pixels, whose input stage
 normalises through the trainer's lookup table, so the network sees the inputs it was evaluated on bit for bit;
@@ -25,6 +26,7 @@ from .._core.names import choice, precision_argument
 from .._core.runtime import cuda_available, device_unavailable_reason
 from ..data.augment import normalize_on_host
 from ..data.cifar10 import CLASSES
+from ..data.tta_views import tta_views, view_images
 from ..formats.release_folder import (  # noqa: F401  (re-exported: the classifier's API)
     DEFAULT_MODELS_DIR,
     load_release_config,
@@ -33,10 +35,10 @@ from ..formats.release_folder import (  # noqa: F401  (re-exported: the classifi
     resolve_version_dir,
 )
 from ..inference import InferenceEngine
-from ..inference.flip_tta import tta_mode
 from ..inference.kernel_choice import QUANTIZED_KERNELS
 from ..inference.simulate import simulate_logits
 from ..inference.source import release_calibration
+from ..inference.tta import tta_mode
 from ..nn.models.registry import model_from_spec, rename_legacy_keys
 from ..quantization.calibration import QUANT_DTYPES
 from ..quantization.prefix import AUTO, QUANTIZE_FROM
@@ -156,8 +158,9 @@ class CIFAR10Classifier:
     kernels' arithmetic).
     algorithm_cache: the engine's cache file (InferenceEngine's: the conv algorithm choices and 'auto''s choice, so
     a classifier made again on the same GPU searches and times nothing); unused without a GPU. tta='flip': the
-    mean of the logits of each image and its mirror image (the engine's, or on the CPU backends two batches
-    averaged in NumPy; twice the work, so off by default). dtype: the deprecated name of precision."""
+    mean of the logits of each image and its mirror image; 'flip-shift': those two and their copies shifted a pixel
+    diagonally each way, weighted (data/tta_views.py). The engine's, or on the CPU backends one batch a view,
+    averaged in NumPy; 2 or 6 times the work, so off by default. dtype: the deprecated name of precision."""
 
     def __init__(self, version="A", models_dir=None, *, batch_size: int = 1000, model=None,
                  engine_batch_sizes=DEFAULT_ENGINE_BATCH_SIZES, precision=None, quantize_from="stem",
@@ -259,21 +262,24 @@ class CIFAR10Classifier:
         return np.array(logits.get() if hasattr(logits, "get") else logits, dtype=np.float32)
 
     def logits(self, images) -> np.ndarray:
-        """float32 logits: (10,) for one image, (N, 10) for a batch; with tta='flip' the mean of each image's and
-        its mirror image's."""
+        """float32 logits: (10,) for one image, (N, 10) for a batch; with tta, the weighted mean of each image's
+        views' (see the class)."""
         if self.engine is not None:
             import cupy
 
-            pixels, single = to_batch(images)  # the engine normalises the uint8 pixels on the device (and flips)
+            pixels, single = to_batch(images)  # the engine normalises the uint8 pixels on the device (and views)
             out = [self.engine(cupy.asarray(pixels[s:s + self.batch_size])).get()
                    for s in range(0, len(pixels), self.batch_size)]
             logits = np.concatenate(out) if out else np.zeros((0, len(self.classes)), np.float32)
         else:
             pixels, single = to_batch(images)
+            views = tta_views(self.tta)
             logits = self._host_logits(pixels)
-            if self.tta == "flip":  # the mirror images' logits, averaged in float64, rounded once
-                mirrored = self._host_logits(np.ascontiguousarray(pixels[:, :, ::-1]))
-                logits = ((logits.astype(np.float64) + mirrored) / 2).astype(np.float32)
+            if len(views) > 1:  # the views' logits, weighted and summed in float64, rounded once
+                total = views[0].weight * logits.astype(np.float64)
+                for v in views[1:]:
+                    total += v.weight * self._host_logits(view_images(pixels, v))
+                logits = total.astype(np.float32)
         return logits[0] if single else logits
 
     def _host_logits(self, pixels: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from .. import optim
 from .._core.rng import epoch_rng
 from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu
 from ..data.autoaugment_workers import AutoAugmentWorkers
+from ..data.tta_views import tta_views, view_images
 from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
 from ..nn.layers import synchronize_batch_norms
 from ..nn.layers.conv2d import Conv2d
@@ -103,12 +104,13 @@ def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int):
     return optim.WeightAverage(model, build_model(cfg), e.decay, every=e.every, start_step=start)
 
 
-def flipped_test_set(cfg: TrainConfig, test_images):
-    """The test set mirrored left to right and normalised, for flip TTA (else None): made once, so that an
-    evaluation's second pass is forwards alone."""
-    if cfg.tta != "flip":
-        return None
-    return normalize_on_gpu(np.ascontiguousarray(test_images[:, :, ::-1]), layout=cfg.layout, dtype=cfg.precision)
+def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
+    """(the test set's other views for cfg.tta, each normalised, weights: the plain set's then each view's);
+    ((), (1.0,)) without TTA. Made once, so that an evaluation's views pass is forwards alone."""
+    views = tta_views(cfg.tta)
+    arrays = tuple(normalize_on_gpu(view_images(test_images, v), layout=cfg.layout, dtype=cfg.precision)
+                   for v in views[1:])
+    return arrays, tuple(v.weight for v in views)
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:
@@ -157,7 +159,7 @@ class Parts:
     test_labels: Any
 
     world_size: int = 1
-    test_flipped: Any = None  # the test set mirrored, for flip TTA
+    test_views: tuple = ((), (1.0,))  # test_set_views: the test set's other views and the weights, for TTA
     ema: Any = None  # the weights' moving average (optim.WeightAverage)
 
     @property
@@ -206,7 +208,7 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
     test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
     return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n,
-                 test_flipped=flipped_test_set(cfg, data.test_images),
+                 test_views=test_set_views(cfg, data.test_images),
                  ema=build_weight_average(cfg, model, len(augmenter)))
 
 

@@ -48,8 +48,9 @@ OVERRIDES = (
     ("--momentum", "optimizer.momentum", "SGD's momentum"),
     ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
     ("--crop-padding", "augment.crop_padding", "random-crop padding in pixels, 0 for no crop"),
-    ("--tta", "tta", "test-time augmentation of the evaluation: flip (the mean logits of each image and its mirror, "
-                     "reported beside the plain accuracy) or none"),
+    ("--tta", "tta", "test-time augmentation of the evaluation, reported beside the plain accuracy: flip (the mean "
+                     "logits of each image and its mirror), flip-shift (those and their copies shifted a pixel "
+                     "diagonally each way) or none"),
     ("--ema-decay", "ema.decay", "evaluate and release a moving average of the weights with this decay per update "
                                  "(0: none)"),
     ("--ema-every", "ema.every", "training steps between updates of the moving average"),

@@ -95,7 +95,8 @@ class TrainConfig(Settings):
     allreduce_dtype: what a data-parallel run's gradients travel as (bf16: half the bytes, bf16 rounding); sync_bn:
     batch norm with the statistics of all ranks' batches (per-GPU statistics otherwise); overlap_allreduce: each
     gradient bucket's all-reduce starts during backward (not with sync_bn); tta: test-time augmentation of the
-    evaluation ('flip': the mean logits of each test image and its mirror, reported beside the plain figures);
+    evaluation ('flip': the mean logits of each test image and its mirror; 'flip-shift': also their copies shifted
+    a pixel, data/tta_views.py; reported beside the plain figures);
     ema: the weights' moving average (EMASettings); progressive: the early epochs at a lower resolution
     (ProgressiveSettings)."""
 

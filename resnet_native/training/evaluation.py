@@ -9,11 +9,12 @@ is ordered after the training step's blocking stream with no events. The graph r
 running statistics and the test set in place, so it sees each epoch's model; after something replaces those arrays
 (rather than writing into them), call reset(). A capture that fails warns, and evaluation stays eager.
 
-Flip test-time augmentation (x_flipped: the same test set mirrored left to right, normalised once up front, so an
-evaluation adds forwards and no image work): the plain pass also keeps every batch's logits in one preallocated
-(N, classes) buffer; a second pass, captured as a graph of its own, adds the mirrored images' logits into it,
-halves it, and scores the mean logits. The plain figures keep their meaning, and events around the second pass
-time what the augmentation costs.
+Test-time augmentation (x_views: the test set's other views, data/tta_views.py, each normalised once up front,
+so an evaluation adds forwards and no image work; view_weights: the plain set's weight, then each view's): the
+plain pass also keeps every batch's logits in one preallocated (N, classes) buffer; a second pass, captured as a
+graph of its own, scales it by the plain weight, adds each view's weighted logits into it, and scores the
+weighted mean. The plain figures keep their meaning, and events around the second pass time what the
+augmentation costs.
 """
 
 from __future__ import annotations
@@ -34,15 +35,24 @@ from .builders import partial_batch_search
 
 class Evaluation:
     """evaluation() -> (mean loss, accuracy) of `model` over x_all (normalised, the model's layout and dtype) and
-    y_all (int32 labels), in batches of batch_size. With x_flipped (x_all mirrored, same shape and dtype):
-    (mean loss, accuracy, mean loss of the mean logits, their accuracy, seconds of the flipped pass)."""
+    y_all (int32 labels), in batches of batch_size. With x_views (other views of x_all, each of its shape and
+    dtype) and view_weights (x_all's weight, then each view's; default all equal): (mean loss, accuracy, mean loss
+    of the weighted mean logits, their accuracy, seconds of the views' pass)."""
 
-    def __init__(self, model, x_all, y_all, batch_size: int, *, cuda_graph: bool = False, x_flipped=None):
+    def __init__(self, model, x_all, y_all, batch_size: int, *, cuda_graph: bool = False, x_views=(),
+                 view_weights=None):
         self.model, self.x_all, self.y_all, self.batch_size = model, x_all, y_all, int(batch_size)
-        if x_flipped is not None and (tuple(x_flipped.shape) != tuple(x_all.shape) or x_flipped.dtype != x_all.dtype):
-            raise ValueError(f"x_flipped: expected the test set's shape and dtype {tuple(x_all.shape)} "
-                             f"{x_all.dtype}, got {tuple(x_flipped.shape)} {x_flipped.dtype}")
-        self.x_flipped = x_flipped
+        self.x_views = tuple(x_views or ())
+        for i, x in enumerate(self.x_views):
+            if tuple(x.shape) != tuple(x_all.shape) or x.dtype != x_all.dtype:
+                raise ValueError(f"x_views[{i}]: expected the test set's shape and dtype {tuple(x_all.shape)} "
+                                 f"{x_all.dtype}, got {tuple(x.shape)} {x.dtype}")
+        n = len(self.x_views) + 1
+        weights = (1.0 / n,) * n if view_weights is None else tuple(float(w) for w in view_weights)
+        if len(weights) != n or not all(w > 0 for w in weights) or abs(sum(weights) - 1.0) > 1e-9:
+            raise ValueError(f"view_weights: expected {n} positive weights (the plain set's, then each view's) "
+                             f"summing to 1, got {view_weights!r}")
+        self.view_weights = weights
         self.loss_fn = SoftmaxCrossEntropy()
         self.on_gpu = model.ensure_placed().on_gpu
         self.cuda_graph = bool(cuda_graph) and self.on_gpu  # a host model evaluates eagerly
@@ -51,7 +61,7 @@ class Evaluation:
 
     @property
     def tta(self) -> bool:
-        return self.x_flipped is not None
+        return bool(self.x_views)
 
     def reset(self) -> None:
         """Forget the captured graphs: the next evaluation warms up again, the one after captures."""
@@ -59,7 +69,7 @@ class Evaluation:
         if hold is not None:
             hold.release()
         self._pool = self._graph = self._sums = self._keep = self._hold = None
-        self._flip_graph = self._flip_sums = None
+        self._views_graph = self._views_sums = None
         self._logits = self._logits_list = None  # the plain pass's logits, then the mean of both views
 
     @property
@@ -71,7 +81,7 @@ class Evaluation:
 
     def queue(self):
         """The evaluation queued on the current stream: a DeviceValues whose result() is (mean loss, accuracy),
-        with flip TTA followed by (TTA mean loss, TTA accuracy, seconds of the flipped pass), read once it has run
+        with TTA followed by (TTA mean loss, TTA accuracy, seconds of the views' pass), read once it has run
         (without waiting for work queued after it)."""
         import cupy
 
@@ -86,9 +96,9 @@ class Evaluation:
             marks = None
             if self.tta:
                 marks = [self._mark(stream)]
-                launch_ordered(self._flip_graph, stream)
+                launch_ordered(self._views_graph, stream)
                 marks.append(self._mark(stream))
-            sums = (*self._sums, *(self._flip_sums or ()), marks)
+            sums = (*self._sums, *(self._views_sums or ()), marks)
         else:
             sums = self._eager()
         *arrays, marks = sums
@@ -103,15 +113,15 @@ class Evaluation:
         return (*figures, self._seconds(*marks))
 
     def _eager(self) -> tuple:
-        """(loss sum, correct sum[, TTA loss sum, TTA correct sum], marks around the flipped pass or None), every
+        """(loss sum, correct sum[, TTA loss sum, TTA correct sum], marks around the views' pass or None), every
         batch's work enqueued on the current stream."""
         plain = self._plain_sums()
         if not self.tta:
             return (*plain, None)
         stream = self._stream()
         start = self._mark(stream)
-        flipped = self._flipped_sums()
-        return (*plain, *flipped, [start, self._mark(stream)])
+        views = self._weighted_sums()
+        return (*plain, *views, [start, self._mark(stream)])
 
     def _zeros(self):
         xp = self.model.placement.xp
@@ -131,17 +141,21 @@ class Evaluation:
                 kernels.cast(logits, self._logits_buffer(logits)[s:s + len(x)])
         return sums
 
-    def _flipped_sums(self):
-        """The TTA pass: the mirrored batches' logits added into the buffer the plain pass filled, halved (one
-        launch), and scored in one loss call over the whole set."""
+    def _weighted_sums(self):
+        """The TTA pass: the buffer the plain pass filled scaled by the plain weight (one launch), each view's
+        batches' logits scaled by its weight (exact: the weights are powers of two) and added into it, and the
+        weighted mean scored in one loss call over the whole set."""
         sums = self._zeros()
-        for s in range(0, len(self.y_all), self.batch_size):
-            x = self.x_flipped[s:s + self.batch_size]
-            with partial_batch_search(len(x), self.batch_size):
-                logits = self.model.forward(x, train=False, copy=False)
-            rows = self._logits[s:s + len(x)]
-            kernels.add(rows, logits, out=rows)
-        multi_tensor.scale_(self._logits_list, 0.5)
+        multiply = self.model.placement.xp.multiply
+        multi_tensor.scale_(self._logits_list, self.view_weights[0])
+        for x_view, weight in zip(self.x_views, self.view_weights[1:], strict=True):
+            for s in range(0, len(self.y_all), self.batch_size):
+                x = x_view[s:s + self.batch_size]
+                with partial_batch_search(len(x), self.batch_size):
+                    logits = self.model.forward(x, train=False, copy=False)
+                multiply(logits, weight, out=logits)  # the model's own buffer, rewritten by its next forward
+                rows = self._logits[s:s + len(x)]
+                kernels.add(rows, logits, out=rows)
         self.loss_fn.forward(self._logits, self.y_all, train=False, totals=sums)
         return sums
 
@@ -177,16 +191,16 @@ class Evaluation:
         return cupy.cuda.get_elapsed_time(start, end) / 1e3
 
     def _capture(self) -> bool:
-        """Capture the plain pass (and the TTA pass, as a second graph); False (with a warning, evaluation eager
+        """Capture the plain pass (and the views' pass, as a second graph); False (with a warning, evaluation eager
         from then on) when an op cannot be captured."""
         import cupy
 
         stream = cupy.cuda.Stream(non_blocking=False)
         try:
             graph, sums, _ = capture_graph(self._plain_sums, stream, self._pool)
-            flip_graph, flip_sums = None, None
+            views_graph, views_sums = None, None
             if self.tta:
-                flip_graph, flip_sums, _ = capture_graph(self._flipped_sums, stream, self._pool)
+                views_graph, views_sums, _ = capture_graph(self._weighted_sums, stream, self._pool)
         except Exception as e:  # an op that cannot be captured: say so, and evaluate eagerly
             self.capture_error = f"{type(e).__name__}: {e}"
             warnings.warn(f"Evaluation: CUDA-graph capture failed, evaluation stays eager ({self.capture_error})",
@@ -194,12 +208,12 @@ class Evaluation:
             self.cuda_graph = False
             return False
         self._graph, self._sums, self._hold = graph, sums, WorkspaceHold()
-        self._flip_graph, self._flip_sums = flip_graph, flip_sums
+        self._views_graph, self._views_sums = views_graph, views_sums
         self._keep = graph_buffers(self.model, self.loss_fn)
         return True
 
 
-def evaluate(model, x_all, y_all, batch_size: int, *, x_flipped=None) -> tuple:
+def evaluate(model, x_all, y_all, batch_size: int, *, x_views=(), view_weights=None) -> tuple:
     """(mean cross-entropy, accuracy) over a normalised device set, eagerly: Evaluation without a graph; with
-    x_flipped, also the flip TTA figures (see Evaluation)."""
-    return Evaluation(model, x_all, y_all, batch_size, x_flipped=x_flipped)()
+    x_views, also the TTA figures (see Evaluation)."""
+    return Evaluation(model, x_all, y_all, batch_size, x_views=x_views, view_weights=view_weights)()

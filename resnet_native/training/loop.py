@@ -148,7 +148,8 @@ class Trainer:
             else:  # the other ranks keep their rows and write nothing
                 log, writer = _RowsOnly(rows), None
             evaluation = Evaluation(parts.eval_model, parts.test_inputs, parts.test_labels, cfg.eval_batch_size,
-                                    cuda_graph=cfg.eval_cuda_graph, x_flipped=parts.test_flipped)
+                                    cuda_graph=cfg.eval_cuda_graph, x_views=parts.test_views[0],
+                                    view_weights=parts.test_views[1])
             algos = AlgorithmCacheFile(self.out / ALGOS_FILE)
             reserving.result()
             skipped, between = 0, 0.0

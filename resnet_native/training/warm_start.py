@@ -21,7 +21,7 @@ from ..data.augment import storage_dtype
 from ..data.cifar10 import default_data_path, load_cached, load_cifar10
 from ..optim.step import TrainStep
 from .builders import build_model, build_optimizer, build_scaler, partial_batch_search
-from .config import TrainConfig, train_image_sizes
+from .config import FULL_SIZE, TrainConfig, train_image_sizes
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
 
@@ -91,14 +91,14 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
     n_train = TRAIN_IMAGES if cfg.subset is None else min(cfg.subset, TRAIN_IMAGES)
     dtype = storage_dtype(cfg.precision)
 
-    def zeros(b, s=32):
+    def zeros(b, s=FULL_SIZE):
         return cupy.zeros((b, s, s, 3) if cfg.layout == "NHWC" else (b, 3, s, s), dtype=dtype)
 
     for s in train_image_sizes(cfg):
         for b in batch_shapes(n_train, cfg.batch_size):
             with partial_batch_search(b, cfg.batch_size):  # as the run's own steps choose
                 step.run(zeros(b, s), cupy.zeros((b,), dtype=cupy.int32))
-            lap(f"step {b}" + (f" at {s} px" if s != 32 else ""))
+            lap(f"step {b}" + (f" at {s} px" if s != FULL_SIZE else ""))
     model.eval()
     for b in batch_shapes(TEST_IMAGES, cfg.eval_batch_size):
         with partial_batch_search(b, cfg.eval_batch_size):

@@ -239,7 +239,7 @@ class HaloConv3x3 final : public ConvKernel {
 
   explicit HaloConv3x3(const char* name)
       : info_(hand_written_int8_info(name, E, kTile * kTile, kChannels, kChannels, Cfg::kStages,
-                                     static_cast<int>(sizeof(SharedStorage<Cfg>)), Cfg::kThreads, false)) {
+                                     static_cast<int>(sizeof(SharedStorage<Cfg>)), Cfg::kThreads)) {
     // At 64 channels the windows beat every CUTLASS kernel at each batch measured (lab notes); at 128 they tie or
     // lose, so there the engine's timing decides and 'auto' keeps the general rule.
     info_.preferred = kChannels == 64;

@@ -55,10 +55,9 @@ KernelInfo int8_kernel_info(const char* name, Epilogue epilogue, int tile_m, int
 // A hand-written persistent kernel's (halo_conv_sm90.cuh): 16-byte channel multiples for TMA;
 // its unsupported() asks for its exact channel counts.
 inline KernelInfo hand_written_int8_info(const char* name, Epilogue epilogue, int tile_m, int tile_n, int tile_k,
-                                         int stages, int smem_bytes, int threads, bool gemm_1x1) {
+                                         int stages, int smem_bytes, int threads) {
   KernelInfo info = int8_info(name, epilogue, tile_m, tile_n, tile_k, stages, smem_bytes, threads, 16);
   info.persistent = true;
-  info.gemm_1x1 = gemm_1x1;
   return info;
 }
 
