@@ -89,6 +89,7 @@ def test_release_round_trip(tmp_path):
     assert metrics["training_time_s"] == 4.0 and metrics["wall_time_s"] == 99.5
     assert metrics["train_images_per_s"] == pytest.approx(25000.0)
     assert metrics["inference_images_per_s"] is None
+    assert metrics["tta"] == "none" and metrics["test_accuracy_tta"] is None  # recipe A evaluates without TTA
 
 
 def test_release_of_the_last_checkpoint(tmp_path):

@@ -344,6 +344,7 @@ def release_metrics(state: dict, version: str, weights: dict, run_dir) -> dict:
         "test_accuracy": row.get("test_acc"),
         "test_loss": row.get("test_loss"),
         "test_accuracy_tta": row.get("test_acc_tta"),
+        "tta": state["config"].get("tta", "none"),  # the views test_accuracy_tta averaged (data/tta_views.py)
         "epoch": epoch,
         "epochs": state["config"]["epochs"],
         "training_time_s": metrics.get("train_time_s"),
