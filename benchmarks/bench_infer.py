@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Budget, environment, format_table, write_json  # noqa: E402
+from common import Budget, cupy_clock, environment, format_table, latency, torch_clock, write_json  # noqa: E402
 from common import markdown_table as common_markdown_table
 
 MODELS = {"resnet18": "ResNet18", "resnet50": "ResNet50"}
@@ -68,38 +67,7 @@ COLUMNS = [("model", "model"), ("dtype", "dtype"), ("batch", "batch"), ("impl", 
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Timing
-
-
-def latency(call, *, iters: int, warmup: int, new_event, elapsed_ms, synchronize) -> dict:
-    """call(i) for i = 0, 1, ... (rotate inputs with i % ROTATE): `warmup` untimed calls, then `iters` calls each
-    between two events, all issued back to back; median, p99 and mean of the per-call samples in ms."""
-    for i in range(warmup):
-        call(i)
-    synchronize()
-    events = []
-    for i in range(iters):
-        start, end = new_event(), new_event()
-        start.record()
-        call(i)
-        end.record()
-        events.append((start, end))
-    synchronize()
-    samples = sorted(elapsed_ms(start, end) for start, end in events)
-    return {"median_ms": statistics.median(samples), "p99_ms": samples[min(len(samples) - 1, int(0.99 * len(samples)))],
-            "mean_ms": statistics.fmean(samples), "iters": iters}
-
-
-def cupy_clock():
-    import cupy as cp
-
-    return {"new_event": cp.cuda.Event, "elapsed_ms": cp.cuda.get_elapsed_time,
-            "synchronize": lambda: cp.cuda.get_current_stream().synchronize()}
-
-
-def torch_clock(torch):
-    return {"new_event": lambda: torch.cuda.Event(enable_timing=True),
-            "elapsed_ms": lambda start, end: start.elapsed_time(end), "synchronize": torch.cuda.synchronize}
+# Rates and ratios (the timing itself: common.latency)
 
 
 def with_rates(row: dict, flops: int, peak_tflops: float) -> dict:

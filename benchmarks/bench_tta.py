@@ -4,7 +4,7 @@
                                    [--iters 100] [--warmup 10] [--json PATH] [--markdown PATH]
 
 Rows per (model, batch, tta), one engine per model and mode over all batch sizes, all in one run on one device:
-uint8 (N, 32, 32, 3) pixels in, CUDA events around each call after warm-up (bench_infer.latency), median and p99.
+uint8 (N, 32, 32, 3) pixels in, CUDA events around each call after warm-up (common.latency), median and p99.
 x_none: the row's median over the same model and batch without TTA (1 view, against 2 and 6 replays of the same
 captured forward plus the views' copies).
 """
@@ -15,8 +15,8 @@ import argparse
 import sys
 
 import numpy as np
-from bench_infer import MODELS, ROTATE, cupy_clock, latency
-from common import environment, markdown_table, write_json
+from bench_infer import MODELS, ROTATE
+from common import cupy_clock, environment, latency, markdown_table, write_json
 
 MODES = ("none", "flip", "flip-shift")  # resnet_native._core.names.TTA_MODES
 COLUMNS = [("model", "model"), ("batch", "batch"), ("tta", "tta"), ("median_ms", "median ms"), ("p99_ms", "p99 ms"),

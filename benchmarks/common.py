@@ -12,6 +12,9 @@ without running any of the host code, so this is the GPU's time per call (plus t
 
 Host time per call (host_time_us): `calls` calls issued without synchronising, timed with the wall clock; with a
 problem too small to keep the GPU busy, this is what one call costs the host.
+
+Per-call latency (latency, with cupy_clock or torch_clock): one event pair around each call, issued back to back;
+median, p99 and mean of the samples (bench_infer.py, bench_tta.py).
 """
 
 from __future__ import annotations
@@ -176,6 +179,37 @@ def torch_graphed_time(fn, *, calls: int = 20, warmup: int = 3, repeats: int = 2
         repeats,
         **_torch_events(torch),
     )
+
+
+def latency(call, *, iters: int, warmup: int, new_event, elapsed_ms, synchronize) -> dict:
+    """call(i) for i = 0, 1, ... (rotate inputs with i % ROTATE): `warmup` untimed calls, then `iters` calls each
+    between two events, all issued back to back; median, p99 and mean of the per-call samples in ms."""
+    for i in range(warmup):
+        call(i)
+    synchronize()
+    events = []
+    for i in range(iters):
+        start, end = new_event(), new_event()
+        start.record()
+        call(i)
+        end.record()
+        events.append((start, end))
+    synchronize()
+    samples = sorted(elapsed_ms(start, end) for start, end in events)
+    return {"median_ms": statistics.median(samples), "p99_ms": samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+            "mean_ms": statistics.fmean(samples), "iters": iters}
+
+
+def cupy_clock():
+    import cupy as cp
+
+    return {"new_event": cp.cuda.Event, "elapsed_ms": cp.cuda.get_elapsed_time,
+            "synchronize": lambda: cp.cuda.get_current_stream().synchronize()}
+
+
+def torch_clock(torch):
+    return {"new_event": lambda: torch.cuda.Event(enable_timing=True),
+            "elapsed_ms": lambda start, end: start.elapsed_time(end), "synchronize": torch.cuda.synchronize}
 
 
 def host_time_us(fn, synchronize, *, calls: int = 2000, warmup: int = 20, repeats: int = 3) -> dict:
