@@ -18,7 +18,8 @@ import numpy as np
 from bench_infer import MODELS, ROTATE
 from common import cupy_clock, environment, latency, markdown_table, write_json
 
-MODES = ("none", "flip", "flip-shift")  # resnet_native._core.names.TTA_MODES
+from resnet_native._core.names import TTA_MODES as MODES
+
 COLUMNS = [("model", "model"), ("batch", "batch"), ("tta", "tta"), ("median_ms", "median ms"), ("p99_ms", "p99 ms"),
            ("images_per_s", "images/s"), ("x_none", "x none")]
 

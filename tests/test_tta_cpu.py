@@ -9,8 +9,7 @@ from test_release_cpu import make_fake_run  # noqa: F401  (release_dir's)
 
 import resnet_native as rn
 from resnet_native.data.augment import normalize_on_host
-from resnet_native.data.tta_views import VIEWS, View, tta_views, view_images, write_view
-from resnet_native.inference.tta import tta_mode
+from resnet_native.data.tta_views import VIEWS, View, tta_mode, tta_views, view_images, write_view
 from resnet_native.reference.loss import cross_entropy_forward
 from resnet_native.release.classifier import CIFAR10Classifier
 from resnet_native.training.evaluation import Evaluation, evaluate

@@ -41,9 +41,14 @@ VIEWS = {
 assert tuple(VIEWS) == TTA_MODES and all(v[0].identity and sum(x.weight for x in v) == 1.0 for v in VIEWS.values())
 
 
+def tta_mode(value) -> str:
+    """'none', 'flip' or 'flip-shift' (None: 'none'); ValueError naming `tta` otherwise."""
+    return choice("tta", "none" if value is None else value, TTA_MODES)
+
+
 def tta_views(mode) -> tuple[View, ...]:
     """The views of TTA mode `mode` (None: 'none'), the image itself first; ValueError naming `tta` otherwise."""
-    return VIEWS[choice("tta", "none" if mode is None else mode, TTA_MODES)]
+    return VIEWS[tta_mode(mode)]
 
 
 def write_view(src, dst, view: View, *, layout: str = "NHWC", fill=0) -> None:

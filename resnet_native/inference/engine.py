@@ -34,6 +34,7 @@ from .._core.names import (
     whole_numbers,
 )
 from .._core.runtime import require_gpu
+from ..data.tta_views import tta_mode
 from ..ops import conv, own_conv
 from ..ops.workspace import reserve_workspace
 from ..quantization.prefix import AUTO, FLOAT, QUANTIZE_FROM, fastest, quantize_from_choices
@@ -46,7 +47,7 @@ from .plan import build_plan
 from .quantized import PREFIX_PRECISION, checked_scales, quantized_convs, quantized_plan
 from .source import model_source, release_calibration
 from .timing import forward_ms
-from .tta import ViewAverage, tta_mode
+from .tta import ViewAverage
 from .tuning import decide_fusion
 
 # The precision of an int8 / FP8 engine's float values (the last block's output, the pooled features): the

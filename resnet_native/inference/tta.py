@@ -12,14 +12,8 @@ input stage itself produced, so it is right for every input kind.
 
 from __future__ import annotations
 
-from .._core.names import TTA_MODES, choice
 from ..data.tta_views import tta_views, write_view
 from ..ops import kernels
-
-
-def tta_mode(value) -> str:
-    """'none', 'flip' or 'flip-shift' (None: 'none'); ValueError naming `tta` otherwise."""
-    return choice("tta", "none" if value is None else value, TTA_MODES)
 
 
 class ViewAverage:

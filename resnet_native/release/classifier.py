@@ -26,7 +26,7 @@ from .._core.names import choice, precision_argument
 from .._core.runtime import cuda_available, device_unavailable_reason
 from ..data.augment import normalize_on_host
 from ..data.cifar10 import CLASSES
-from ..data.tta_views import tta_views, view_images
+from ..data.tta_views import tta_mode, tta_views, view_images
 from ..formats.release_folder import (  # noqa: F401  (re-exported: the classifier's API)
     DEFAULT_MODELS_DIR,
     load_release_config,
@@ -38,7 +38,6 @@ from ..inference import InferenceEngine
 from ..inference.kernel_choice import QUANTIZED_KERNELS
 from ..inference.simulate import simulate_logits
 from ..inference.source import release_calibration
-from ..inference.tta import tta_mode
 from ..nn.models.registry import model_from_spec, rename_legacy_keys
 from ..quantization.calibration import QUANT_DTYPES
 from ..quantization.prefix import AUTO, QUANTIZE_FROM
