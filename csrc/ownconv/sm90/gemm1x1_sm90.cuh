@@ -5,11 +5,16 @@
 // channels needs (one or two k-steps a tile, an epilogue as long as its mainloop, longer with a residual). The epilogue
 // is the same visitor tree as the convolutions' (requantize_epilogue.cuh).
 //
+// A residual layer streams three tensors and does almost no math: the epilogue's loads of the residual (C) must run
+// far enough ahead to hide memory latency. CUTLASS's builder gives C at most four buffers of one epilogue sub-tile;
+// EPI_N and STAGES_C (0: the builder's choice) set the sub-tile's width and that depth.
+//
 // Adding a kernel: a new .cu file here with one RN_OWNCONV_SM90_GEMM1X1(...) line (see the existing ones).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cutlass/cutlass.h"
 #include "cute/tensor.hpp"
@@ -29,8 +34,34 @@
 
 namespace rn::ownconv::sm90 {
 
-template <Epilogue E, PersistentSchedule Schedule, int TM, int TN, int TK>
-class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, TN, TK>> {
+// The collective epilogue: CUTLASS's builder's, or (StagesC > 0) the same collective with EpiN-wide sub-tiles (64
+// rows for ping-pong, whose warp groups each own a tile; 128 for cooperative) and StagesC buffers for the source C.
+template <class TileShape, class Tree, PersistentSchedule Schedule, int EpiN, int StagesC, int Alignment,
+          bool Custom = (StagesC > 0)>
+struct Gemm1x1Epilogue {
+  using CollectiveOp = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, cute::Shape<cute::_1, cute::_1, cute::_1>,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, typename Tree::ElementC,
+      cutlass::layout::RowMajor, Alignment, int8_t, cutlass::layout::RowMajor, Alignment, EpilogueSchedule<Schedule>,
+      typename Tree::Fusion>::CollectiveOp;
+};
+
+template <class TileShape, class Tree, PersistentSchedule Schedule, int EpiN, int StagesC, int Alignment>
+struct Gemm1x1Epilogue<TileShape, Tree, Schedule, EpiN, StagesC, Alignment, true> {
+  static constexpr bool kCooperative = Schedule == PersistentSchedule::Cooperative;
+  static constexpr int kRows = kCooperative ? 128 : 64;
+  using EpilogueTile = cute::Shape<cute::Int<kRows>, cute::Int<EpiN>>;
+  static constexpr int kFragment = kRows * EpiN / (kCooperative ? 256 : 128);  // one thread's share of a sub-tile
+  // As the builder: stores not delayed behind a residual's loads.
+  using Policy =
+      cutlass::epilogue::Sm90TmaWarpSpecialized<StagesC, 2, kFragment, false, std::is_void_v<typename Tree::ElementC>>;
+  using CollectiveOp = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      TileShape, EpilogueTile, int32_t, float, typename Tree::ElementC, cutlass::layout::RowMajor, Alignment, int8_t,
+      cutlass::layout::RowMajor, Alignment, typename Tree::Fusion, Policy>::CollectiveOp;
+};
+
+template <Epilogue E, PersistentSchedule Schedule, int TM, int TN, int TK, int EpiN = 0, int StagesC = 0>
+class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, TN, TK, EpiN, StagesC>> {
  public:
   using Element = int8_t;
   using Accumulator = int32_t;
@@ -40,11 +71,8 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, 
   using ElementC = typename EpilogueTree::ElementC;
   static constexpr int kAlignment = 16;  // int8 elements per 16 bytes: TMA's unit
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float, ElementC, cutlass::layout::RowMajor,
-      kAlignment, Element, cutlass::layout::RowMajor, kAlignment, EpilogueSchedule<Schedule>,
-      typename EpilogueTree::Fusion>::CollectiveOp;
+  using CollectiveEpilogue =
+      typename Gemm1x1Epilogue<TileShape, EpilogueTree, Schedule, EpiN, StagesC, kAlignment>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
@@ -106,8 +134,10 @@ class Sm90Gemm1x1 final : public GemmUniversalConv<Sm90Gemm1x1<E, Schedule, TM, 
 }  // namespace rn::ownconv::sm90
 
 // One kernel per translation unit: RN_OWNCONV_SM90_GEMM1X1(s8_1x1_res_128x128x64, RequantizeResidual, Cooperative,
-// 128, 128, 64) defines it and registers it under that name.
-#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, SCHEDULE, TM, TN, TK)                     \
-  RN_OWNCONV_REGISTER(NAME,                                                               \
-                      ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE, \
-                                                       ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, TN, TK>)
+// 128, 128, 64) defines it and registers it under that name; RN_OWNCONV_SM90_GEMM1X1_EPI adds EPI_N and STAGES_C.
+#define RN_OWNCONV_SM90_GEMM1X1_EPI(NAME, EPILOGUE, SCHEDULE, TM, TN, TK, EPI_N, STAGES_C)                          \
+  RN_OWNCONV_REGISTER(NAME, ::rn::ownconv::sm90::Sm90Gemm1x1<::rn::ownconv::Epilogue::EPILOGUE,                     \
+                                                             ::rn::ownconv::sm90::PersistentSchedule::SCHEDULE, TM, \
+                                                             TN, TK, EPI_N, STAGES_C>)
+#define RN_OWNCONV_SM90_GEMM1X1(NAME, EPILOGUE, SCHEDULE, TM, TN, TK) \
+  RN_OWNCONV_SM90_GEMM1X1_EPI(NAME, EPILOGUE, SCHEDULE, TM, TN, TK, 0, 0)
