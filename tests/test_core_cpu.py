@@ -160,3 +160,24 @@ def test_timing_arguments_are_checked_and_a_gate_needs_no_gpu():
     with _C.HostGate(0) as gate:  # without page-locked memory (no GPU) there is no gate: nothing waits
         gate.release()
     gate.release()  # idempotent
+
+
+def assert_new_buffer(host, shape, dtype):
+    """A new BufferCache buffer (read back to the host): NaN for floats and bf16 bits (uint16), else zeros."""
+    assert host.shape == shape and host.dtype == dtype
+    if dtype == np.uint16:  # bf16 bits: NaN
+        assert np.isnan((host.astype(np.uint32) << 16).view(np.float32)).all()
+    elif np.dtype(dtype).kind == "f":
+        assert np.isnan(host).all()
+    else:
+        assert (host == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.uint16, np.int32, np.int8])
+def test_new_buffers_start_poisoned_or_zero(dtype):
+    from resnet_native._core.buffers import BufferCache
+
+    cache = BufferCache(xp=np)
+    a = cache.get("x", (3, 5), dtype)
+    assert cache.get("x", (3, 5), dtype) is a
+    assert_new_buffer(a, (3, 5), dtype)

@@ -164,3 +164,15 @@ def test_dlpack_arrays_parse_and_cpu_tensors_are_refused():
     assert _C._testing.parse_tensor(b, "b", "bf16")[1] == "bfloat16"
     with pytest.raises(TypeError, match="^t: expected a CUDA array"):
         _C._testing.parse_tensor(torch.randn(2, 3), "t", "fp32")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint16, np.int32])
+def test_new_device_buffers_start_poisoned_or_zero(dtype):
+    from test_core_cpu import assert_new_buffer
+
+    from resnet_native._core.buffers import BufferCache
+
+    cache = BufferCache(xp=cp)
+    a = cache.get("x", (3, 1000), dtype)
+    assert cache.get("x", (3, 1000), dtype) is a
+    assert_new_buffer(cp.asnumpy(a), (3, 1000), dtype)

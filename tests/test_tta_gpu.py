@@ -14,6 +14,8 @@ from resnet_native.inference import InferenceEngine
 from resnet_native.optim import SGD, WeightAverage
 from resnet_native.optim.ema import running_statistics
 from resnet_native.optim.step import TrainStep
+from resnet_native.training.builders import test_set_views as make_test_set_views  # not collected as a test
+from resnet_native.training.config import TrainConfig
 from resnet_native.training.evaluation import Evaluation
 
 pytestmark = pytest.mark.gpu
@@ -73,6 +75,19 @@ def test_the_engine_weighs_the_shifted_views_as_plain_calls_on_them(rng, layout)
         assert tta.capture_error is None and "tta='flip-shift'" in repr(tta)
 
 
+def test_the_trainers_test_set_views_are_made_on_the_device_as_on_the_host(rng):
+    host = rng.integers(0, 256, (37, 32, 32, 3), dtype=np.uint8)
+    cfg = TrainConfig.from_dict({"epochs": 1, "optimizer": {"lr": 0.1}, "tta": "flip-shift", "precision": "fp16",
+                                 "layout": "NHWC"})
+    arrays, weights = make_test_set_views(cfg, host)
+    views = tta_views("flip-shift")
+    assert weights == tuple(v.weight for v in views) and len(arrays) == len(views) - 1
+    for v, got in zip(views[1:], arrays, strict=True):
+        device = view_images(cp.asarray(host), v)
+        np.testing.assert_array_equal(cp.asnumpy(device), view_images(host, v))
+        np.testing.assert_array_equal(cp.asnumpy(got), normalize_on_host(view_images(host, v), dtype="fp16"))
+
+
 def test_the_captured_tta_evaluation_replays_the_eager_one(rng):
     model = _model(rng)
     images = _images(rng, 2500)
@@ -115,3 +130,16 @@ def test_the_average_on_the_gpu_follows_the_float64_recurrence(rng):
     for got, s in zip(running_statistics(shadow), stats, strict=True):
         np.testing.assert_allclose(cp.asnumpy(got), s, rtol=1e-5, atol=1e-6)
     step.reset_graphs()
+
+
+def test_the_warm_start_primes_recipe_c_steps_views_and_downscaling():
+    from resnet_native.training.warm_start import prime_first_steps
+
+    cfg = TrainConfig.from_dict({"epochs": 4, "optimizer": {"lr": 0.1}, "tta": "flip-shift", "precision": "fp16",
+                                 "layout": "NHWC", "batch_size": 256, "eval_batch_size": 3000, "subset": 1000,
+                                 "progressive": {"size": 20, "until": 0.5}})
+    seconds = prime_first_steps(cfg)
+    # a step per batch shape at each size (1000 = 3 x 256 + 232), an evaluation of both test batch shapes
+    want = {"step 256 at 20 px", "step 232 at 20 px", "step 256", "step 232", "downscale to 20 px",
+            "evaluation 3000+1000"}
+    assert want <= set(seconds) and all(v >= 0 for v in seconds.values()), seconds

@@ -81,8 +81,17 @@ def write_view(src, dst, view: View, *, layout: str = "NHWC", fill=0) -> None:
     xp.copyto(dst[tuple(index_dst)], base[tuple(index_src)])
 
 
-def view_images(images: np.ndarray, view: View) -> np.ndarray:
-    """A new uint8 (N, H, W, 3) array: `view` of the images, shifted-in pixels black."""
-    out = np.empty_like(images)
+def view_images(images, view: View):
+    """A new uint8 (N, H, W, 3) array where `images` is (NumPy or cupy): `view` of the images, shifted-in pixels
+    black."""
+    out = _empty_like(images)
     write_view(images, out, view)
     return out
+
+
+def _empty_like(a):
+    if isinstance(a, np.ndarray):
+        return np.empty_like(a)
+    import cupy
+
+    return cupy.empty_like(a)

@@ -107,8 +107,11 @@ def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int):
 def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
     """(the test set's other views for cfg.tta, each normalised, weights: the plain set's then each view's);
     ((), (1.0,)) without TTA. Made once, so that an evaluation's views pass is forwards alone."""
+    import cupy
+
     views = tta_views(cfg.tta)
-    arrays = tuple(normalize_on_gpu(view_images(test_images, v), layout=cfg.layout, dtype=cfg.precision)
+    images = cupy.asarray(test_images) if len(views) > 1 else None  # the views are made on the device
+    arrays = tuple(normalize_on_gpu(view_images(images, v), layout=cfg.layout, dtype=cfg.precision)
                    for v in views[1:])
     return arrays, tuple(v.weight for v in views)
 
