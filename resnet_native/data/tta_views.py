@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from .._core.names import TTA_MODES, choice
+from .._core.placement import array_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +55,7 @@ def write_view(src, dst, view: View, *, layout: str = "NHWC", fill=0) -> None:
     same shape, not overlapping src). `fill`: what a pixel shifted in holds in dst's terms (0: a black uint8 pixel;
     for a normalised buffer, a black pixel's normalised values, broadcastable against dst). No allocation on the
     device: a fill and a strided copy."""
-    if isinstance(dst, np.ndarray):
-        xp = np
-    else:
-        import cupy as xp  # lazy: cupy only for a device buffer
+    xp = array_module(dst)
     h_axis, w_axis = (1, 2) if layout == "NHWC" else (2, 3)
     height, width = src.shape[h_axis], src.shape[w_axis]
     base = src
@@ -84,14 +80,6 @@ def write_view(src, dst, view: View, *, layout: str = "NHWC", fill=0) -> None:
 def view_images(images, view: View):
     """A new uint8 (N, H, W, 3) array where `images` is (NumPy or cupy): `view` of the images, shifted-in pixels
     black."""
-    out = _empty_like(images)
+    out = array_module(images).empty_like(images)
     write_view(images, out, view)
     return out
-
-
-def _empty_like(a):
-    if isinstance(a, np.ndarray):
-        return np.empty_like(a)
-    import cupy
-
-    return cupy.empty_like(a)
