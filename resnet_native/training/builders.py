@@ -106,11 +106,12 @@ def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int):
 
 def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
     """(the test set's other views for cfg.tta, each normalised, weights: the plain set's then each view's);
-    ((), (1.0,)) without TTA. Made once, so that an evaluation's views pass is forwards alone."""
+    ((), (1.0,)) without TTA. Made once, on the device (test_images: uint8, host or device), so that an evaluation's
+    views pass is forwards alone."""
     import cupy
 
     views = tta_views(cfg.tta)
-    images = cupy.asarray(test_images) if len(views) > 1 else None  # the views are made on the device
+    images = cupy.asarray(test_images) if len(views) > 1 else None
     arrays = tuple(normalize_on_gpu(view_images(images, v), layout=cfg.layout, dtype=cfg.precision)
                    for v in views[1:])
     return arrays, tuple(v.weight for v in views)
@@ -208,10 +209,11 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Pa
 
         synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
-    test_inputs = normalize_on_gpu(data.test_images, layout=cfg.layout, dtype=cfg.precision)
+    test_images = cupy.asarray(data.test_images)  # uploaded once: the plain set and every TTA view are made from it
+    test_inputs = normalize_on_gpu(test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
     return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n,
-                 test_views=test_set_views(cfg, data.test_images),
+                 test_views=test_set_views(cfg, test_images),
                  ema=build_weight_average(cfg, model, len(augmenter)))
 
 
