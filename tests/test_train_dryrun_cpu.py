@@ -21,6 +21,7 @@ import resnet_native as rn
 import resnet_native._core.runtime
 from resnet_native.data import augment as aug
 from resnet_native.data.cifar10 import CIFAR10Data
+from resnet_native.data.resize import downscale_reference
 from resnet_native.formats import checkpoint
 from resnet_native.nn.layers import Module
 from resnet_native.release import build as release
@@ -34,6 +35,7 @@ def cpu_backend(monkeypatch):
     need a GPU; the stand-in save writes a small JSON file so that the file's presence can be checked)."""
     monkeypatch.setitem(sys.modules, "cupy", numpy_as_cupy())
     monkeypatch.setattr(aug, "launch_augment", launch_on_numpy)
+    monkeypatch.setattr(aug, "downscale_on_gpu", lambda images, size: downscale_reference(images, size))
     monkeypatch.setattr(resnet_native._core.runtime, "require_gpu", lambda: None)
     algo_calls = {"save": [], "load": []}
 

@@ -132,7 +132,7 @@ def test_the_average_on_the_gpu_follows_the_float64_recurrence(rng):
     step.reset_graphs()
 
 
-def test_the_warm_start_primes_recipe_c_steps_and_its_evaluation_with_views():
+def test_the_warm_start_primes_recipe_c_steps_views_and_downscaling():
     from resnet_native.training.warm_start import prime_first_steps
 
     cfg = TrainConfig.from_dict({"epochs": 4, "optimizer": {"lr": 0.1}, "tta": "flip-shift", "precision": "fp16",
@@ -140,5 +140,6 @@ def test_the_warm_start_primes_recipe_c_steps_and_its_evaluation_with_views():
                                  "progressive": {"size": 20, "until": 0.5}})
     seconds = prime_first_steps(cfg)
     # a step per batch shape at each size (1000 = 3 x 256 + 232), an evaluation of both test batch shapes
-    want = {"step 256 at 20 px", "step 232 at 20 px", "step 256", "step 232", "evaluation 3000+1000"}
+    want = {"step 256 at 20 px", "step 232 at 20 px", "step 256", "step 232", "downscale to 20 px",
+            "evaluation 3000+1000"}
     assert want <= set(seconds) and all(v >= 0 for v in seconds.values()), seconds

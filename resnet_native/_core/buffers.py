@@ -3,15 +3,20 @@
 Why: a training step then allocates nothing on the device (the precondition for capturing it in a CUDA graph),
 and the cupy pool is not churned. Buffers are keyed on their shape, which follows the input shape, so a few
 input shapes (training batch, last partial batch, evaluation batch) coexist; the least recently used beyond
-`capacity` are dropped. New float buffers start as NaN (bf16 NaN for uint16) so an op that fails to write an
-element shows up in tests. The array module is where the owning module lives (its Placement), set when it is placed.
+`capacity` are dropped. New float buffers (and uint16 ones, which hold bf16) start with every bit set, NaN in each
+of those formats, so an op that fails to write an element shows up in tests; the others start as zeros. On the
+device both are a memset: no kernel to compile on a fresh machine. The array module is where the owning module
+lives (its Placement), set when it is placed.
 """
 
 from collections import OrderedDict
 
 import numpy as np
 
-_NAN_BITS = {np.dtype(np.uint16): 0x7FC0}  # bf16 quiet NaN
+
+def _poisoned(dtype: np.dtype) -> bool:
+    """Whether a new buffer of this dtype starts as NaN (all bits set) rather than zero."""
+    return dtype.kind == "f" or dtype == np.uint16  # uint16: bf16 bits
 
 
 class BufferCache:
@@ -28,8 +33,12 @@ class BufferCache:
         if array is None:
             if self.xp is None:
                 raise RuntimeError(f"BufferCache.get({role!r}): its owner is not placed yet (cuda() or to_host())")
-            fill = _NAN_BITS.get(dtype, np.nan if dtype.kind == "f" else 0)
-            array = self.xp.full(key[1], fill, dtype=dtype)
+            array = self.xp.empty(key[1], dtype=dtype)
+            byte = 0xFF if _poisoned(dtype) else 0
+            if isinstance(array, np.ndarray):
+                array.view(np.uint8).fill(byte)
+            elif array.nbytes:
+                array.data.memset_async(byte, array.nbytes)
             self._remember(key, array)
         else:
             self._arrays.move_to_end(key)

@@ -1,16 +1,14 @@
 """Downscaled copies of a uint8 image set, for training the early epochs at a lower resolution (progressive resizing).
 
 The filter is Pillow's antialiased bilinear reduction (a triangle filter whose support widens with the scale factor),
-written as one (out, in) weight matrix per axis, so a whole set is two matrix products: on the GPU (cupy, float64) and
-in NumPy (the reference) alike. Rounded half up and clipped to [0, 255], the result stays uint8 and goes through the
-augmentation kernel unchanged.
+written as one (out, in) weight matrix per axis: in NumPy (the reference) a whole set is two matrix products; on the
+GPU one kernel sums each output value's few nonzero terms in float64. Rounded half up and clipped to [0, 255], the
+result stays uint8 and goes through the augmentation kernel unchanged.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-CHUNK = 8192  # images per matrix product on the GPU: float64 temporaries of a few hundred MiB at most
 
 
 def resize_weights(out_size: int, in_size: int) -> np.ndarray:
@@ -37,20 +35,56 @@ def downscale_reference(images: np.ndarray, size: int) -> np.ndarray:
     return _rounded(np.einsum("yh,nhwc,xw->nyxc", wy, images.astype(np.float64), wx, optimize=True), np)
 
 
-def downscale_on_gpu(images, size: int):
-    """uint8 (N, H, W, 3) device array -> a new uint8 (N, size, size, 3) device array, in chunks of CHUNK images."""
+def downscale_on_gpu(images, size: int, out=None):
+    """uint8 (N, H, W, 3) device array -> uint8 (N, size, size, 3) device array (`out`, else a new one): one kernel,
+    each output value the float64 sum over the few source pixels its row and column weights cover, rounded as the
+    reference rounds."""
     import cupy
 
-    images = _checked(images)
-    n, h, w, _ = images.shape
+    images = cupy.ascontiguousarray(_checked(images))
+    n, h, w, c = images.shape
+    shape = (n, size, size, c)
+    if out is None:
+        out = cupy.empty(shape, dtype=cupy.uint8)
+    elif tuple(out.shape) != shape or out.dtype != cupy.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a C-contiguous uint8 array of shape {shape}, got {out.dtype} "
+                         f"{tuple(out.shape)}")
     wy = cupy.asarray(resize_weights(size, h))
     wx = cupy.asarray(resize_weights(size, w))
-    out = cupy.empty((n, size, size, 3), dtype=cupy.uint8)
-    for start in range(0, n, CHUNK):
-        chunk = images[start:start + CHUNK].astype(cupy.float64)
-        rows = cupy.einsum("yh,nhwc->nywc", wy, chunk)
-        out[start:start + CHUNK] = _rounded(cupy.einsum("nywc,xw->nyxc", rows, wx), cupy)
+    _downscale_kernel()(images, wy, wx, h, w, c, size, out)
     return out
+
+
+def _downscale_kernel():
+    """One elementwise kernel over the output (compiled once per process): the separable product of downscale_reference
+    without its zero weights, summed in float64."""
+    global _KERNEL
+    if _KERNEL is None:
+        import cupy
+
+        _KERNEL = cupy.ElementwiseKernel(
+            "raw uint8 src, raw float64 wy, raw float64 wx, int32 h, int32 w, int32 c, int32 size", "uint8 y",
+            """
+            const int ch = i % c, x = (i / c) % size, row = (i / (c * size)) % size;
+            const long long image = i / ((long long)c * size * size);
+            double total = 0.0;
+            for (int sy = 0; sy < h; ++sy) {
+              const double a = wy[row * h + sy];
+              if (a == 0.0) continue;
+              double line = 0.0;
+              for (int sx = 0; sx < w; ++sx) {
+                const double b = wx[x * w + sx];
+                if (b != 0.0) line += b * (double)src[((image * h + sy) * w + sx) * c + ch];
+              }
+              total += a * line;
+            }
+            y = (unsigned char)fmin(fmax(floor(total + 0.5), 0.0), 255.0);
+            """,
+            "rn_downscale_u8")
+    return _KERNEL
+
+
+_KERNEL = None
 
 
 def _checked(images):

@@ -2,12 +2,12 @@
 
 Decoding the source is CPU bound; the first epoch's cuDNN algorithm searches (every convolution of every batch
 shape) and cupy's kernel compiles are GPU and driver bound, and neither needs the other. So while a child process
-decodes the source into the data cache, this process trains one step per batch shape and runs one evaluation (with
-the run's test-time views) per evaluation shape with a throwaway copy of the model on zeros. Searches' choices and
-compiled kernels are per process, not per model, so the run's own first steps find them, and the run never meets
-the throwaway: what it computes is unchanged, only where its first seconds go ("warm-up" in the summary). When the
-child fails, or the cache cannot be written, the parent's load decodes the source itself, with the error it raises
-then.
+decodes the source into the data cache, this process trains one step per batch shape, downscales two zero images
+to each progressive-resizing size and runs one evaluation (with the run's test-time views) per evaluation shape with
+a throwaway copy of the model on zeros. Searches' choices and compiled kernels are per process, not per model, so
+the run's own first steps find them, and the run never meets the throwaway: what it computes is unchanged, only
+where its first seconds go ("warm-up" in the summary). When the child fails, or the cache cannot be written, the
+parent's load decodes the source itself, with the error it raises then.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 
 from ..data.augment import storage_dtype
 from ..data.cifar10 import default_data_path, load_cached, load_cifar10
+from ..data.resize import downscale_on_gpu
 from ..optim.step import TrainStep
 from .builders import build_model, build_optimizer, build_scaler, partial_batch_search, test_set_views
 from .config import FULL_SIZE, TrainConfig, train_image_sizes
@@ -74,10 +75,11 @@ def batch_shapes(n: int, batch_size: int) -> tuple:
 
 
 def prime_first_steps(cfg: TrainConfig) -> dict:
-    """One eager training step per training batch shape (at each image size progressive resizing trains at) and one
-    evaluation (with the run's test-time views) per evaluation batch shape, with a throwaway model of cfg on zeros.
-    Everything it allocated goes back to cupy's pool on return, where the run's own model and steps find blocks of
-    the same sizes. Returns {phase: seconds} and says it on stderr."""
+    """One eager training step per training batch shape (at each image size progressive resizing trains at), the
+    downscaling of two images to each of those sizes, and one evaluation (with the run's test-time views) per
+    evaluation batch shape, with a throwaway model of cfg on zeros. Everything it allocated goes back to cupy's
+    pool on return, where the run's own model and steps find blocks of the same sizes. Returns {phase: seconds} and
+    says it on stderr."""
     seconds, t0 = {}, time.perf_counter()
     import cupy
 
@@ -103,6 +105,10 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
             with partial_batch_search(b, cfg.batch_size):  # as the run's own steps choose
                 step.run(zeros(b, s), cupy.zeros((b,), dtype=cupy.int32))
             lap(f"step {b}" + (f" at {s} px" if s != FULL_SIZE else ""))
+    for s in train_image_sizes(cfg):
+        if s != FULL_SIZE:
+            downscale_on_gpu(cupy.zeros((2, FULL_SIZE, FULL_SIZE, 3), dtype=cupy.uint8), s)
+            lap(f"downscale to {s} px")
     # One batch of each evaluation shape (Evaluation chooses the partial one's algorithms as the run will).
     shapes = batch_shapes(TEST_IMAGES, cfg.eval_batch_size)
     n = sum(shapes)
