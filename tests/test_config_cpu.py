@@ -21,7 +21,8 @@ def test_recipe_a_is_the_issue_recipe():
     assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.3, "momentum": 0.9, "nesterov": True,
                                        "weight_decay": 5e-4}
     assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 2.0}
-    assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False}
+    assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False,
+                                      "alternate_flip": False}
     assert cfg.label_smoothing == 0.1 and cfg.eval_every == 10
 
 
@@ -88,6 +89,14 @@ def test_progressive_resizing_flags_and_schedule():
             cfg_from(["--recipe", "C", "--progressive-size", size])
     with pytest.raises(ValueError, match="progressive.until: expected < 1"):
         cfg_from(["--recipe", "C", "--progressive-size", "16", "--progressive-until", "1"])
+
+
+def test_alternate_flip_and_zero_init_flags():
+    cfg = cfg_from(["--recipe", "C", "--alternate-flip", "--zero-init-residual"])
+    assert cfg.augment.alternate_flip and cfg.zero_init_residual
+    base = cfg_from(["--recipe", "C"])
+    assert not base.augment.alternate_flip and not base.zero_init_residual
+    assert resume_differences(base, cfg) == ["zero_init_residual", "augment"]
 
 
 def test_the_average_is_part_of_what_a_resume_must_repeat():
@@ -162,6 +171,9 @@ def test_recipe_from_a_yaml_file(tmp_path):
     ({"augment": {"flip": "false"}}, "augment.flip"),
     ({"augment": {"autoaugment": "false"}}, "augment.autoaugment"),
     ({"augment": {"autoaugment": 1}}, "augment.autoaugment"),
+    ({"augment": {"alternate_flip": True, "flip": False}}, "augment.alternate_flip: needs augment.flip"),
+    ({"augment": {"alternate_flip": True, "autoaugment": True}}, "augment.alternate_flip: .*not with"),
+    ({"zero_init_residual": 1}, "zero_init_residual"),
     ({"deterministic": "false"}, "deterministic"),
     # Unknown keys, wrong types and out-of-range values name the key and say what was expected.
     ({"dtype": "fp16"}, "dtype: unknown setting .*it is called 'precision' now"),

@@ -70,6 +70,26 @@ def test_sampling_options():
 # The reference's properties (shapes, crop bounds, flip exactness, cutout area)
 
 
+def test_alternate_flip_turns_every_image_each_epoch():
+    n, alt = 4000, AugmentConfig(crop_padding=4, flip=True, cutout=16, alternate_flip=True)
+    tables = [sample_epoch(3, e, n, alt) for e in range(4)]
+    flips = []
+    for t in tables:  # each image's flip, in image order
+        f = np.empty(n, np.int32)
+        f[t[aug.ROW_INDEX]] = t[aug.ROW_FLIP]
+        flips.append(f)
+    assert abs(flips[0].mean() - 0.5) < 0.03  # a random half first
+    for e in range(1, 4):
+        np.testing.assert_array_equal(flips[e], 1 - flips[e - 1])
+    # Only the flips differ from the coin-per-epoch table: same order, crops and Cutout centres.
+    plain = sample_epoch(3, 2, n, CUTOUT)
+    rows = [r for r in range(aug.NUM_ROWS) if r != aug.ROW_FLIP]
+    np.testing.assert_array_equal(tables[2][rows], plain[rows])
+    assert not np.array_equal(tables[2][aug.ROW_FLIP], plain[aug.ROW_FLIP])
+    # The setting survives scaling for progressive resizing.
+    assert alt.scaled(20, 32).alternate_flip
+
+
 def test_identity_params_reproduce_the_image(rng):
     images = images_for(rng)
     out = apply_reference(images, identity_params(len(images), CUTOUT), raw_lut(), crop_padding=4, cutout=0)

@@ -91,6 +91,21 @@ def test_epochs_checkpoints_and_summary(cpu_backend, tiny, tmp_path):
     assert summary["precision"] == "fp16" and "dtype" not in summary
 
 
+def test_progress_bars_never_wait_for_the_device(cpu_backend, tiny, tmp_path, capsys, monkeypatch):
+    # Reading the running totals would wait for every step queued so far, and the GPU would idle while the host
+    # queued the next epoch: the bars count queued steps and show the last epoch read back.
+    from resnet_native.optim.step import TrainStep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a progress bar read the running totals")
+
+    monkeypatch.setattr(TrainStep, "read_totals", refuse)
+    summary = loop.Trainer(config(), tmp_path, data=tiny, progress=True, tensorboard=False, log_every=1).run()
+    assert summary["completed"] and summary["epochs_done"] == 3
+    err = capsys.readouterr().err
+    assert "epoch 3/3" in err and "last_loss=" in err  # epoch 2 and 3's bars show the epoch before
+
+
 def test_eval_every_evaluates_those_epochs_and_the_last(cpu_backend, tiny, tmp_path, capsys):
     summary = run(config("--eval-every", "2", "--epochs", "5"), tmp_path, tiny).run()
     rows = checkpoint.load_checkpoint(tmp_path / "last.npz")["metrics"]["history"]

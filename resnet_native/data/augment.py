@@ -31,17 +31,20 @@ ROW_INDEX, ROW_OFFSET_Y, ROW_OFFSET_X, ROW_FLIP, ROW_CUT_Y, ROW_CUT_X = range(6)
 NUM_ROWS = 6
 
 # Independent random streams derived from one seed.
-STREAM_AUGMENT, STREAM_AUTOAUGMENT, STREAM_SUBSET, STREAM_AUTOAUGMENT_CROP = 1, 2, 3, 4
+STREAM_AUGMENT, STREAM_AUTOAUGMENT, STREAM_SUBSET, STREAM_AUTOAUGMENT_CROP, STREAM_FLIP = 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
 class AugmentConfig:
     """crop_padding: zero padding of the random crop (0: no crop); flip: random horizontal flip;
-    cutout: side of the Cutout square (0: off)."""
+    cutout: side of the Cutout square (0: off); alternate_flip: each image is flipped in every other epoch (a
+    seeded random half of them in even epochs, the other half in odd ones) instead of by a coin per epoch, so any
+    two epochs in a row see both sides of every image."""
 
     crop_padding: int = 4
     flip: bool = True
     cutout: int = 0
+    alternate_flip: bool = False
 
     def __post_init__(self):
         if not isinstance(self.crop_padding, int) or self.crop_padding < 0:
@@ -56,7 +59,7 @@ class AugmentConfig:
             return self
         k = size / full
         return AugmentConfig(crop_padding=int(self.crop_padding * k + 0.5), flip=self.flip,
-                             cutout=int(self.cutout * k + 0.5))
+                             cutout=int(self.cutout * k + 0.5), alternate_flip=self.alternate_flip)
 
 
 def storage_dtype(dtype: str) -> np.dtype:
@@ -95,7 +98,9 @@ def sample_epoch(seed: int, epoch: int, n: int, config: AugmentConfig, height: i
     source index (a permutation of 0..n-1), crop offsets in [0, 2*padding] (offset == padding: no shift),
     flip (0/1), Cutout centre (y in [0, height), x in [0, width)). The crop reads the image padded with black
     (normalised like any black pixel), the flip mirrors the crop, and the Cutout square (side config.cutout, centre
-    uniform over the output image) is clipped at the borders."""
+    uniform over the output image) is clipped at the borders. With config.alternate_flip an image's flip is its
+    seeded coin (drawn once per seed) in even epochs and the opposite in odd ones; the other rows are the same
+    either way."""
     rng = epoch_rng(seed, epoch, STREAM_AUGMENT)
     p = config.crop_padding
     table = np.empty((NUM_ROWS, n), np.int32)
@@ -103,6 +108,9 @@ def sample_epoch(seed: int, epoch: int, n: int, config: AugmentConfig, height: i
     table[ROW_OFFSET_Y] = rng.integers(0, 2 * p + 1, n)
     table[ROW_OFFSET_X] = rng.integers(0, 2 * p + 1, n)
     table[ROW_FLIP] = rng.integers(0, 2, n) if config.flip else 0
+    if config.flip and config.alternate_flip:
+        coin = epoch_rng(seed, 0, STREAM_FLIP).integers(0, 2, n)
+        table[ROW_FLIP] = coin[table[ROW_INDEX]] ^ (epoch & 1)
     table[ROW_CUT_Y] = rng.integers(0, height, n)
     table[ROW_CUT_X] = rng.integers(0, width, n)
     return table

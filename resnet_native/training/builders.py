@@ -46,6 +46,10 @@ def make_deterministic(model) -> None:
 def build_model(cfg: TrainConfig):
     """The recipe's network, seeded, on the GPU, its convolutions on the recipe's engine."""
     model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed)
+    if cfg.zero_init_residual:
+        for _, m in model.named_modules():
+            if hasattr(m, "zero_residual_scale"):
+                m.zero_residual_scale()
     for m in _convolutions(model):
         m.engine = cfg.engine
     if cfg.deterministic:
@@ -123,7 +127,7 @@ def augment_config(cfg: TrainConfig) -> AugmentConfig:
     a = cfg.augment
     if a.autoaugment:
         return AugmentConfig(crop_padding=0, flip=False, cutout=a.cutout)
-    return AugmentConfig(crop_padding=a.crop_padding, flip=a.flip, cutout=a.cutout)
+    return AugmentConfig(crop_padding=a.crop_padding, flip=a.flip, cutout=a.cutout, alternate_flip=a.alternate_flip)
 
 
 def subset_indices(n: int, subset, seed: int) -> np.ndarray:

@@ -43,11 +43,14 @@ OVERRIDES = (
     ("--warmup-epochs", "schedule.warmup_epochs", "linear learning-rate warm-up length in epochs"),
     ("--schedule", "schedule.name", "learning rate after the warm-up: cosine, onecycle, linear (to zero) or constant"),
     ("--label-smoothing", "label_smoothing", "label smoothing of the training loss"),
+    ("--zero-init-residual", "zero_init_residual", "start each residual block's last batch-norm scale at zero"),
     ("--lr", "optimizer.lr", "(peak) learning rate"),
     ("--weight-decay", "optimizer.weight_decay", "weight decay"),
     ("--momentum", "optimizer.momentum", "SGD's momentum"),
     ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
     ("--crop-padding", "augment.crop_padding", "random-crop padding in pixels, 0 for no crop"),
+    ("--alternate-flip", "augment.alternate_flip", "flip each training image in every other epoch instead of by a "
+                                                   "coin each epoch"),
     ("--tta", "tta", "test-time augmentation of the evaluation, reported beside the plain accuracy: flip (the mean "
                      "logits of each image and its mirror), flip-shift (those and their copies shifted a pixel "
                      "diagonally each way) or none"),
@@ -100,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                    help="write last.npz every N epochs and at the end, skipping one due while the writer is a "
                         "write behind (best.npz: whenever test accuracy improves)")
-    p.add_argument("--log-every", type=int, default=50, help="steps between progress-bar updates (host syncs)")
+    p.add_argument("--log-every", type=int, default=50, help="steps between progress-bar updates")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     p.add_argument("--stop-after", type=int, metavar="N",

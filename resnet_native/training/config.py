@@ -53,12 +53,14 @@ class ScheduleSettings(Settings):
 
 @dataclass(frozen=True, kw_only=True)
 class AugmentSettings(Settings):
-    """Random crop with zero padding (0: none), horizontal flip, Cutout square side (0: none), AutoAugment."""
+    """Random crop with zero padding (0: none), horizontal flip, Cutout square side (0: none), AutoAugment;
+    alternate_flip: each image flipped in every other epoch rather than by a coin each epoch (data/augment.py)."""
 
     crop_padding: int = integer(4, minimum=0)
     flip: bool = flag(True)
     cutout: int = integer(0, minimum=0)
     autoaugment: bool = flag(False)
+    alternate_flip: bool = flag(False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +99,8 @@ class TrainConfig(Settings):
     gradient bucket's all-reduce starts during backward (not with sync_bn); tta: test-time augmentation of the
     evaluation ('flip': the mean logits of each test image and its mirror; 'flip-shift': also their copies shifted
     a pixel, data/tta_views.py; reported beside the plain figures);
-    ema: the weights' moving average (EMASettings); progressive: the early epochs at a lower resolution
+    zero_init_residual: each residual block's last batch-norm scale starts at zero (the block starts as its
+    shortcut); ema: the weights' moving average (EMASettings); progressive: the early epochs at a lower resolution
     (ProgressiveSettings)."""
 
     RENAMED = LEGACY_KEYS
@@ -113,6 +116,7 @@ class TrainConfig(Settings):
     seed: int = integer(0, minimum=0)
     subset: int | None = integer(None, minimum=1, optional=True)
     label_smoothing: float = number(0.0, minimum=0.0, below=1.0)
+    zero_init_residual: bool = flag(False)
     engine: str = one_of("auto", ENGINES)
     deterministic: bool = flag(False)
     cuda_graph: bool = flag(True)
@@ -131,6 +135,9 @@ class TrainConfig(Settings):
         if self.progressive.size and not 8 <= self.progressive.size < FULL_SIZE:
             raise ValueError(f"progressive.size: expected 0 (off) or a size in [8, {FULL_SIZE}) pixels, got "
                              f"{self.progressive.size}")
+        if self.augment.alternate_flip and (self.augment.autoaugment or not self.augment.flip):
+            raise ValueError("augment.alternate_flip: needs augment.flip, and not with augment.autoaugment (whose "
+                             "workers flip by a coin)")
         if self.sync_bn and self.overlap_allreduce:
             raise ValueError("overlap_allreduce: not with sync_bn (both would use the NCCL communicator at once)")
         if self.schedule.warmup_epochs >= self.epochs:
@@ -146,7 +153,7 @@ class TrainConfig(Settings):
 
 # The settings whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
-               "optimizer", "schedule", "augment", "ema", "progressive")
+               "zero_init_residual", "optimizer", "schedule", "augment", "ema", "progressive")
 
 
 def reduced_size(cfg: TrainConfig, epoch: int) -> int | None:

@@ -56,7 +56,7 @@ class Trainer:
 
     data: a CIFAR10Data to train on, else load_cifar10(data_path, cache_dir=cache_dir). progress: a progress bar
     per epoch; tensorboard: TensorBoard event files (when the package is installed); aa_workers: AutoAugment worker
-    processes; log_every: steps between progress-bar updates (host syncs); checkpoint_every: epochs between writes
+    processes; log_every: steps between progress-bar updates; checkpoint_every: epochs between writes
     of last.npz (best.npz is written whenever the test accuracy improves; a due write is skipped while the writer
     still has one queued, except the last epoch's); algorithms: an algorithm cache file (a
     run's algos.json) loaded before a run that does not resume, so a same-seed --deterministic run repeats that
@@ -95,6 +95,7 @@ class Trainer:
         self.log_every = max(1, whole_number("log_every", log_every))
         self.checkpoint_every = max(1, whole_number("checkpoint_every", checkpoint_every))
         self.algorithms = None if algorithms is None else pathlib.Path(algorithms)
+        self._last_row = None  # the last epoch logged: what the next epoch's progress bar shows
 
     def run(self, *, resume: bool = False, stop_after: int | None = None, started_at: float | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
@@ -244,8 +245,8 @@ class Trainer:
     def _queue_epoch(self, parts: Parts, epoch: int, end_epoch: int, upload, evaluation, snapshots,
                      spent: Stopwatch) -> QueuedEpoch:
         """Queue one epoch: its images' upload, its training steps, the read-back of their totals, and (on rank 0)
-        its evaluation and its checkpoint's staging copies when they may be needed. Waits for nothing on the device
-        except when a progress bar reads the running totals."""
+        its evaluation and its checkpoint's staging copies when they may be needed. Waits for nothing on the device:
+        a progress bar counts the steps queued and shows the figures of the last epoch read back."""
         # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure.
         with spent("autoaugment") if upload is not None else contextlib.nullcontext():
             images = upload(epoch, end_epoch) if upload is not None else None
@@ -253,8 +254,8 @@ class Trainer:
             lr = float(parts.optimizer.lr)
             parts.model.train()
             steps = len(parts.augmenter)
-            bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress)
-            t0, start = time.perf_counter(), record_event()
+            bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress, self._last_row)
+            start = record_event()
             size = reduced_size(self.cfg, epoch)
             for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images, size=size)):
                 with partial_batch_search(len(y), parts.augmenter.batch_size):
@@ -264,10 +265,7 @@ class Trainer:
                 if parts.schedule is not None:
                     parts.schedule.step()
                 if bar is not None and ((i + 1) % self.log_every == 0 or i + 1 == steps):
-                    loss_sum, correct_sum, seen = parts.step.read_totals()  # waits for the steps so far
-                    bar.update(i + 1 - bar.n)
-                    bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct_sum / seen:.4f}",
-                                    img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+                    bar.update(i + 1 - bar.n)  # steps queued: reading the running totals would drain the queue
             if bar is not None:
                 bar.close()
             totals = parts.step.take_totals()
@@ -309,6 +307,7 @@ class Trainer:
                 test += f" tta acc {row['test_acc_tta']:.4f}"
             print(f"{rank}epoch {epoch + 1}/{self.cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                   f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
+        self._last_row = row
         is_best = progress.record(row)
         due, skipped = _due(epoch, self.checkpoint_every, end_epoch), 0
         if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
@@ -409,12 +408,17 @@ class _Progress:
         return False
 
 
-def _progress_bar(total, desc, enabled):
+def _progress_bar(total, desc, enabled, last_row=None):
+    """A bar of an epoch's steps, showing the last epoch read back (its figures are an epoch behind the bar)."""
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="step", leave=False, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=total, desc=desc, unit="step", leave=False, dynamic_ncols=True, file=sys.stderr)
+    if last_row is not None:
+        bar.set_postfix(last_loss=f"{last_row['train_loss']:.4f}", last_acc=f"{last_row['train_acc']:.4f}",
+                        img_s=f"{last_row['images_per_s']:.0f}", refresh=False)
+    return bar
 
 
 def _yaml_dump(cfg: dict) -> str:

@@ -18,8 +18,6 @@ import sys
 import time
 import warnings
 
-import numpy as np
-
 from ..data.augment import storage_dtype
 from ..data.cifar10 import default_data_path, load_cached, load_cifar10
 from ..data.resize import downscale_on_gpu
@@ -112,7 +110,7 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
     # One batch of each evaluation shape (Evaluation chooses the partial one's algorithms as the run will).
     shapes = batch_shapes(TEST_IMAGES, cfg.eval_batch_size)
     n = sum(shapes)
-    views, weights = test_set_views(cfg, np.zeros((n, FULL_SIZE, FULL_SIZE, 3), np.uint8))
+    views, weights = test_set_views(cfg, cupy.zeros((n, FULL_SIZE, FULL_SIZE, 3), dtype=cupy.uint8))
     Evaluation(model, zeros(n), cupy.zeros((n,), dtype=cupy.int32), cfg.eval_batch_size, x_views=views,
                view_weights=weights)()
     lap("evaluation " + "+".join(map(str, shapes)))

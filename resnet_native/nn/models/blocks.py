@@ -45,6 +45,11 @@ class _ResidualBlock(Module):
         """[(conv, bn)] of the main path, in order; the last bn is the residual one."""
         raise NotImplementedError
 
+    def zero_residual_scale(self) -> None:
+        """Set the residual batch norm's scale to zero (before placing the model), so the block starts out as its
+        shortcut and a deep network trains like a shallow one at first (Goyal et al., 2017)."""
+        self._main_pairs()[-1][1].weight.data[...] = 0.0
+
     def forward(self, x, train: bool):
         pairs = self._main_pairs()
         out = x
