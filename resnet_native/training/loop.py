@@ -95,7 +95,6 @@ class Trainer:
         self.log_every = max(1, whole_number("log_every", log_every))
         self.checkpoint_every = max(1, whole_number("checkpoint_every", checkpoint_every))
         self.algorithms = None if algorithms is None else pathlib.Path(algorithms)
-        self._last_row = None  # the last epoch logged: what the next epoch's progress bar shows
 
     def run(self, *, resume: bool = False, stop_after: int | None = None, started_at: float | None = None) -> dict:
         """Train up to cfg.epochs (resume: continue from out_dir/last.npz), or stop once stop_after epochs are
@@ -161,7 +160,8 @@ class Trainer:
                                        log=log, writer=writer, algos=algos, spent=spent)
             try:
                 for epoch in range(progress.next_epoch, end_epoch):
-                    ahead = self._queue_epoch(parts, epoch, end_epoch, upload, evaluation, snapshots, spent)
+                    ahead = self._queue_epoch(parts, epoch, end_epoch, upload, evaluation, snapshots, spent,
+                                              log.rows[-1] if log.rows else None)
                     ahead.previous_end = None if queued is None else queued.end
                     if queued is not None:
                         done, queued = queued, None
@@ -243,10 +243,10 @@ class Trainer:
                                source=d.source)
 
     def _queue_epoch(self, parts: Parts, epoch: int, end_epoch: int, upload, evaluation, snapshots,
-                     spent: Stopwatch) -> QueuedEpoch:
+                     spent: Stopwatch, last_row: dict | None) -> QueuedEpoch:
         """Queue one epoch: its images' upload, its training steps, the read-back of their totals, and (on rank 0)
         its evaluation and its checkpoint's staging copies when they may be needed. Waits for nothing on the device:
-        a progress bar counts the steps queued and shows the figures of the last epoch read back."""
+        a progress bar counts the steps queued and shows last_row, the figures of the last epoch read back."""
         # With AutoAugment, the wait for the CPU workers' copy of this epoch is its own figure.
         with spent("autoaugment") if upload is not None else contextlib.nullcontext():
             images = upload(epoch, end_epoch) if upload is not None else None
@@ -254,7 +254,7 @@ class Trainer:
             lr = float(parts.optimizer.lr)
             parts.model.train()
             steps = len(parts.augmenter)
-            bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress, self._last_row)
+            bar = _progress_bar(steps, f"epoch {epoch + 1}/{self.cfg.epochs}", self.progress, last_row)
             start = record_event()
             size = reduced_size(self.cfg, epoch)
             for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images, size=size)):
@@ -307,7 +307,6 @@ class Trainer:
                 test += f" tta acc {row['test_acc_tta']:.4f}"
             print(f"{rank}epoch {epoch + 1}/{self.cfg.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                   f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
-        self._last_row = row
         is_best = progress.record(row)
         due, skipped = _due(epoch, self.checkpoint_every, end_epoch), 0
         if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
