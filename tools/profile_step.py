@@ -1,14 +1,15 @@
 """Where a training step's GPU time goes: the top kernels of one eager step, ours and PyTorch's, side by side.
 
     python tools/profile_step.py --model resnet50 --batch 256 [--dtype fp16|bf16] [--steps 5] [--top 25]
-                                 [--optimizer sgd|adamw] [--bn-fuse-bf16 on|off]
+                                 [--optimizer sgd|adamw] [--bn-fuse-bf16 on|off] [--size 32]
 
 Why torch.profiler for our step too: CUPTI records every kernel of the process, whoever launched it (cuDNN,
 our .cu kernels, cupy's elementwise kernels), so one tool measures both trainers the same way. The step is run
 eagerly (kernels of a replayed CUDA graph are not attributed to it reliably by every CUPTI version); bench_model.py
 shows eager and captured steps take the same time once the step is GPU-bound. Prints, per trainer, the total
 kernel time per step and the kernels that take the most, with their share. The optimizer is recipe A's (SGD,
-Nesterov) or recipe B's (AdamW); PyTorch's is its fused implementation of the same.
+Nesterov) or recipe B's (AdamW); PyTorch's is its fused implementation of the same. --size: the images' side
+(progressive resizing trains recipe C's early epochs at 20).
 """
 
 import argparse
@@ -50,17 +51,17 @@ def optimizer(module, params, name):
     return module.SGD(params, lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4, **fused)
 
 
-def ours(name, batch, dtype, steps, opt_name):
+def ours(name, batch, dtype, steps, opt_name, size):
     model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision=dtype)
     opt = optimizer(rn.optim, model.parameters(), opt_name)
     step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler() if dtype == "fp16" else None)
-    x32 = cp.random.standard_normal((batch, 32, 32, 3), dtype=cp.float32)
+    x32 = cp.random.standard_normal((batch, size, size, 3), dtype=cp.float32)
     x = rn.kernels.cast(x32, cp.empty(x32.shape, dtype=model.input_dtype))
     y = cp.random.randint(0, 10, batch).astype(cp.int32)
     return profile(lambda: step.run(x, y), steps, cp.cuda.Device().synchronize)
 
 
-def theirs(name, batch, dtype, steps, opt_name):
+def theirs(name, batch, dtype, steps, opt_name, size):
     import torchvision
 
     torch.backends.cudnn.benchmark = True
@@ -71,7 +72,7 @@ def theirs(name, batch, dtype, steps, opt_name):
     opt = optimizer(torch.optim, model.parameters(), opt_name)
     scaler = torch.amp.GradScaler(enabled=dtype == "fp16")
     amp_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
-    x = torch.randn(batch, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device="cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -95,13 +96,14 @@ def main():
     p.add_argument("--bn-fuse-bf16", choices=["on", "off"], help="resnet_native.norm.set_fuse_bf16 for the run")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--size", type=int, default=32, help="image side in pixels")
     args = p.parse_args()
     if args.bn_fuse_bf16:
         rn.norm.set_fuse_bf16(args.bn_fuse_bf16 == "on")
     for who, run in (("resnet_native", ours), ("torch", theirs)):
-        total, rows = run(args.model, args.batch, args.dtype, args.steps, args.optimizer)
-        print(f"\n{who}: {args.model} {args.dtype} batch {args.batch} {args.optimizer}: {total / 1000:.2f} ms of "
-              "kernels per step")
+        total, rows = run(args.model, args.batch, args.dtype, args.steps, args.optimizer, args.size)
+        print(f"\n{who}: {args.model} {args.dtype} batch {args.batch} at {args.size} px {args.optimizer}: "
+              f"{total / 1000:.2f} ms of kernels per step")
         print(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel")
         for name, us, n in rows[: args.top]:
             print(f"{us:9.1f} {us / total:6.1%} {n:6.1f}  {name[:110]}")
