@@ -106,9 +106,7 @@ def test_initialisation_follows_torchvision():
 @pytest.mark.parametrize("depth, last", [(18, "bn2"), (50, "bn3")])
 def test_zero_residual_scale_zeroes_only_each_blocks_residual_norm(depth, last):
     model = CONSTRUCTORS[depth](num_classes=10, seed=0)
-    for _, m in model.named_modules():
-        if hasattr(m, "zero_residual_scale"):
-            m.zero_residual_scale()
+    model.zero_residual_scales()
     zeroed = {k for k, v in model.state_dict().items() if k.endswith(".weight") and v.ndim == 1 and not v.any()}
     assert zeroed == {f"layer{i + 1}.{j}.{last}.weight" for i, n in enumerate(STAGES[depth]) for j in range(n)}
 

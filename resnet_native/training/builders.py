@@ -47,9 +47,7 @@ def build_model(cfg: TrainConfig):
     """The recipe's network, seeded, on the GPU, its convolutions on the recipe's engine."""
     model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed)
     if cfg.zero_init_residual:
-        for _, m in model.named_modules():
-            if hasattr(m, "zero_residual_scale"):
-                m.zero_residual_scale()
+        model.zero_residual_scales()
     for m in _convolutions(model):
         m.engine = cfg.engine
     if cfg.deterministic:

@@ -152,6 +152,13 @@ class ResNet(Module):
             return None
         return [p.low for p in params]
 
+    def zero_residual_scales(self) -> None:
+        """Start every residual block as its shortcut (BasicBlock/Bottleneck.zero_residual_scale); before placing."""
+        for stage in self.stages:
+            for _, m in stage.named_modules():
+                if isinstance(m, BasicBlock | Bottleneck):
+                    m.zero_residual_scale()
+
     def zero_grad(self) -> None:
         """Zero every parameter gradient in place (the optimizer's zero_grad does the same in one launch)."""
         for p in self.parameters():
