@@ -6,6 +6,10 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import pathlib
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -428,6 +432,46 @@ def test_untracked_seconds_are_those_no_activity_took(monkeypatch):
         pass
     spent.add_untracked("set-up", since=1.0)
     assert spent.seconds == {"data": 2.0, "set-up": 7.0}
+
+
+def test_the_process_start_is_before_the_imports_and_a_sleep():
+    # A child that sleeps 0.5 s before importing the trainer: the start it reads must be at least that far back.
+    code = ("import time; time.sleep(0.5); from resnet_native.training.stopwatch import process_start; "
+            "print(time.perf_counter() - process_start())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    if not pathlib.Path("/proc/self/stat").exists():
+        assert age < 0.1  # no /proc: the wall time counts from the call
+    else:
+        assert 0.5 <= age < 60
+
+
+def test_the_process_start_falls_back_to_now_without_a_plausible_age(monkeypatch):
+    from resnet_native.training import stopwatch
+
+    monkeypatch.setattr(stopwatch, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")), raising=False)
+    before = time.perf_counter()
+    assert before <= stopwatch.process_start() <= time.perf_counter()
+
+
+def test_the_command_counts_its_wall_time_from_the_process_start(monkeypatch, tmp_path):
+    from resnet_native.training import cli
+
+    seen = {}
+
+    class FakeTrainer:
+        def __init__(self, *a, **k):
+            pass
+
+        def run(self, **kwargs):
+            seen.update(kwargs)
+            return {"wall_time_s": 1.0, "test_acc": None}
+
+    monkeypatch.setattr(cli, "Trainer", FakeTrainer)
+    monkeypatch.setattr(resnet_native._core.runtime, "require_gpu", lambda: None)
+    data = tmp_path / "cifar-10-python.tar.gz"
+    data.write_bytes(b"")
+    cli.main(["--recipe", "C", "--data", str(data), "--out", str(tmp_path / "run")], started_at=12.5)
+    assert seen["started_at"] == 12.5
 
 
 def test_the_evaluation_graph_is_on_unless_turned_off():

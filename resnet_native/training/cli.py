@@ -159,8 +159,10 @@ def locate_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> pa
                  f"{cache_folder(args.cache_dir)}/")
 
 
-def main(argv=None) -> dict:
-    t0 = time.perf_counter()
+def main(argv=None, started_at: float | None = None) -> dict:
+    """The command. started_at: the time.perf_counter() reading the run's wall time counts from (the process's
+    start, from `python -m resnet_native.train`); default: this call."""
+    t0 = time.perf_counter() if started_at is None else started_at
     parser = build_parser()
     args = parser.parse_args(argv)
     world = check_world(args, parser)
@@ -195,7 +197,7 @@ def main(argv=None) -> dict:
                           progress=not args.no_progress and world.is_primary, tensorboard=not args.no_tensorboard,
                           aa_workers=args.aa_workers, log_every=args.log_every,
                           checkpoint_every=args.checkpoint_every, world=world, store=store, algorithms=args.algos)
-        # The run's wall time and "seconds" count from here: the command's start-up included.
+        # The run's wall time and "seconds" count from t0: what came before the run is "start-up".
         summary = trainer.run(resume=args.resume, stop_after=args.stop_after, started_at=t0)
     if world.is_primary:  # the run folder is rank 0's
         print(summary_line(summary))
