@@ -15,7 +15,7 @@ from resnet_native.training.stopwatch import Stopwatch
 @pytest.fixture
 def primed(monkeypatch):
     calls = []
-    monkeypatch.setattr(warm_start, "prime_first_steps", lambda cfg: calls.append(cfg))
+    monkeypatch.setattr(warm_start, "prime_first_steps", lambda cfg: calls.append(cfg) or {"step 512": 0.5})
     return calls
 
 
@@ -28,16 +28,17 @@ def test_a_fresh_source_is_decoded_by_a_child_while_the_steps_are_primed(tmp_pat
     source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
     cache = tmp_path / "cache"
     cache.mkdir()
-    spent = Stopwatch()
-    data = warm_start.load_while_priming(config(), source, cache, spent)
+    spent, report = Stopwatch(), {}
+    data = warm_start.load_while_priming(config(), source, cache, spent, report)
     assert_same(data, fake)
     assert len(primed) == 1
+    assert report["step 512"] == 0.5 and 0 < report["decode"] < 60  # the priming's phases and the child's seconds
     assert cifar10.cache_path_for(source, cache) is not None  # the child's cache, which the parent read
     assert set(spent.seconds) == {"warm-up", "data"}
     # Cached now: loaded at once, nothing primed.
-    spent = Stopwatch()
-    assert_same(warm_start.load_while_priming(config(), source, cache, spent), fake)
-    assert len(primed) == 1 and set(spent.seconds) == {"data"}
+    spent, report = Stopwatch(), {}
+    assert_same(warm_start.load_while_priming(config(), source, cache, spent, report), fake)
+    assert len(primed) == 1 and set(spent.seconds) == {"data"} and report == {}
 
 
 def test_the_child_decodes_image_folders_with_its_own_pool(tmp_path, primed, monkeypatch, recwarn):

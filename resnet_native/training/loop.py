@@ -114,7 +114,8 @@ class Trainer:
         state = self._resumed_state() if resume else None
         runtime.require_gpu()  # before any data is decoded or the run folder is made
         prime = state is None and self.algorithms is None and self.world.world_size == 1
-        data = self._load_data(spent, prime)
+        warm_start = {}  # a fresh run's priming phases and decode seconds (warm_start.py)
+        data = self._load_data(spent, prime, warm_start)
         if primary:
             self.out.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:  # closed in reverse: writer, metrics log, upload, workers
@@ -194,6 +195,8 @@ class Trainer:
         # GPU time between one epoch's last step and the next's first: evaluations, checkpoint copies, uploads,
         # and the GPU waiting for the host.
         summary["gpu_between_epochs_s"] = round(between, 3)
+        if warm_start:  # which of the priming and the decode a fresh run waited for
+            summary["warm_start_s"] = {k: round(v, 3) for k, v in warm_start.items()}
         if plot_backend is not None:
             summary["plot_backend"] = plot_backend
         summary["wall_time_s"] = time.perf_counter() - t_start
@@ -222,13 +225,14 @@ class Trainer:
         check_resumed_state(state, path, saved.epochs)
         return state
 
-    def _load_data(self, spent: Stopwatch, prime: bool) -> CIFAR10Data:
+    def _load_data(self, spent: Stopwatch, prime: bool, warm_start: dict) -> CIFAR10Data:
         """The training set (the configured subset of it) and the test set, their labels checked once, on the host,
         before any worker forks: on the GPU an out-of-range label would only skew loss and accuracy. prime: when
-        the source has to be decoded, do the first steps' searches meanwhile (warm_start.py)."""
+        the source has to be decoded, do the first steps' searches meanwhile (warm_start.py), whose phases and
+        decode seconds go into warm_start."""
         if self.data is None:
             if prime:
-                self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent)
+                self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent, warm_start)
             else:
                 with spent("data"):
                     self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)

@@ -29,9 +29,11 @@ from .evaluation import Evaluation
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
 
 
-def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
+def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: dict | None = None):
     """load_cifar10(data_path, cache_dir=cache_dir), with the run's first-step searches done meanwhile when the
-    source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data")."""
+    source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data"). report: when the
+    source was decoded, receives the priming's phases ({phase: s}) and the child's decode seconds ("decode"), which
+    say which of the two a fresh run waited for."""
     path = data_path if data_path is not None else default_data_path()
     if path is None:  # load_cifar10 says what is missing
         return load_cifar10(data_path, cache_dir=cache_dir)
@@ -41,15 +43,20 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
         return data
     # The child runs only lzma, NumPy and Pillow, never CUDA (as the decoding pool's workers do).
     # Not a daemon: a daemonic process may not start the decoding pool's workers.
-    child = multiprocessing.get_context("fork").Process(target=_decode_into_cache, args=(path, cache_dir),
-                                                        name="cifar10-decode")
+    context = multiprocessing.get_context("fork")
+    decode_s = context.Value("d", -1.0, lock=False)  # the child's seconds, once it has decoded
+    child = context.Process(target=_decode_into_cache, args=(path, cache_dir, decode_s), name="cifar10-decode")
     child.start()
     try:
         with spent("warm-up"):
-            prime_first_steps(cfg)
+            phases = prime_first_steps(cfg)
     finally:  # never killed: an interrupted cache write would leave its temporary file behind
         with spent("data"):
             child.join()
+    if report is not None:
+        report.update(phases)
+        if decode_s.value >= 0:
+            report["decode"] = decode_s.value
     with spent("data"):
         data = load_cached(path, cache_dir)
         if data is None:
@@ -59,9 +66,11 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent):
         return data
 
 
-def _decode_into_cache(path, cache_dir) -> None:
+def _decode_into_cache(path, cache_dir, seconds) -> None:
+    t0 = time.perf_counter()
     try:
         load_cifar10(path, cache_dir=cache_dir)
+        seconds.value = time.perf_counter() - t0
     except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
         print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
