@@ -4,7 +4,8 @@ schedule, loss scaler and TrainStep), loop (Trainer: the run folder, the epochs,
 k + 1 queued before epoch k's figures are read), epoch_upload (AutoAugment's epochs copied on a side stream),
 evaluation (the per-epoch evaluation, captured), snapshot and checkpoint_writer (checkpoints staged on the device,
 written on a thread), metrics_log (metrics.csv, TensorBoard, curves), warm_start (decode and algorithm searches
-overlapped on a fresh machine), stopwatch (where the wall time went) and cli (the command line).
+overlapped on a fresh machine), stopwatch (where the wall time went, from the process's start) and cli (the
+command line).
 """
 
 from .builders import make_deterministic
