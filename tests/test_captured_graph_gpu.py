@@ -61,8 +61,9 @@ def test_memset_nodes_become_kernels_that_write_the_same_bytes(memsets_as_kernel
     cuda = driver()
     stream = cp.cuda.Stream(non_blocking=True)
     n = 1 << 16
-    buf = cp.zeros(n, dtype=cp.uint8)
-    total = cp.zeros((), dtype=cp.uint64)
+    with stream:  # zeroed on the stream the poison and the replays use: a non-blocking stream is not ordered
+        buf = cp.zeros(n, dtype=cp.uint8)  # after the legacy default stream, whose late zeroing read as lost poison
+        total = cp.zeros((), dtype=cp.uint64)
 
     def work():
         for offset, elem, value, width, rows, pitch in MEMSETS:

@@ -53,7 +53,8 @@ def test_batched_rows_match_single_image_calls(engine, rng):
 
 
 def test_server_answers_as_the_classifier(tmp_path, rng):
-    pytest.importorskip("aiohttp")
+    pytest.importorskip("aiohttp", reason="the serve extra: pip install '.[serve]'")
+    pytest.importorskip("httptools", reason="the serve extra: pip install '.[serve]'")
     from resnet_native.release.build import release
     from resnet_native.release.classifier import CIFAR10Classifier
     from resnet_native.serve import make_app

@@ -7,8 +7,6 @@ import hashlib
 import importlib
 import json
 import pathlib
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -434,11 +432,12 @@ def test_untracked_seconds_are_those_no_activity_took(monkeypatch):
     assert spent.seconds == {"data": 2.0, "set-up": 7.0}
 
 
-def test_the_process_start_is_before_the_imports_and_a_sleep():
+def test_the_process_start_is_before_the_imports_and_a_sleep(tmp_path):
+    from conftest import run_child
+
     # A child that sleeps 0.5 s before importing the trainer: the start it reads must be at least that far back.
-    code = ("import time; time.sleep(0.5); from resnet_native.training.stopwatch import process_start; "
-            "print(time.perf_counter() - process_start())")
-    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    age = float(run_child("import time; time.sleep(0.5); from resnet_native.training.stopwatch import process_start; "
+                          "print(time.perf_counter() - process_start())", cwd=tmp_path))
     if not pathlib.Path("/proc/self/stat").exists():
         assert age < 0.1  # no /proc: the wall time counts from the call
     else:
