@@ -63,7 +63,7 @@ def test_no_data_says_what_to_pass(no_data_around, capsys):
 
 
 class RecordingTrainer:
-    """Stands in for the Trainer: records how main() set it up."""
+    """Stands in for the Trainer: records how main() set it up and ran it ("run": run()'s arguments)."""
 
     made = []
 
@@ -71,6 +71,7 @@ class RecordingTrainer:
         self.made.append(dict(kw, cfg=cfg, out=out))
 
     def run(self, **kw):
+        self.made[-1]["run"] = kw
         return {"test_acc": 0.5}
 
 
@@ -447,30 +448,21 @@ def test_the_process_start_is_before_the_imports_and_a_sleep(tmp_path):
 def test_the_process_start_falls_back_to_now_without_a_plausible_age(monkeypatch):
     from resnet_native.training import stopwatch
 
-    monkeypatch.setattr(stopwatch, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no /proc")), raising=False)
+    def no_proc(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(stopwatch, "open", no_proc, raising=False)
     before = time.perf_counter()
     assert before <= stopwatch.process_start() <= time.perf_counter()
 
 
 def test_the_command_counts_its_wall_time_from_the_process_start(monkeypatch, tmp_path):
-    from resnet_native.training import cli
-
-    seen = {}
-
-    class FakeTrainer:
-        def __init__(self, *a, **k):
-            pass
-
-        def run(self, **kwargs):
-            seen.update(kwargs)
-            return {"wall_time_s": 1.0, "test_acc": None}
-
-    monkeypatch.setattr(cli, "Trainer", FakeTrainer)
+    monkeypatch.setattr(cli, "Trainer", RecordingTrainer)
     monkeypatch.setattr(resnet_native._core.runtime, "require_gpu", lambda: None)
     data = tmp_path / "cifar-10-python.tar.gz"
     data.write_bytes(b"")
     cli.main(["--recipe", "C", "--data", str(data), "--out", str(tmp_path / "run")], started_at=12.5)
-    assert seen["started_at"] == 12.5
+    assert RecordingTrainer.made[-1]["run"]["started_at"] == 12.5
 
 
 def test_the_evaluation_graph_is_on_unless_turned_off():
