@@ -124,7 +124,85 @@ def test_add_tensor_cudnn_needs_4d_arrays_and_a_layout():
         kernels.add_tensor_cudnn(a, b, out=out, layout="NHWC")
 
 
+def test_add_scaled_and_scale_validate_alpha_and_arrays():
+    a, b, out = distinct(((4, 5), "float32"), ((4, 5), "float32"), ((4, 5), "float32"))
+    for bad, error in [(float("nan"), ValueError), (float("inf"), ValueError), (1e39, ValueError), ("2", TypeError),
+                       (None, TypeError)]:
+        with pytest.raises(error, match="alpha: expected"):
+            kernels.add_scaled(a, b, bad, out=out)
+        with pytest.raises(error, match="alpha: expected"):
+            kernels.scale(a, bad, out=out)
+    with pytest.raises(ValueError, match="a and b must have the same shape"):
+        kernels.add_scaled(a, fake((5, 4)), 0.5, out=out)
+    with pytest.raises(TypeError, match="b: expected a float32 array, got float16"):
+        kernels.add_scaled(a, fake((4, 5), "float16"), 0.5, out=out)
+    with pytest.raises(ValueError, match="out and x must have the same shape"):
+        kernels.scale(a, 0.5, out=fake((20,)))
+    with pytest.raises(ValueError, match="out partially overlaps b"):
+        kernels.add_scaled(a, b, 0.5, out=FakeCudaArray((4, 5), ptr=b.ptr + 8))
+    with expect_device_stage():
+        kernels.add_scaled(a, b, 0.125, out=a)  # in place
+    with expect_device_stage():
+        kernels.scale(a, np.float32(0.25), out=out)
+
+
+def test_row_bias_ops_validate_shapes_and_dtypes():
+    y, bias = distinct(((6, 10), "float32"), ((10,), "float32"))
+    with pytest.raises(ValueError, match=r"bias: expected shape \(10,\), got \(9,\)"):
+        kernels.add_row_bias(y, fake((9,)))
+    with pytest.raises(ValueError, match="y: expected a 2-D array"):
+        kernels.add_row_bias(fake((60,)), bias)
+    with pytest.raises(TypeError, match="bias: expected a float32 array, got float16"):
+        kernels.add_row_bias(y, fake((10,), "float16"))
+    with pytest.raises(ValueError, match=r"out: expected shape \(10,\), got \(6,\)"):
+        kernels.sum_rows(y, fake((6,)))
+    with pytest.raises(ValueError, match="out must not share memory with dy"):
+        kernels.sum_rows(y, FakeCudaArray((10,), ptr=y.ptr + 4))
+    with pytest.raises(TypeError, match="accumulate: expected True or False"):
+        kernels.sum_rows(y, bias, accumulate=None)
+    with expect_device_stage():
+        kernels.add_row_bias(y, bias)
+    with expect_device_stage():
+        kernels.sum_rows(y, bias, accumulate=True)
+
+
+def test_the_host_versions_compute_in_float64(rng):
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
+    np.testing.assert_array_equal(kernels.add_scaled(a, b, 0.125), a + 0.125 * b)
+    np.testing.assert_array_equal(kernels.scale(a, -3.0), -3.0 * a)
+    y, bias = a.copy(), rng.standard_normal(7)
+    assert kernels.add_row_bias(y, bias) is y
+    np.testing.assert_array_equal(y, a + bias)
+    out = np.ones(7)
+    kernels.sum_rows(a, out, accumulate=True)
+    np.testing.assert_allclose(out, a.sum(axis=0) + 1.0, rtol=1e-15)
+    np.testing.assert_allclose(kernels.sum_rows(a, out), a.sum(axis=0), rtol=1e-15)
+    with pytest.raises(ValueError, match="alpha: expected a finite"):
+        kernels.add_scaled(a, b, float("nan"))
+
+
+def test_downscale_validates_its_weights_and_output():
+    from resnet_native.ops.images import downscale_u8
+
+    images = fake((4, 32, 32, 3), "uint8")
+    wy, wx, out = distinct(((20, 32), "float64"), ((20, 32), "float64"), ((4, 20, 20, 3), "uint8"))
+    with pytest.raises(TypeError, match="wy: expected a float64 array, got float32"):
+        downscale_u8(images, fake((20, 32), "float32"), wx, out)
+    with pytest.raises(ValueError, match="wx: expected shape \\(20, 32\\)"):
+        downscale_u8(images, wy, fake((20, 31), "float64"), out)
+    with pytest.raises(ValueError, match="wy: expected between 1 and min"):
+        downscale_u8(images, fake((33, 32), "float64"), fake((33, 32), "float64"), fake((4, 33, 33, 3), "uint8"))
+    with pytest.raises(ValueError, match="out: expected shape \\(4, 20, 20, 3\\)"):
+        downscale_u8(images, wy, wx, fake((4, 20, 20, 4), "uint8"))
+    with pytest.raises(ValueError, match="images: expected \\(N, H, W, 3\\)"):
+        downscale_u8(fake((4, 32, 32, 1), "uint8"), wy, wx, out)
+    with pytest.raises(ValueError, match="out must not share memory with images"):
+        downscale_u8(images, wy, wx, FakeCudaArray((4, 20, 20, 3), "uint8", ptr=images.ptr + 64))
+    with expect_device_stage():
+        downscale_u8(images, wy, wx, out)
+
+
 def test_module_is_exported():
     assert rn.kernels is kernels
-    assert set(kernels.__all__) == {"add", "add_relu", "add_relu_backward", "add_tensor_cudnn", "cast", "relu",
-                                    "relu_backward"}
+    assert set(kernels.__all__) == {"add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled",
+                                    "add_tensor_cudnn", "cast", "relu", "relu_backward", "scale", "sum_rows"}

@@ -1,6 +1,6 @@
-"""The elementwise kernels, cast and the cudnnAddTensor path on a GPU, against float64 NumPy references on fresh
-random data: odd sizes (1, 7, 1023, 1M+3), misaligned views (scalar path), all dtypes, poisoned outputs,
-in-place aliasing and a non-default stream."""
+"""The elementwise kernels (the weighted add and the scale too), the row bias and its gradient, cast and the
+cudnnAddTensor path on a GPU, against float64 NumPy references on fresh random data: odd sizes (1, 7, 1023,
+1M+3), misaligned views (scalar path), all dtypes, poisoned outputs, in-place aliasing and a non-default stream."""
 
 import numpy as np
 import pytest
@@ -255,3 +255,44 @@ def test_dlpack_arrays_read_and_write_like_cupy_arrays(versioned, rng):
     result = kernels.add(DLPackOnly(da, versioned), DLPackOnly(db, versioned), out=DLPackOnly(out, versioned))
     assert isinstance(result, DLPackOnly) and result.array is out
     check_close(out, reference.kernels.add(ha, hb), "fp16", f"add through DLPack (versioned={versioned})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("alpha", [0.125, -1.7])
+def test_add_scaled_and_scale_match_the_reference(n, dtype, alpha, rng):
+    du, hu, dv, hv = operands("add", (n,), dtype, rng)
+    out = poisoned((n,), dtype)
+    assert kernels.add_scaled(du, dv, alpha, out=out, dtype=dtype) is out
+    check_close(out, hu + alpha * hv, dtype, f"add_scaled n={n}")
+    out = poisoned((n,), dtype)
+    assert kernels.scale(du, alpha, out=out, dtype=dtype) is out
+    check_close(out, alpha * hu, dtype, f"scale n={n}")
+    kernels.add_scaled(du, dv, alpha, out=du, dtype=dtype)  # in place, as the evaluation sums its views' logits
+    check_close(du, hu + alpha * hv, dtype, f"add_scaled in place n={n}")
+
+
+def test_add_scaled_in_fp32_rounds_once(rng):
+    # fp32 math with one rounding (a fused multiply-add): bit for bit the float64 result rounded to fp32.
+    a, b = rng.standard_normal(4099).astype(np.float32), rng.standard_normal(4099).astype(np.float32)
+    got = kernels.add_scaled(cp.asarray(a), cp.asarray(b), 0.3).get()
+    want = (a.astype(np.float64) + np.float64(np.float32(0.3)) * b.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 1), (512, 10), (1000, 10), (7, 1000), (3, 33)])
+def test_row_bias_and_its_gradient_match_the_reference(rows, columns, rng):
+    y0 = rng.standard_normal((rows, columns)).astype(np.float32)
+    bias = rng.standard_normal(columns).astype(np.float32)
+    y = cp.asarray(y0)
+    assert kernels.add_row_bias(y, cp.asarray(bias)) is y
+    check_close(y, y0.astype(np.float64) + bias, "fp32", "add_row_bias")
+    dy = rng.standard_normal((rows, columns)).astype(np.float32)
+    want = dy.astype(np.float64).sum(axis=0)
+    out = cp.full(columns, np.nan, np.float32)  # poisoned: every column written
+    assert kernels.sum_rows(cp.asarray(dy), out) is out
+    np.testing.assert_array_equal(out.get(), want.astype(np.float32))  # a float64 sum, rounded once
+    prior = rng.standard_normal(columns).astype(np.float32)
+    out = cp.asarray(prior)
+    kernels.sum_rows(cp.asarray(dy), out, accumulate=True)
+    np.testing.assert_array_equal(out.get(), (want + prior).astype(np.float32))

@@ -121,6 +121,19 @@ def test_each_view_is_its_definition(rng, layout):
         np.testing.assert_array_equal(view_images(images, view), view_by_definition(images, view, 0))
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_the_augmentation_table_of_a_view_writes_that_view(rng, layout):
+    # The trainer's test-set views come from the augmentation kernel (a crop of the zero-padded image, then a
+    # flip); its reference, given view_params' table, must equal the view normalised.
+    images = rng.integers(0, 256, (4, 6, 9, 3), dtype=np.uint8)
+    views = {v for mode in VIEWS.values() for v in mode} | {View(2, -3, True, 0.5), View(-1, 2, False, 0.5)}
+    for view in views:
+        for dtype in ("fp32", "fp16"):
+            want = normalize_on_host(view_images(images, view), layout=layout, dtype=dtype)
+            np.testing.assert_array_equal(normalize_on_host(images, layout=layout, dtype=dtype, view=view), want,
+                                          err_msg=f"{view} {dtype}")
+
+
 def test_the_modes_views_and_weights():
     assert tta_views(None) == tta_views("none") == (View(0, 0, False, 1.0),)
     assert [v.mirror for v in tta_views("flip")] == [False, True]

@@ -1,12 +1,14 @@
-// Python binding of the training pipeline's augmentation kernel (csrc/kernels/augment_u8.h);
-// resnet_native/data/augment.py (launch_augment) wraps it.
+// Python bindings of the training pipeline's augmentation kernel (csrc/kernels/augment_u8.h) and of progressive
+// resizing's downscale (downscale_u8.h); resnet_native/data/augment.py (launch_augment) and data/resize.py wrap them.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "../core/error.h"
 #include "../kernels/augment_u8.h"
+#include "../kernels/downscale_u8.h"
 #include "bindings.h"
 #include "image_args.h"
 #include "op_args.h"
@@ -81,6 +83,36 @@ py::object augment_op(py::handle images_obj, py::handle params_obj, py::handle s
   return args.object(out);
 }
 
+// out (N, size, size, 3) = images downscaled through the row weights wy (size, H) and column weights wx (size, W).
+py::object downscale_op(py::handle images_obj, py::handle wy_obj, py::handle wx_obj, py::handle out_obj,
+                        uintptr_t stream) {
+  OpArgs args("downscale_u8");
+  const TensorView& images = images_arg(args, images_obj);
+  TensorArgOptions two_d;
+  two_d.ndim = 2;
+  two_d.int32_dims = true;
+  const TensorView& wy = args.input(wy_obj, "wy", DType::F64, two_d);
+  const TensorView& wx = args.input(wx_obj, "wx", DType::F64, two_d);
+  const int64_t size = wy.shape[0];
+  if (size < 1 || size > images.shape[1] || size > images.shape[2]) {
+    throw ValueError("wy: expected between 1 and min(H, W) = " +
+                     std::to_string(std::min(images.shape[1], images.shape[2])) + " rows, got " + std::to_string(size));
+  }
+  check_shape(wy, "wy", {size, images.shape[1]});
+  check_shape(wx, "wx", {size, images.shape[2]});
+  TensorArgOptions four_d;
+  four_d.ndim = 4;
+  four_d.writable = true;
+  const TensorView& out = args.input(out_obj, "out", DType::U8, four_d);
+  check_shape(out, "out", {images.shape[0], size, size, kernels::ImagesU8::kChannels});
+  check_disjoint(out, "out", {{images, "images"}, {wy, "wy"}, {wx, "wx"}});
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  kernels::downscale_u8(source_of(images), static_cast<const double*>(wy.data), static_cast<const double*>(wx.data),
+                        static_cast<int>(size), static_cast<uint8_t*>(out.data), stream_arg(stream));
+  return args.object(out);
+}
+
 }  // namespace
 
 void bind_augment(py::module_& m) {
@@ -90,6 +122,10 @@ void bind_augment(py::module_& m) {
         "out[b] = augment(images[params[0, batch_start + b]]): crop, flip, Cutout and normalisation through lut, "
         "in the layout; labels_out[b] = labels[params[0, batch_start + b]] when both are given. Returns out "
         "(allocated when None).");
+  m.def("downscale_u8", &downscale_op, py::arg("images"), py::arg("wy"), py::arg("wx"), py::arg("out"),
+        py::arg("stream"),
+        "out[n, y, x, c] = round(sum over (h, w) of wy[y, h] * wx[x, w] * images[n, h, w, c]) in float64, clipped "
+        "to [0, 255]; returns out");
 }
 
 }  // namespace rn

@@ -4,12 +4,15 @@
 // returned.
 #include <pybind11/pybind11.h>
 
+#include <cfloat>
+#include <cmath>
 #include <string>
 
 #include "../core/error.h"
 #include "../kernels/add_tensor_cudnn.h"
 #include "../kernels/cast.h"
 #include "../kernels/elementwise.h"
+#include "../kernels/row_bias.h"
 #include "bindings.h"
 #include "op_args.h"
 #include "tensor_arg.h"
@@ -56,6 +59,34 @@ py::object binary_op(const char* op, Binary kind, py::handle first_obj, py::hand
   return args.object(out);
 }
 
+// A weight the kernels multiply by in fp32: a finite number within float's range.
+float alpha_arg(py::handle obj) {
+  const double alpha = number_arg(obj, "alpha");
+  if (!std::isfinite(alpha) || std::fabs(alpha) > FLT_MAX) {
+    throw ValueError("alpha: expected a finite number within float32's range, got " + std::to_string(alpha));
+  }
+  return static_cast<float>(alpha);
+}
+
+// out = a + alpha * b.
+py::object add_scaled_op(py::handle a_obj, py::handle b_obj, py::handle alpha_obj, py::handle out_obj,
+                         py::handle dtype_obj, uintptr_t stream) {
+  const float alpha = alpha_arg(alpha_obj);
+  const DTypeRequest request = dtype_arg(dtype_obj);
+  OpArgs args("add_scaled");
+  const TensorView& a = args.input(a_obj, "a", request);
+  const TensorView& b = args.input(b_obj, "b", a.dtype);
+  const TensorView& out = args.output(out_obj, "out", a.dtype, shape_of(a));
+  check_same_shape(a, "a", b, "b");
+  check_same_shape(out, "out", a, "a");
+  check_in_place_or_disjoint(out, "out", a, "a");
+  check_in_place_or_disjoint(out, "out", b, "b");
+  args.prepare_device();
+  OpContext context(&OpArgs::describe, &args);
+  kernels::add_scaled(a, b, alpha, out, stream_arg(stream));
+  return args.object(out);
+}
+
 // What the one-input ops do once x and out are parsed: out checked against x (same shape; in place or disjoint),
 // the device check (which allocates a missing out), then run() in the op's error context; returns out.
 template <typename Run>
@@ -74,6 +105,61 @@ py::object relu_op(py::handle x_obj, py::handle out_obj, py::handle dtype_obj, u
   const TensorView& x = args.input(x_obj, "x", request);
   const TensorView& out = args.output(out_obj, "out", x.dtype, shape_of(x));
   return finish_unary(args, x, out, [&] { kernels::relu(x, out, stream_arg(stream)); });
+}
+
+py::object scale_op(py::handle x_obj, py::handle alpha_obj, py::handle out_obj, py::handle dtype_obj,
+                    uintptr_t stream) {
+  const float alpha = alpha_arg(alpha_obj);
+  const DTypeRequest request = dtype_arg(dtype_obj);
+  OpArgs args("scale");
+  const TensorView& x = args.input(x_obj, "x", request);
+  const TensorView& out = args.output(out_obj, "out", x.dtype, shape_of(x));
+  return finish_unary(args, x, out, [&] { kernels::scale(x, alpha, out, stream_arg(stream)); });
+}
+
+// The row-bias ops' float32 arrays: an (N, C) matrix and a (C,) vector, one of them written (disjoint from the
+// other).
+struct RowsAndVector {
+  const TensorView& rows;
+  const TensorView& vector;
+};
+
+RowsAndVector rows_and_vector(OpArgs& args, py::handle rows_obj, const char* rows_name, py::handle vector_obj,
+                              const char* vector_name, bool rows_written) {
+  TensorArgOptions matrix;
+  matrix.ndim = 2;
+  matrix.writable = rows_written;
+  const TensorView& rows = args.input(rows_obj, rows_name, DType::F32, matrix);
+  TensorArgOptions one_d;
+  one_d.ndim = 1;
+  one_d.writable = !rows_written;
+  const TensorView& vector = args.input(vector_obj, vector_name, DType::F32, one_d);
+  check_shape(vector, vector_name, {rows.shape[1]});
+  if (rows_written) {
+    check_disjoint(rows, rows_name, {{vector, vector_name}});
+  } else {
+    check_disjoint(vector, vector_name, {{rows, rows_name}});
+  }
+  args.prepare_device();
+  return {rows, vector};
+}
+
+// y (N, C) += bias (C) on every row.
+py::object add_row_bias_op(py::handle y_obj, py::handle bias_obj, uintptr_t stream) {
+  OpArgs args("add_row_bias");
+  const auto [y, bias] = rows_and_vector(args, y_obj, "y", bias_obj, "bias", /*rows_written=*/true);
+  OpContext context(&OpArgs::describe, &args);
+  kernels::add_row_bias(y, bias, stream_arg(stream));
+  return args.object(y);
+}
+
+// out (C) = the sum of dy (N, C)'s rows, or out += it (accumulate).
+py::object sum_rows_op(py::handle dy_obj, py::handle out_obj, bool accumulate, uintptr_t stream) {
+  OpArgs args("sum_rows");
+  const auto [dy, out] = rows_and_vector(args, dy_obj, "dy", out_obj, "out", /*rows_written=*/false);
+  OpContext context(&OpArgs::describe, &args);
+  kernels::sum_rows(dy, out, accumulate, stream_arg(stream));
+  return args.object(out);
 }
 
 // Both dtypes inferred, a 16-bit integer array meaning bf16 (cast's only use of one).
@@ -127,6 +213,14 @@ void bind_kernels(py::module_& m) {
   def_binary(m, "relu_backward", Binary::ReluBackward, "out = dy * (y > 0); returns out");
   m.def("relu", &relu_op, py::arg("x"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
         "out = max(x, 0); returns out");
+  m.def("add_scaled", &add_scaled_op, py::arg("a"), py::arg("b"), py::arg("alpha"), py::arg("out"), py::arg("dtype"),
+        py::arg("stream"), "out = a + alpha * b (fp32 math, one rounding); returns out");
+  m.def("scale", &scale_op, py::arg("x"), py::arg("alpha"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
+        "out = alpha * x; returns out");
+  m.def("add_row_bias", &add_row_bias_op, py::arg("y"), py::arg("bias"), py::arg("stream"),
+        "y[n, c] += bias[c] in place (float32); returns y");
+  m.def("sum_rows", &sum_rows_op, py::arg("dy"), py::arg("out"), py::arg("accumulate"), py::arg("stream"),
+        "out[c] = sum over n of dy[n, c], or out += it (float32); returns out");
   m.def("cast", &cast_op, py::arg("x"), py::arg("out"), py::arg("accumulate"), py::arg("stream"),
         "out = x converted to out's dtype, or out += x (accumulate), rounded to nearest even; returns out");
   m.def("add_tensor_cudnn", &add_tensor_cudnn_op, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("layout"),

@@ -10,6 +10,14 @@ namespace {
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
+struct AddScaledOp {
+  float alpha;
+  __device__ float operator()(float a, float b) const { return fmaf(alpha, b, a); }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ float operator()(float x) const { return alpha * x; }
+};
 struct AddReluOp {
   __device__ float operator()(float a, float b) const { return relu_f(a + b); }
 };
@@ -98,6 +106,16 @@ void add(const TensorView& a, const TensorView& b, const TensorView& out, bool r
   } else {
     launch<2>(inputs, out, AddOp{}, stream);
   }
+}
+
+void add_scaled(const TensorView& a, const TensorView& b, float alpha, const TensorView& out, cudaStream_t stream) {
+  const TensorView* inputs[2] = {&a, &b};
+  launch<2>(inputs, out, AddScaledOp{alpha}, stream);
+}
+
+void scale(const TensorView& x, float alpha, const TensorView& out, cudaStream_t stream) {
+  const TensorView* inputs[1] = {&x};
+  launch<1>(inputs, out, ScaleOp{alpha}, stream);
 }
 
 void relu(const TensorView& x, const TensorView& out, cudaStream_t stream) {

@@ -288,8 +288,23 @@ class GpuAugmenter:
             yield out, labels
 
 
-def normalize_on_gpu(images, *, layout: str = "NHWC", dtype: str = "fp16", out=None):
-    """Normalise a whole uint8 (N, H, W, 3) set without augmentation (evaluation), with the training kernel."""
+def view_params(n: int, view=None) -> tuple[np.ndarray, int]:
+    """(table, crop_padding) that make the augmentation kernel write test-time view `view` (a data.tta_views.View:
+    shifted by (dy, dx) after an optional mirror, black outside) of images 0..n-1, or each image itself (None): the
+    view is the crop at offset padding + shift of the image zero-padded by the largest shift, then flipped."""
+    if view is None:
+        return identity_params(n), 0
+    padding = max(abs(view.dy), abs(view.dx))
+    table = identity_params(n, AugmentConfig(crop_padding=padding, flip=False, cutout=0))
+    table[ROW_OFFSET_Y] += view.dy
+    table[ROW_OFFSET_X] += view.dx
+    table[ROW_FLIP] = int(view.mirror)
+    return table, padding
+
+
+def normalize_on_gpu(images, *, layout: str = "NHWC", dtype: str = "fp16", out=None, view=None):
+    """Normalise a whole uint8 (N, H, W, 3) set without augmentation (evaluation), with the training kernel; with
+    `view` (data.tta_views.View), that test-time view of each image, in the same single pass."""
     import cupy
 
     images = cupy.ascontiguousarray(cupy.asarray(images, dtype=cupy.uint8))
@@ -297,13 +312,13 @@ def normalize_on_gpu(images, *, layout: str = "NHWC", dtype: str = "fp16", out=N
     lut = cupy.asarray(normalization_lut(dtype))
     if out is None:
         out = cupy.empty((n, h, w, 3) if layout == "NHWC" else (n, 3, h, w), dtype=lut.dtype)
-    table = cupy.asarray(identity_params(n))
-    launch_augment(images, table, 0, n, lut, out, layout=layout, crop_padding=0, cutout=0)
+    table, padding = view_params(n, view)
+    launch_augment(images, cupy.asarray(table), 0, n, lut, out, layout=layout, crop_padding=padding, cutout=0)
     return out
 
 
-def normalize_on_host(images: np.ndarray, *, layout: str = "NHWC", dtype: str = "fp32") -> np.ndarray:
+def normalize_on_host(images: np.ndarray, *, layout: str = "NHWC", dtype: str = "fp32", view=None) -> np.ndarray:
     """NumPy twin of normalize_on_gpu (bit-identical): uint8 (N, H, W, 3) -> storage dtype, in the layout."""
     images = np.ascontiguousarray(images, dtype=np.uint8)
-    return apply_reference(images, identity_params(len(images)), normalization_lut(dtype), layout=layout,
-                           crop_padding=0, cutout=0)
+    table, padding = view_params(len(images), view)
+    return apply_reference(images, table, normalization_lut(dtype), layout=layout, crop_padding=padding, cutout=0)

@@ -2,13 +2,15 @@
 
 The filter is Pillow's antialiased bilinear reduction (a triangle filter whose support widens with the scale factor),
 written as one (out, in) weight matrix per axis: in NumPy (the reference) a whole set is two matrix products; on the
-GPU one kernel sums each output value's few nonzero terms in float64. Rounded half up and clipped to [0, 255], the
-result stays uint8 and goes through the augmentation kernel unchanged.
+GPU one native kernel (csrc/kernels/downscale_u8.cu) sums each output value's few nonzero terms in float64. Rounded
+half up and clipped to [0, 255], the result stays uint8 and goes through the augmentation kernel unchanged.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..ops.images import downscale_u8
 
 
 def resize_weights(out_size: int, in_size: int) -> np.ndarray:
@@ -36,9 +38,9 @@ def downscale_reference(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def downscale_on_gpu(images, size: int, out=None):
-    """uint8 (N, H, W, 3) device array -> uint8 (N, size, size, 3) device array (`out`, else a new one): one kernel,
-    each output value the float64 sum over the few source pixels its row and column weights cover, rounded as the
-    reference rounds."""
+    """uint8 (N, H, W, 3) device array -> uint8 (N, size, size, 3) device array (`out`, else a new one): one native
+    kernel, each output value the float64 sum over the few source pixels its row and column weights cover, rounded
+    as the reference rounds."""
     import cupy
 
     images = cupy.ascontiguousarray(_checked(images))
@@ -51,40 +53,7 @@ def downscale_on_gpu(images, size: int, out=None):
                          f"{tuple(out.shape)}")
     wy = cupy.asarray(resize_weights(size, h))
     wx = cupy.asarray(resize_weights(size, w))
-    _downscale_kernel()(images, wy, wx, h, w, c, size, out)
-    return out
-
-
-def _downscale_kernel():
-    """One elementwise kernel over the output (compiled once per process): the separable product of downscale_reference
-    without its zero weights, summed in float64."""
-    global _KERNEL
-    if _KERNEL is None:
-        import cupy
-
-        _KERNEL = cupy.ElementwiseKernel(
-            "raw uint8 src, raw float64 wy, raw float64 wx, int32 h, int32 w, int32 c, int32 size", "uint8 y",
-            """
-            const int ch = i % c, x = (i / c) % size, row = (i / (c * size)) % size;
-            const long long image = i / ((long long)c * size * size);
-            double total = 0.0;
-            for (int sy = 0; sy < h; ++sy) {
-              const double a = wy[row * h + sy];
-              if (a == 0.0) continue;
-              double line = 0.0;
-              for (int sx = 0; sx < w; ++sx) {
-                const double b = wx[x * w + sx];
-                if (b != 0.0) line += b * (double)src[((image * h + sy) * w + sx) * c + ch];
-              }
-              total += a * line;
-            }
-            y = (unsigned char)fmin(fmax(floor(total + 0.5), 0.0), 255.0);
-            """,
-            "rn_downscale_u8")
-    return _KERNEL
-
-
-_KERNEL = None
+    return downscale_u8(images, wy, wx, out)
 
 
 def _checked(images):

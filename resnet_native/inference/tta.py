@@ -35,18 +35,12 @@ class ViewAverage:
 
     def first(self, out, logits) -> None:
         """out = the first view's (the image's own) share of the mean: its weight times its logits, in float32."""
-        import cupy
-
-        cupy.multiply(logits, self.views[0].weight, out=out)
+        kernels.scale(logits, self.views[0].weight, out=out)
 
     def stage(self, index: int, staged) -> None:
         """Write view `index` (1, 2, ...) of the kept rows into `staged` for the next replay."""
         write_view(self.scratch[: staged.shape[0]], staged, self.views[index], layout=self.layout, fill=self.fill)
 
     def add(self, index: int, out, logits) -> None:
-        """out += view `index`'s weight times its logits (the replay's buffer, scaled in place: exact, the weight
-        being a power of two)."""
-        import cupy
-
-        cupy.multiply(logits, self.views[index].weight, out=logits)
-        kernels.add(out, logits, out=out)
+        """out += view `index`'s weight times its logits (exact products: the weights are powers of two)."""
+        kernels.add_scaled(out, logits, self.views[index].weight, out=out)

@@ -1,5 +1,6 @@
-"""The uint8 image kernels: the training augmentation (crop, flip, cutout, normalise in one pass) and the
-inference input stage (normalise by lookup table, optionally padded to more channels and quantised)."""
+"""The uint8 image kernels: the training augmentation (crop, flip, cutout, normalise in one pass), progressive
+resizing's downscale, and the inference input stage (normalise by lookup table, optionally padded to more channels
+and quantised)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,12 @@ def normalize_u8_padded(images, table, out, *, fp8: bool):
     channels padded to what their first convolution takes. images: C-contiguous uint8 (N, H, W, 3); out: (N, H, W,
     C) 8-bit codes (int8, or FP8 E4M3 as uint8 when fp8). On cupy's current stream; no allocation, no sync."""
     return _C.normalize_u8_padded(images, table, out, bool(fp8), int(out.shape[3]), op_stream())
+
+
+def downscale_u8(images, wy, wx, out):
+    """out[n, y, x, c] = the float64 sum over (h, w) of wy[y, h] * wx[x, w] * images[n, h, w, c], rounded half up
+    and clipped to [0, 255]; on cupy's current stream, no allocation, no sync; returns out.
+
+    images: C-contiguous uint8 (N, H, W, 3); wy, wx: float64 (size, H) and (size, W) weights
+    (data.resize.resize_weights); out: uint8 (N, size, size, 3). The native core checks each, naming it."""
+    return _C.downscale_u8(images, wy, wx, out, op_stream())

@@ -1,5 +1,6 @@
 """Custom CUDA kernels for the residual blocks: add, add + ReLU, ReLU and their backward, dtype conversion (and
-conversion added into an array: a gradient accumulated into its master).
+conversion added into an array: a gradient accumulated into its master); a weighted add and a scale (test-time
+augmentation's sum of logits); the fully connected layer's bias forward and backward.
 
 Every function takes cupy arrays (or any __cuda_array_interface__ / DLPack device array), C-contiguous, of one
 shape, and runs on cupy's current stream. Storage dtypes are fp32, fp16 and bf16 (a uint16 array holding bf16
@@ -40,6 +41,36 @@ def add_relu(a, b, *, out=None, dtype=None):
     return _elementwise("add_relu", _C.add_relu, (a, b), out, dtype)
 
 
+def add_scaled(a, b, alpha, *, out=None, dtype=None):
+    """out = a + alpha * b, the math in fp32 (float64 on the host) and rounded once; alpha a finite number."""
+    if all(isinstance(v, np.ndarray) for v in (a, b)):
+        return reference.kernels.add_scaled(a, b, alpha, out=out, dtype=dtype)
+    return _C.add_scaled(a, b, alpha, out, dtype, stream())
+
+
+def scale(x, alpha, *, out=None, dtype=None):
+    """out = alpha * x; alpha a finite number."""
+    if isinstance(x, np.ndarray):
+        return reference.kernels.scale(x, alpha, out=out, dtype=dtype)
+    return _C.scale(x, alpha, out, dtype, stream())
+
+
+def add_row_bias(y, bias):
+    """y[n, c] += bias[c] in place, y float32 (N, C) and bias float32 (C,) (float64 on the host); returns y."""
+    if isinstance(y, np.ndarray) and isinstance(bias, np.ndarray):
+        return reference.kernels.add_row_bias(y, bias)
+    return _C.add_row_bias(y, bias, stream())
+
+
+def sum_rows(dy, out, *, accumulate=False):
+    """out[c] = the sum over n of dy[n, c] (accumulate: out[c] += it), dy float32 (N, C), out float32 (C,) (float64
+    on the host); the GPU sums in float64 and rounds once, in a fixed order. Returns out."""
+    accumulate = flag("accumulate", accumulate)
+    if isinstance(dy, np.ndarray) and isinstance(out, np.ndarray):
+        return reference.kernels.sum_rows(dy, out, accumulate=accumulate)
+    return _C.sum_rows(dy, out, accumulate, stream())
+
+
 def relu(x, *, out=None, dtype=None):
     """out = max(x, 0) (NaN propagates)."""
     return _elementwise("relu", _C.relu, (x,), out, dtype)
@@ -70,4 +101,5 @@ def cast(x, out, *, accumulate=False):
     return _C.cast(x, out, accumulate, stream())
 
 
-__all__ = ["add", "add_relu", "add_relu_backward", "add_tensor_cudnn", "cast", "relu", "relu_backward"]
+__all__ = ["add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled", "add_tensor_cudnn", "cast", "relu",
+           "relu_backward", "scale", "sum_rows"]

@@ -39,7 +39,7 @@ class AdamW(Optimizer):
         return (self.lr, self.betas[0])
 
     def _device_state_ready(self) -> None:
-        self._device_step = self.placement.xp.full((1,), self._applied, dtype=self.placement.master_dtype)
+        self._device_step = self.placement.array([self._applied], self.placement.master_dtype)
 
     @property
     def applied_steps(self) -> int:

@@ -1,5 +1,6 @@
 """Float64 NumPy versions of the custom elementwise kernels, with the signatures of resnet_native.ops.kernels: add,
-add + ReLU, ReLU and their backward, and the dtype conversion cast.
+add + ReLU, ReLU and their backward, the weighted add and the scale, the dtype conversion cast, and the fully
+connected layer's row bias and its gradient.
 
 As the native kernels: every array has one shape (out may be one of the inputs), the inputs and out one dtype
 (bf16 named with dtype='bf16'; cast converts between any two), ReLU lets NaN through (x < 0 ? 0 : x) and its
@@ -32,6 +33,49 @@ def add_relu(a, b, *, out=None, dtype=None):
     return _binary(a, b, ("a", "b"), out, dtype, lambda u, v: _relu(u + v))
 
 
+def add_scaled(a, b, alpha, *, out=None, dtype=None):
+    """out = a + alpha * b."""
+    alpha = _alpha(alpha)
+    return _binary(a, b, ("a", "b"), out, dtype, lambda u, v: u + alpha * v)
+
+
+def scale(x, alpha, *, out=None, dtype=None):
+    """out = alpha * x."""
+    alpha = _alpha(alpha)
+    dt = storage.dtype_of(x, "x", dtype)
+    return storage.write(storage.output(out, x.shape, x.dtype), alpha * storage.decode(x, dt), dt)
+
+
+def add_row_bias(y, bias):
+    """y[n, c] += bias[c] in place; returns y."""
+    _rows_and_vector(y, "y", bias, "bias")
+    np.add(y, bias[None, :], out=y)
+    return y
+
+
+def sum_rows(dy, out, *, accumulate=False):
+    """out[c] = sum over n of dy[n, c], or out += it; returns out."""
+    _rows_and_vector(dy, "dy", out, "out")
+    total = dy.astype(np.float64).sum(axis=0)
+    out[...] = total + out if accumulate else total
+    return out
+
+
+def _rows_and_vector(matrix, matrix_name, vector, vector_name):
+    if matrix.ndim != 2 or vector.shape != (matrix.shape[1],):
+        raise ValueError(f"{vector_name}: expected shape ({matrix.shape[-1] if matrix.ndim else '?'},) for "
+                         f"{matrix_name} of shape {matrix.shape}, got {vector.shape}")
+
+
+def _alpha(value) -> float:
+    """The native ops' rule: a number (not a str), finite and within float32's range."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"alpha: expected a number, got {type(value).__name__}")
+    if not abs(float(value)) <= np.finfo(np.float32).max:
+        raise ValueError(f"alpha: expected a finite number within float32's range, got {value!r}")
+    return float(value)
+
+
 def relu(x, *, out=None, dtype=None):
     """out = max(x, 0) (NaN propagates)."""
     dt = storage.dtype_of(x, "x", dtype)
@@ -60,4 +104,5 @@ def cast(x, out, *, accumulate=False):
     return storage.write(out, result, out_dtype)
 
 
-__all__ = ["add", "add_relu", "add_relu_backward", "cast", "relu", "relu_backward"]
+__all__ = ["add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled", "cast", "relu", "relu_backward",
+           "scale", "sum_rows"]

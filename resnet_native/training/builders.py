@@ -12,7 +12,7 @@ from .. import optim
 from .._core.rng import epoch_rng
 from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu
 from ..data.autoaugment_workers import AutoAugmentWorkers
-from ..data.tta_views import tta_views, view_images
+from ..data.tta_views import tta_views
 from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
 from ..nn.layers import synchronize_batch_norms
 from ..nn.layers.conv2d import Conv2d
@@ -114,8 +114,7 @@ def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
 
     views = tta_views(cfg.tta)
     images = cupy.asarray(test_images) if len(views) > 1 else None
-    arrays = tuple(normalize_on_gpu(view_images(images, v), layout=cfg.layout, dtype=cfg.precision)
-                   for v in views[1:])
+    arrays = tuple(normalize_on_gpu(images, layout=cfg.layout, dtype=cfg.precision, view=v) for v in views[1:])
     return arrays, tuple(v.weight for v in views)
 
 

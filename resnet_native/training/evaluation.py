@@ -146,16 +146,14 @@ class Evaluation:
         batches' logits scaled by its weight (exact: the weights are powers of two) and added into it, and the
         weighted mean scored in one loss call over the whole set."""
         sums = self._zeros()
-        multiply = self.model.placement.xp.multiply
         multi_tensor.scale_(self._logits_list, self.view_weights[0])
         for x_view, weight in zip(self.x_views, self.view_weights[1:], strict=True):
             for s in range(0, len(self.y_all), self.batch_size):
                 x = x_view[s:s + self.batch_size]
                 with partial_batch_search(len(x), self.batch_size):
                     logits = self.model.forward(x, train=False, copy=False)
-                multiply(logits, weight, out=logits)  # the model's own buffer, rewritten by its next forward
                 rows = self._logits[s:s + len(x)]
-                kernels.add(rows, logits, out=rows)
+                kernels.add_scaled(rows, logits, weight, out=rows)
         self.loss_fn.forward(self._logits, self.y_all, train=False, totals=sums)
         return sums
 

@@ -57,7 +57,7 @@ class Linear(Module):
         y = self._buffers.get("y", (n, self.out_features), master)
         conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(),
                     out=y.reshape(n, 1, 1, self.out_features))
-        where.xp.add(y, self.bias.data, out=y)
+        kernels.add_row_bias(y, self.bias.data)
         self._saved = (x32, x.dtype) if train else None
         return y
 
@@ -79,9 +79,7 @@ class Linear(Module):
         w_shape = (self.out_features, 1, 1, self.in_features)
         conv.conv2d_backward_filter(x4, dy4, self.spec(), w_shape, out=dw.reshape(w_shape))
         self.weight.accumulate_grad(dw)
-        db = self._buffers.get("db", self.bias.shape, master)
-        self.placement.xp.sum(dy, axis=0, out=db)
-        self.bias.accumulate_grad(db)
+        kernels.sum_rows(dy, self.bias.grad, accumulate=True)
         dx32 = self._buffers.get("dx32", x32.shape, master)
         conv.conv2d_backward_data(dy4, self._weight_as_filter(), self.spec(), tuple(x4.shape),
                                   out=dx32.reshape(x4.shape))
