@@ -88,13 +88,13 @@ class GradScaler:
         if self._dev is None:
             if self.placement is None:
                 self.place(where if where is not None else placements.gpu())
-            where = self.placement
-            xp, f32 = where.xp, where.master_dtype
+            placed = self.placement
+            xp, f32 = placed.xp, placed.master_dtype
             self._dev = {  # uploaded, not filled: no runtime-compiled fill kernel on the GPU
-                "scale": where.array([self._host_scale], f32),
+                "scale": placed.array([self._host_scale], f32),
                 "inv_scale": xp.empty((1,), dtype=f32),
                 "found_inf": xp.zeros((1,), dtype=np.int32),
-                "tracker": where.array([self._host_tracker], np.int32),
+                "tracker": placed.array([self._host_tracker], np.int32),
             }
             if xp is np:  # update_scale's scratch (on the GPU the update is one kernel and needs none)
                 self._dev.update({name: np.empty((1,), dtype=np.bool_) for name in ("good", "grow", "both")})
