@@ -80,6 +80,13 @@ def _targets():
     t += family("kernels.add_tensor_cudnn",
                 lambda a, b, out: kernels.add_tensor_cudnn(a, b, out=out, layout="NCHW", dtype="fp32"),
                 [("a", S, {}), ("b", S, {}), ("out", S, OUT)])
+    t += family("kernels.add_scaled", lambda a, b, out: kernels.add_scaled(a, b, 0.5, out=out, dtype="fp32"),
+                [("a", S, {}), ("b", S, {}), ("out", S, OUT)])
+    t += family("kernels.scale", lambda x, out: kernels.scale(x, 0.5, out=out, dtype="fp32"),
+                [("x", S, dict(host_dispatch=True)), ("out", S, OUT)])
+    t += family("kernels.add_row_bias", kernels.add_row_bias,
+                [("y", (4, 10), dict(writable=True)), ("bias", (10,), {})])
+    t += family("kernels.sum_rows", kernels.sum_rows, [("dy", (4, 10), {}), ("out", (10,), dict(writable=True))])
     t += family("kernels.cast", kernels.cast,  # uint16 is bf16 here: any float or 16-bit kind is taken
                 [("x", S, dict(accepted=FLOATS_AND_BF16_BITS)),
                  ("out", S, dict(accepted=FLOATS_AND_BF16_BITS, dtype="float16", writable=True))])
@@ -223,6 +230,10 @@ def _loss_and_augment_targets():
                  ("params", (6, 4), dict(dtype="int32", accepted=I4)),
                  ("lut", (3, 256), dict(accepted=FLOATS_AND_BF16_BITS)), ("out", (2, 8, 8, 3), out),
                  ("labels", (2,), labels), ("labels_out", (2,), dict(writable=True, **labels))])
+    t += family("data.downscale_u8", lambda images, wy, wx, out: _C.downscale_u8(images, wy, wx, out, 0),
+                [("images", (2, 8, 8, 3), dict(dtype="uint8", accepted=U1)),
+                 ("wy", (4, 8), dict(dtype="float64", accepted=F8)), ("wx", (4, 8), dict(dtype="float64", accepted=F8)),
+                 ("out", (2, 4, 4, 3), dict(dtype="uint8", accepted=U1, writable=True))])
     return t
 
 

@@ -145,5 +145,5 @@ def test_every_op_with_array_arguments_is_covered():
                                   "sync_bn_forward", "sync_bn_grad_sums", "sync_bn_backward")}
     ops |= {f"conv.{n}" for n in ("conv2d", "conv2d_backward_data", "conv2d_backward_filter", "conv2d_backward_bias")}
     ops |= {f"multi_tensor.{n}" for n in mt.__all__}
-    ops |= {"loss.cross_entropy_forward", "loss.cross_entropy_backward", "data.augment_u8"}
+    ops |= {"loss.cross_entropy_forward", "loss.cross_entropy_backward", "data.augment_u8", "data.downscale_u8"}
     assert ops <= covered, sorted(ops - covered)
