@@ -84,9 +84,6 @@ def _targets():
                 [("a", S, {}), ("b", S, {}), ("out", S, OUT)])
     t += family("kernels.scale", lambda x, out: kernels.scale(x, 0.5, out=out, dtype="fp32"),
                 [("x", S, dict(host_dispatch=True)), ("out", S, OUT)])
-    t += family("kernels.add_row_bias", kernels.add_row_bias,
-                [("y", (4, 10), dict(writable=True)), ("bias", (10,), {})])
-    t += family("kernels.sum_rows", kernels.sum_rows, [("dy", (4, 10), {}), ("out", (10,), dict(writable=True))])
     t += family("kernels.cast", kernels.cast,  # uint16 is bf16 here: any float or 16-bit kind is taken
                 [("x", S, dict(accepted=FLOATS_AND_BF16_BITS)),
                  ("out", S, dict(accepted=FLOATS_AND_BF16_BITS, dtype="float16", writable=True))])
@@ -103,7 +100,8 @@ def _targets():
     # dy's dtype is read from its typestr (float32, float16, or 16-bit bf16 bits); a DLPack dy without a
     # .dtype is taken as float32
     t += family("conv.conv2d_backward_bias", lambda dy, out: conv.conv2d_backward_bias(dy, "NCHW", out=out),
-                [("dy", Y, dict(accepted=frozenset({"f4", "f2", "u2", "i2", "V2"}), accepted_dlpack=F4)),
+                [("dy", Y, dict(accepted=frozenset({"f4", "f2", "u2", "i2", "V2"}), accepted_dlpack=F4,
+                                host_dispatch=True)),
                  ("out", (4,), OUT)])
 
     # batch norm (NCHW fp32: x (2, 3, 4, 5), per-channel (3,))

@@ -110,7 +110,8 @@ def test_valid_fake_arguments_reach_the_device_check():
         (lambda: conv.conv2d_backward_bias(fake((2, 4, 8)), "NCHW"), ValueError, "dy"),
         (lambda: conv.conv2d_backward_bias(fake((2, 4, 8, 8)), "NWHC"), ValueError, "layout"),
         (lambda: conv.conv2d_backward_bias(fake((2, 4, 8, 8), "fp16"), "NCHW", out=fake((4,))), TypeError, "out"),
-        (lambda: conv.conv2d_backward_bias(np.zeros((2, 4, 8, 8), np.float32), "NCHW"), TypeError, "dy"),
+        (lambda: conv.conv2d_backward_bias(np.zeros((2, 4, 8, 8), np.float32), "NCHW", out=fake((4,))), TypeError,
+         "out: expected a NumPy array"),
     ],
 )
 def test_bad_arguments_raise_before_device_access(call, error, match):

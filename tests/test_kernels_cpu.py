@@ -146,37 +146,10 @@ def test_add_scaled_and_scale_validate_alpha_and_arrays():
         kernels.scale(a, np.float32(0.25), out=out)
 
 
-def test_row_bias_ops_validate_shapes_and_dtypes():
-    y, bias = distinct(((6, 10), "float32"), ((10,), "float32"))
-    with pytest.raises(ValueError, match=r"bias: expected shape \(10,\), got \(9,\)"):
-        kernels.add_row_bias(y, fake((9,)))
-    with pytest.raises(ValueError, match="y: expected a 2-D array"):
-        kernels.add_row_bias(fake((60,)), bias)
-    with pytest.raises(TypeError, match="bias: expected a float32 array, got float16"):
-        kernels.add_row_bias(y, fake((10,), "float16"))
-    with pytest.raises(ValueError, match=r"out: expected shape \(10,\), got \(6,\)"):
-        kernels.sum_rows(y, fake((6,)))
-    with pytest.raises(ValueError, match="out must not share memory with dy"):
-        kernels.sum_rows(y, FakeCudaArray((10,), ptr=y.ptr + 4))
-    with pytest.raises(TypeError, match="accumulate: expected True or False"):
-        kernels.sum_rows(y, bias, accumulate=None)
-    with expect_device_stage():
-        kernels.add_row_bias(y, bias)
-    with expect_device_stage():
-        kernels.sum_rows(y, bias, accumulate=True)
-
-
 def test_the_host_versions_compute_in_float64(rng):
     a, b = rng.standard_normal((3, 7)), rng.standard_normal((3, 7))
     np.testing.assert_array_equal(kernels.add_scaled(a, b, 0.125), a + 0.125 * b)
     np.testing.assert_array_equal(kernels.scale(a, -3.0), -3.0 * a)
-    y, bias = a.copy(), rng.standard_normal(7)
-    assert kernels.add_row_bias(y, bias) is y
-    np.testing.assert_array_equal(y, a + bias)
-    out = np.ones(7)
-    kernels.sum_rows(a, out, accumulate=True)
-    np.testing.assert_allclose(out, a.sum(axis=0) + 1.0, rtol=1e-15)
-    np.testing.assert_allclose(kernels.sum_rows(a, out), a.sum(axis=0), rtol=1e-15)
     with pytest.raises(ValueError, match="alpha: expected a finite"):
         kernels.add_scaled(a, b, float("nan"))
 
@@ -204,5 +177,5 @@ def test_downscale_validates_its_weights_and_output():
 
 def test_module_is_exported():
     assert rn.kernels is kernels
-    assert set(kernels.__all__) == {"add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled",
-                                    "add_tensor_cudnn", "cast", "relu", "relu_backward", "scale", "sum_rows"}
+    assert set(kernels.__all__) == {"add", "add_relu", "add_relu_backward", "add_scaled", "add_tensor_cudnn", "cast",
+                                    "relu", "relu_backward", "scale"}

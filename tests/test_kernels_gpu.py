@@ -278,21 +278,3 @@ def test_add_scaled_in_fp32_rounds_once(rng):
     got = kernels.add_scaled(cp.asarray(a), cp.asarray(b), 0.3).get()
     want = (a.astype(np.float64) + np.float64(np.float32(0.3)) * b.astype(np.float64)).astype(np.float32)
     np.testing.assert_array_equal(got, want)
-
-
-@pytest.mark.parametrize("rows, columns", [(1, 1), (512, 10), (1000, 10), (7, 1000), (3, 33)])
-def test_row_bias_and_its_gradient_match_the_reference(rows, columns, rng):
-    y0 = rng.standard_normal((rows, columns)).astype(np.float32)
-    bias = rng.standard_normal(columns).astype(np.float32)
-    y = cp.asarray(y0)
-    assert kernels.add_row_bias(y, cp.asarray(bias)) is y
-    check_close(y, y0.astype(np.float64) + bias, "fp32", "add_row_bias")
-    dy = rng.standard_normal((rows, columns)).astype(np.float32)
-    want = dy.astype(np.float64).sum(axis=0)
-    out = cp.full(columns, np.nan, np.float32)  # poisoned: every column written
-    assert kernels.sum_rows(cp.asarray(dy), out) is out
-    np.testing.assert_array_equal(out.get(), want.astype(np.float32))  # a float64 sum, rounded once
-    prior = rng.standard_normal(columns).astype(np.float32)
-    out = cp.asarray(prior)
-    kernels.sum_rows(cp.asarray(dy), out, accumulate=True)
-    np.testing.assert_array_equal(out.get(), (want + prior).astype(np.float32))

@@ -201,6 +201,10 @@ def test_linear(rng, precision):
     check_close(dx, dy.astype(np.float64) @ w64, TOLERANCE[precision], "dx")
     check_close(fc.weight.grad, dy.T.astype(np.float64) @ x64, 1e-5, "weight.grad")
     check_close(fc.bias.grad, dy.sum(0, dtype=np.float64), 1e-5, "bias.grad")
+    fc.forward(x, train=True)  # a second backward adds into both gradients (accumulate_grad), as micro-batches do
+    fc.backward(cp.asarray(dy))
+    check_close(fc.weight.grad, 2 * dy.T.astype(np.float64) @ x64, 1e-5, "weight.grad accumulated")
+    check_close(fc.bias.grad, 2 * dy.sum(0, dtype=np.float64), 1e-5, "bias.grad accumulated")
 
 
 @pytest.mark.parametrize("smoothing,label_dtype", [(0.0, np.int32), (0.1, np.int32)])

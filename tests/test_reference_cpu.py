@@ -92,6 +92,26 @@ def test_conv_reference_matches_direct_loops_and_is_adjoint(rng, layout, stride,
     np.testing.assert_allclose(accumulated, before + dx, rtol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_reference_backward_bias_is_the_adjoint_of_the_bias(rng, layout):
+    spec = ConvSpec(padding=1, layout=layout)
+    x, w = _from_nchw(rng.standard_normal((2, 3, 5, 6)), layout), _from_nchw(rng.standard_normal((4, 3, 3, 3)), layout)
+    bias, dy = rng.standard_normal(4), _from_nchw(rng.standard_normal((2, 4, 5, 6)), layout)
+    # <conv(x) + bias, dy> - <conv(x), dy> = <bias, db>
+    inner = np.sum((R.conv.conv2d(x, w, spec, bias=bias) - R.conv.conv2d(x, w, spec)) * dy)
+    db = R.conv.conv2d_backward_bias(dy, layout)
+    assert db.shape == (4,) and np.isclose(inner, bias @ db, rtol=1e-12)
+    out = np.full(4, np.nan)
+    assert R.conv.conv2d_backward_bias(dy, layout, out=out) is out
+    np.testing.assert_array_equal(out, db)
+    half = R.to_storage(dy, "fp16")
+    np.testing.assert_array_equal(R.conv.conv2d_backward_bias(half, layout),
+                                  R.from_storage(half).sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
+                                  .astype(np.float16))
+    with pytest.raises(ValueError, match="dy: expected a 4-d"):
+        R.conv.conv2d_backward_bias(dy[0], layout)
+
+
 def test_conv_reference_epilogue(rng):
     spec = ConvSpec(padding=1, layout="NHWC")
     x, w = rng.standard_normal((2, 5, 5, 3)), rng.standard_normal((4, 3, 3, 3))
@@ -403,6 +423,7 @@ def _dispatch_cases():
         ("conv2d", lambda m: m.conv.conv2d(x, w, spec, activation="relu", alpha1=0.5)),
         ("conv2d_backward_data", lambda m: m.conv.conv2d_backward_data(dy, w, spec, x.shape)),
         ("conv2d_backward_filter", lambda m: m.conv.conv2d_backward_filter(x, dy, spec, w.shape)),
+        ("conv2d_backward_bias", lambda m: m.conv.conv2d_backward_bias(dy, "NHWC")),
         ("batch_norm_train", lambda m: m.norm.batch_norm_train(dy, *gamma_beta, *running(), layout="NHWC",
                                                                relu=True)[0]),
         ("batch_norm_infer", lambda m: m.norm.batch_norm_infer(dy, *gamma_beta, *running(), layout="NHWC", z=dy)),

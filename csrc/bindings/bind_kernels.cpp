@@ -12,7 +12,6 @@
 #include "../kernels/add_tensor_cudnn.h"
 #include "../kernels/cast.h"
 #include "../kernels/elementwise.h"
-#include "../kernels/row_bias.h"
 #include "bindings.h"
 #include "op_args.h"
 #include "tensor_arg.h"
@@ -117,51 +116,6 @@ py::object scale_op(py::handle x_obj, py::handle alpha_obj, py::handle out_obj, 
   return finish_unary(args, x, out, [&] { kernels::scale(x, alpha, out, stream_arg(stream)); });
 }
 
-// The row-bias ops' float32 arrays: an (N, C) matrix and a (C,) vector, one of them written (disjoint from the
-// other).
-struct RowsAndVector {
-  const TensorView& rows;
-  const TensorView& vector;
-};
-
-RowsAndVector rows_and_vector(OpArgs& args, py::handle rows_obj, const char* rows_name, py::handle vector_obj,
-                              const char* vector_name, bool rows_written) {
-  TensorArgOptions matrix;
-  matrix.ndim = 2;
-  matrix.writable = rows_written;
-  const TensorView& rows = args.input(rows_obj, rows_name, DType::F32, matrix);
-  TensorArgOptions one_d;
-  one_d.ndim = 1;
-  one_d.writable = !rows_written;
-  const TensorView& vector = args.input(vector_obj, vector_name, DType::F32, one_d);
-  check_shape(vector, vector_name, {rows.shape[1]});
-  if (rows_written) {
-    check_disjoint(rows, rows_name, {{vector, vector_name}});
-  } else {
-    check_disjoint(vector, vector_name, {{rows, rows_name}});
-  }
-  args.prepare_device();
-  return {rows, vector};
-}
-
-// y (N, C) += bias (C) on every row.
-py::object add_row_bias_op(py::handle y_obj, py::handle bias_obj, uintptr_t stream) {
-  OpArgs args("add_row_bias");
-  const auto [y, bias] = rows_and_vector(args, y_obj, "y", bias_obj, "bias", /*rows_written=*/true);
-  OpContext context(&OpArgs::describe, &args);
-  kernels::add_row_bias(y, bias, stream_arg(stream));
-  return args.object(y);
-}
-
-// out (C) = the sum of dy (N, C)'s rows, or out += it (accumulate).
-py::object sum_rows_op(py::handle dy_obj, py::handle out_obj, bool accumulate, uintptr_t stream) {
-  OpArgs args("sum_rows");
-  const auto [dy, out] = rows_and_vector(args, dy_obj, "dy", out_obj, "out", /*rows_written=*/false);
-  OpContext context(&OpArgs::describe, &args);
-  kernels::sum_rows(dy, out, accumulate, stream_arg(stream));
-  return args.object(out);
-}
-
 // Both dtypes inferred, a 16-bit integer array meaning bf16 (cast's only use of one).
 py::object cast_op(py::handle x_obj, py::handle out_obj, bool accumulate, uintptr_t stream) {
   OpArgs args("cast");
@@ -217,10 +171,6 @@ void bind_kernels(py::module_& m) {
         py::arg("stream"), "out = a + alpha * b (fp32 math, one rounding); returns out");
   m.def("scale", &scale_op, py::arg("x"), py::arg("alpha"), py::arg("out"), py::arg("dtype"), py::arg("stream"),
         "out = alpha * x; returns out");
-  m.def("add_row_bias", &add_row_bias_op, py::arg("y"), py::arg("bias"), py::arg("stream"),
-        "y[n, c] += bias[c] in place (float32); returns y");
-  m.def("sum_rows", &sum_rows_op, py::arg("dy"), py::arg("out"), py::arg("accumulate"), py::arg("stream"),
-        "out[c] = sum over n of dy[n, c], or out += it (float32); returns out");
   m.def("cast", &cast_op, py::arg("x"), py::arg("out"), py::arg("accumulate"), py::arg("stream"),
         "out = x converted to out's dtype, or out += x (accumulate), rounded to nearest even; returns out");
   m.def("add_tensor_cudnn", &add_tensor_cudnn_op, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("layout"),

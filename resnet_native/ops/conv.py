@@ -144,6 +144,8 @@ def _storage_dtype_of(array):
 def conv2d_backward_bias(dy, layout, *, out=None):
     """db = sum of dy over N, H and W, of shape (K,) in dy's dtype (cudnnConvolutionBackwardBias)."""
     choice("layout", layout, LAYOUTS)
+    if isinstance(dy, np.ndarray):  # a host array: the float64 reference
+        return reference.conv.conv2d_backward_bias(dy, layout, out=out)
     return _C.conv_backward_bias(dy, out, _NATIVE_LAYOUT[layout], _storage_dtype_of(dy), _stream())
 
 

@@ -56,22 +56,6 @@ def scale(x, alpha, *, out=None, dtype=None):
     return _C.scale(x, alpha, out, dtype, stream())
 
 
-def add_row_bias(y, bias):
-    """y[n, c] += bias[c] in place, y float32 (N, C) and bias float32 (C,) (float64 on the host); returns y."""
-    if isinstance(y, np.ndarray) and isinstance(bias, np.ndarray):
-        return reference.kernels.add_row_bias(y, bias)
-    return _C.add_row_bias(y, bias, stream())
-
-
-def sum_rows(dy, out, *, accumulate=False):
-    """out[c] = the sum over n of dy[n, c] (accumulate: out[c] += it), dy float32 (N, C), out float32 (C,) (float64
-    on the host); the GPU sums in float64 and rounds once, in a fixed order. Returns out."""
-    accumulate = flag("accumulate", accumulate)
-    if isinstance(dy, np.ndarray) and isinstance(out, np.ndarray):
-        return reference.kernels.sum_rows(dy, out, accumulate=accumulate)
-    return _C.sum_rows(dy, out, accumulate, stream())
-
-
 def relu(x, *, out=None, dtype=None):
     """out = max(x, 0) (NaN propagates)."""
     return _elementwise("relu", _C.relu, (x,), out, dtype)
@@ -102,5 +86,5 @@ def cast(x, out, *, accumulate=False):
     return _C.cast(x, out, accumulate, stream())
 
 
-__all__ = ["add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled", "add_tensor_cudnn", "cast", "relu",
-           "relu_backward", "scale", "sum_rows"]
+__all__ = ["add", "add_relu", "add_relu_backward", "add_scaled", "add_tensor_cudnn", "cast", "relu", "relu_backward",
+           "scale"]

@@ -1,5 +1,5 @@
 """Float64 NumPy convolutions with the signatures of resnet_native.ops.conv: conv_output_shape, conv2d (with its bias,
-residual and ReLU epilogue), conv2d_backward_data and conv2d_backward_filter.
+residual and ReLU epilogue), conv2d_backward_data, conv2d_backward_filter and conv2d_backward_bias.
 
 `spec` is a resnet_native.ops.conv.ConvSpec; only its geometry (stride, padding, dilation, groups), layout and precision
 matter here (algorithm, engine and determinism choose how cuDNN computes, not what). Activations are (N, C, H, W)
@@ -196,4 +196,14 @@ def conv2d_backward_filter(x, dy, spec, w_shape, *, out=None, accumulate=False):
     return storage.write(result, dw, dtype)
 
 
-__all__ = ["conv2d", "conv2d_backward_data", "conv2d_backward_filter", "conv_output_shape"]
+def conv2d_backward_bias(dy, layout, *, out=None):
+    """db = the sum of dy over N, H and W, of shape (K,) in dy's dtype."""
+    layout = choice("layout", layout, LAYOUTS)
+    dtype = storage.dtype_of(dy, "dy", uint16_is_bf16=True)
+    if dy.ndim != 4:
+        raise ValueError(f"dy: expected a 4-d array in {layout}, got shape {tuple(dy.shape)}")
+    db = storage.decode(to_nchw(dy, layout), dtype).sum(axis=(0, 2, 3))
+    return storage.write(storage.output(out, db.shape, dy.dtype), db, dtype)
+
+
+__all__ = ["conv2d", "conv2d_backward_bias", "conv2d_backward_data", "conv2d_backward_filter", "conv_output_shape"]

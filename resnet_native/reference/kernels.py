@@ -46,27 +46,6 @@ def scale(x, alpha, *, out=None, dtype=None):
     return storage.write(storage.output(out, x.shape, x.dtype), alpha * storage.decode(x, dt), dt)
 
 
-def add_row_bias(y, bias):
-    """y[n, c] += bias[c] in place; returns y."""
-    _rows_and_vector(y, "y", bias, "bias")
-    np.add(y, bias[None, :], out=y)
-    return y
-
-
-def sum_rows(dy, out, *, accumulate=False):
-    """out[c] = sum over n of dy[n, c], or out += it; returns out."""
-    _rows_and_vector(dy, "dy", out, "out")
-    total = dy.astype(np.float64).sum(axis=0)
-    out[...] = total + out if accumulate else total
-    return out
-
-
-def _rows_and_vector(matrix, matrix_name, vector, vector_name):
-    if matrix.ndim != 2 or vector.shape != (matrix.shape[1],):
-        raise ValueError(f"{vector_name}: expected shape ({matrix.shape[-1] if matrix.ndim else '?'},) for "
-                         f"{matrix_name} of shape {matrix.shape}, got {vector.shape}")
-
-
 def _alpha(value) -> float:
     """The native ops' rule: a number (not a str), finite and within float32's range."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
@@ -104,5 +83,4 @@ def cast(x, out, *, accumulate=False):
     return storage.write(out, result, out_dtype)
 
 
-__all__ = ["add", "add_relu", "add_relu_backward", "add_row_bias", "add_scaled", "cast", "relu", "relu_backward",
-           "scale", "sum_rows"]
+__all__ = ["add", "add_relu", "add_relu_backward", "add_scaled", "cast", "relu", "relu_backward", "scale"]

@@ -2,11 +2,12 @@
 
 The (N, C) input is an NHWC image of shape (N, 1, 1, C) and the (K, C) weight a (K, 1, 1, C) filter (both are
 views: no copy), so the three products go through the same cuDNN convolution engines and algorithm cache as the
-rest of the model. Why not cuBLAS through cupy's matmul: cupy refuses cuBLAS calls during CUDA-graph capture,
-and the training step is captured whole. fp16/bf16 inputs (the pooled features) are converted to fp32 at this
-boundary with kernels.cast and the input gradient is converted back: at this size fp32 costs nothing while
-keeping the logits exact (strict fp32 math, no TF32). The weight and bias are used as fp32 masters. (On the host
-"fp32" is the placement's master dtype: float64 for model.to_host().)
+rest of the model; the bias is the convolution's epilogue and its gradient cudnnConvolutionBackwardBias. Why not
+cuBLAS through cupy's matmul: cupy refuses cuBLAS calls during CUDA-graph capture, and the training step is
+captured whole. fp16/bf16 inputs (the pooled features) are converted to fp32 at this boundary with kernels.cast
+and the input gradient is converted back: at this size fp32 costs nothing while keeping the logits exact (strict
+fp32 math, no TF32). The weight and bias are used as fp32 masters. (On the host "fp32" is the placement's master
+dtype: float64 for model.to_host().)
 """
 
 import numpy as np
@@ -55,9 +56,8 @@ class Linear(Module):
             x32 = self._buffers.get("x32", x.shape, master)
             kernels.cast(x, x32)
         y = self._buffers.get("y", (n, self.out_features), master)
-        conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(),
+        conv.conv2d(x32.reshape(n, 1, 1, self.in_features), self._weight_as_filter(), self.spec(), bias=self.bias.data,
                     out=y.reshape(n, 1, 1, self.out_features))
-        kernels.add_row_bias(y, self.bias.data)
         self._saved = (x32, x.dtype) if train else None
         return y
 
@@ -79,7 +79,8 @@ class Linear(Module):
         w_shape = (self.out_features, 1, 1, self.in_features)
         conv.conv2d_backward_filter(x4, dy4, self.spec(), w_shape, out=dw.reshape(w_shape))
         self.weight.accumulate_grad(dw)
-        kernels.sum_rows(dy, self.bias.grad, accumulate=True)
+        db = self._buffers.get("db", self.bias.shape, master)
+        self.bias.accumulate_grad(conv.conv2d_backward_bias(dy4, "NHWC", out=db))
         dx32 = self._buffers.get("dx32", x32.shape, master)
         conv.conv2d_backward_data(dy4, self._weight_as_filter(), self.spec(), tuple(x4.shape),
                                   out=dx32.reshape(x4.shape))
