@@ -77,7 +77,7 @@ def test_progressive_resizing_flags_and_schedule():
     from resnet_native.training.config import reduced_size, train_image_sizes
 
     cfg = cfg_from(["--recipe", "C", "--epochs", "10", "--progressive-size", "16", "--progressive-until", "0.35"])
-    assert cfg.progressive.to_dict() == {"size": 16, "until": 0.35}
+    assert cfg.progressive.to_dict() == {"size": 16, "until": 0.35, "mid_size": 0, "mid_until": 0.0}
     assert [reduced_size(cfg, e) for e in range(10)] == [16] * 4 + [None] * 6  # 3.5 epochs, rounded half up
     assert train_image_sizes(cfg) == (16, 32)
     off = cfg_from(["--recipe", "C", "--epochs", "10", "--progressive-size", "0"])
@@ -89,6 +89,25 @@ def test_progressive_resizing_flags_and_schedule():
             cfg_from(["--recipe", "C", "--progressive-size", size])
     with pytest.raises(ValueError, match="progressive.until: expected < 1"):
         cfg_from(["--recipe", "C", "--progressive-size", "16", "--progressive-until", "1"])
+
+
+def test_progressive_resizing_second_stage():
+    from resnet_native.training.config import reduced_size, train_image_sizes
+
+    ramp = ["--recipe", "C", "--epochs", "10", "--progressive-size", "16", "--progressive-until", "0.3",
+            "--progressive-mid-size", "24", "--progressive-mid-until", "0.75"]
+    cfg = cfg_from(ramp)
+    assert [reduced_size(cfg, e) for e in range(10)] == [16] * 3 + [24] * 5 + [None] * 2  # 7.5 rounds half up
+    assert train_image_sizes(cfg) == (16, 24, 32)
+    assert resume_differences(cfg_from(ramp[:-4]), cfg) == ["progressive"]
+    bad = {"--progressive-mid-size": ["12", "16", "32"], "--progressive-mid-until": ["0.3", "0.2"]}
+    for flag, values in bad.items():
+        for value in values:
+            argv = ramp[: ramp.index(flag) + 1] + [value] + ramp[ramp.index(flag) + 2 :]
+            with pytest.raises(ValueError, match=r"progressive.mid_size: expected 0 \(off\) or, after"):
+                cfg_from(argv)
+    with pytest.raises(ValueError, match="progressive.mid_size"):  # no first stage
+        cfg_from(["--recipe", "A", "--progressive-mid-size", "24", "--progressive-mid-until", "0.5"])
 
 
 def test_alternate_flip_and_zero_init_flags():

@@ -141,15 +141,16 @@ def test_resume_is_bit_identical(cpu_backend, tiny, tmp_path):
 
 
 def test_progressive_resizing_downscales_the_early_epochs_and_resumes_across_the_switch(cpu_backend, tiny, tmp_path):
-    """16x16 images (the tiny set, each pixel doubled), the first epoch downscaled to 8x8: the log says which size
-    each epoch trained at, and a run stopped after the small epoch resumes into the full-size one bit for bit."""
+    """16x16 images (the tiny set, each pixel doubled), the first epoch downscaled to 8x8 and the second to 12x12: the
+    log says which size each epoch trained at, and a run stopped after a small epoch resumes bit for bit."""
     big = CIFAR10Data(*(np.repeat(np.repeat(a, 2, axis=1), 2, axis=2) if a.ndim == 4 else a
                         for a in (tiny.train_images, tiny.train_labels, tiny.test_images, tiny.test_labels)),
                       source="tiny 16x16")
-    cfg = config("--epochs", "2", "--progressive-size", "8", "--progressive-until", "0.5")
+    cfg = config("--epochs", "3", "--progressive-size", "8", "--progressive-until", "0.34",
+                 "--progressive-mid-size", "12", "--progressive-mid-until", "0.67")
     full = run(cfg, tmp_path / "full", big).run()
-    assert full["progressive"] == {"size": 8, "until": 0.5}
-    assert [r["image_size"] for r in read_metrics_csv(tmp_path / "full" / "metrics.csv")] == [8, 16]
+    assert full["progressive"] == {"size": 8, "until": 0.34, "mid_size": 12, "mid_until": 0.67}
+    assert [r["image_size"] for r in read_metrics_csv(tmp_path / "full" / "metrics.csv")] == [8, 12, 16]
     run(cfg, tmp_path / "part", big).run(stop_after=1)
     again = run(cfg, tmp_path / "part", big).run(resume=True)
     a = checkpoint.load_checkpoint(tmp_path / "full" / "last.npz")

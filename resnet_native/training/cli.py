@@ -60,6 +60,9 @@ OVERRIDES = (
     ("--ema-start", "ema.start", "fraction of the run's steps before the moving average starts"),
     ("--progressive-size", "progressive.size", "side in pixels of the early epochs' downscaled images, 0 for none"),
     ("--progressive-until", "progressive.until", "fraction of the epochs trained at --progressive-size"),
+    ("--progressive-mid-size", "progressive.mid_size", "side in pixels of a second stage, after --progressive-until "
+                                                       "(larger than --progressive-size; 0 for none)"),
+    ("--progressive-mid-until", "progressive.mid_until", "fraction of the epochs at the end of the second stage"),
     ("--engine", "engine", "convolution engine: graph (cuDNN 9's graph API), legacy, or auto (both timed per "
                            "problem; the recipes: graph)"),
     ("--deterministic", "deterministic",

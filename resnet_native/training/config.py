@@ -66,12 +66,14 @@ class AugmentSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class ProgressiveSettings(Settings):
     """Progressive resizing: the first `until` of the epochs (a fraction) train on the images downscaled to size x
-    size pixels (data/resize.py), the rest at full size; the test set is always seen at full size. The network ends
-    in a global average pool, so it takes any size; a smaller one costs less per epoch. size 0: every epoch at full
-    size."""
+    size pixels (data/resize.py), then, with a mid_size, the epochs up to `mid_until` at mid_size x mid_size, the
+    rest at full size; the test set is always seen at full size. The network ends in a global average pool, so it
+    takes any size; a smaller one costs less per epoch. size 0: every epoch at full size."""
 
     size: int = integer(0, minimum=0)
     until: float = number(0.0, minimum=0.0, below=1.0)
+    mid_size: int = integer(0, minimum=0)
+    mid_until: float = number(0.0, minimum=0.0, below=1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,9 +134,13 @@ class TrainConfig(Settings):
     progressive: ProgressiveSettings = section(ProgressiveSettings)
 
     def check(self) -> None:
-        if self.progressive.size and not 8 <= self.progressive.size < FULL_SIZE:
-            raise ValueError(f"progressive.size: expected 0 (off) or a size in [8, {FULL_SIZE}) pixels, got "
-                             f"{self.progressive.size}")
+        p = self.progressive
+        if p.size and not 8 <= p.size < FULL_SIZE:
+            raise ValueError(f"progressive.size: expected 0 (off) or a size in [8, {FULL_SIZE}) pixels, got {p.size}")
+        if p.mid_size and not (p.size and p.size < p.mid_size < FULL_SIZE and p.until < p.mid_until):
+            raise ValueError(f"progressive.mid_size: expected 0 (off) or, after a progressive.size stage, a size in "
+                             f"({p.size}, {FULL_SIZE}) pixels until a later fraction than progressive.until "
+                             f"({p.until}); got mid_size {p.mid_size}, mid_until {p.mid_until}")
         if self.augment.alternate_flip and (self.augment.autoaugment or not self.augment.flip):
             raise ValueError("augment.alternate_flip: needs augment.flip, and not with augment.autoaugment (whose "
                              "workers flip by a coin)")
@@ -160,7 +166,10 @@ def reduced_size(cfg: TrainConfig, epoch: int) -> int | None:
     """The side in pixels a (0-based) epoch's training images are downscaled to under progressive resizing; None
     for full size."""
     p = cfg.progressive
-    return p.size if p.size and epoch < int(p.until * cfg.epochs + 0.5) else None
+    for size, until in ((p.size, p.until), (p.mid_size, p.mid_until)):
+        if size and epoch < int(until * cfg.epochs + 0.5):
+            return size
+    return None
 
 
 def train_image_sizes(cfg: TrainConfig) -> tuple:
