@@ -41,8 +41,9 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
         return None
     if folder < DEFINED_SINCE.get(recipe, ("", 0)):
         return None
-    shipped = {"size": int(settings.get("size", 0)), "until": float(settings.get("until", 0.0))}
-    if "progressive" in summary and (summary["progressive"] or {"size": 0, "until": 0.0}) != shipped:
+    off = {"size": 0, "until": 0.0, "mid_size": 0, "mid_until": 0.0}  # older summaries lack the second stage
+    shipped = {key: type(value)(settings.get(key, value)) for key, value in off.items()}
+    if "progressive" in summary and {**off, **(summary["progressive"] or {})} != shipped:
         return None
     if (
         summary.get("epochs") != int(settings["epochs"])
@@ -51,7 +52,8 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
         return None
     words, seed = shlex.split(args or ""), ""
     names = {"--epochs": "epochs", "--batch-size": "batch_size", "--lr": "lr", "--eval-every": "eval_every",
-             "--progressive-size": "size", "--progressive-until": "until"}
+             "--progressive-size": "size", "--progressive-until": "until", "--progressive-mid-size": "mid_size",
+             "--progressive-mid-until": "mid_until"}
     for flag, value in zip(words[::2], words[1::2], strict=False):
         if flag == "--seed":
             seed = value
