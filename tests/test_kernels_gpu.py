@@ -1,6 +1,6 @@
-"""The elementwise kernels (the weighted add and the scale too), the row bias and its gradient, cast and the
-cudnnAddTensor path on a GPU, against float64 NumPy references on fresh random data: odd sizes (1, 7, 1023,
-1M+3), misaligned views (scalar path), all dtypes, poisoned outputs, in-place aliasing and a non-default stream."""
+"""The elementwise kernels (the weighted add and the scale too), cast and the cudnnAddTensor path on a GPU, against
+float64 NumPy references on fresh random data: odd sizes (1, 7, 1023, 1M+3), misaligned views (scalar path), all
+dtypes, poisoned outputs, in-place aliasing and a non-default stream."""
 
 import numpy as np
 import pytest

@@ -108,7 +108,7 @@ def test_conv_reference_backward_bias_is_the_adjoint_of_the_bias(rng, layout):
     np.testing.assert_array_equal(R.conv.conv2d_backward_bias(half, layout),
                                   R.from_storage(half).sum(axis=(0, 2, 3) if layout == "NCHW" else (0, 1, 2))
                                   .astype(np.float16))
-    with pytest.raises(ValueError, match="dy: expected a 4-d"):
+    with pytest.raises(ValueError, match="dy: expected a 4-D"):
         R.conv.conv2d_backward_bias(dy[0], layout)
 
 

@@ -1,13 +1,12 @@
 """Custom CUDA kernels for the residual blocks: add, add + ReLU, ReLU and their backward, dtype conversion (and
 conversion added into an array: a gradient accumulated into its master); a weighted add and a scale (test-time
-augmentation's sum of logits); the fully connected layer's bias forward and backward.
+augmentation's sum of logits).
 
 Every function takes cupy arrays (or any __cuda_array_interface__ / DLPack device array), C-contiguous, of one
-shape (the row-bias pair: an (N, C) matrix and a (C,) vector), and runs on cupy's current stream. Storage dtypes
-are fp32, fp16 and bf16 (a uint16 array holding bf16 bits: cupy has no bfloat16); math is fp32. `dtype=None`
-infers 'fp32' / 'fp16' from the first array, and bf16 must be named (dtype='bf16'), since a uint16 array could hold
-anything. `out=None` allocates the output with cupy once every argument has been validated; `out` may be one of the
-inputs (in place), but must not partially overlap one.
+shape, and runs on cupy's current stream. Storage dtypes are fp32, fp16 and bf16 (a uint16 array holding bf16
+bits: cupy has no bfloat16); math is fp32. `dtype=None` infers 'fp32' / 'fp16' from the first array, and bf16 must
+be named (dtype='bf16'), since a uint16 array could hold anything. `out=None` allocates the output with cupy once
+every argument has been validated; `out` may be one of the inputs (in place), but must not partially overlap one.
 The native core checks every argument and raises TypeError / ValueError naming it.
 
 The kernels use 16-byte loads and stores when every pointer is 16-byte aligned (scalar for misaligned views and

@@ -201,7 +201,7 @@ def conv2d_backward_bias(dy, layout, *, out=None):
     layout = choice("layout", layout, LAYOUTS)
     dtype = storage.dtype_of(dy, "dy", uint16_is_bf16=True)
     if dy.ndim != 4:
-        raise ValueError(f"dy: expected a 4-d array in {layout}, got shape {tuple(dy.shape)}")
+        raise ValueError(f"dy: expected a 4-D {layout} array, got shape {tuple(dy.shape)}")
     db = storage.decode(to_nchw(dy, layout), dtype).sum(axis=(0, 2, 3))
     return storage.write(storage.output(out, db.shape, dy.dtype), db, dtype)
 

@@ -1,6 +1,5 @@
 """Float64 NumPy versions of the custom elementwise kernels, with the signatures of resnet_native.ops.kernels: add,
-add + ReLU, ReLU and their backward, the weighted add and the scale, the dtype conversion cast, and the fully
-connected layer's row bias and its gradient.
+add + ReLU, ReLU and their backward, the weighted add and the scale, and the dtype conversion cast.
 
 As the native kernels: every array has one shape (out may be one of the inputs), the inputs and out one dtype
 (bf16 named with dtype='bf16'; cast converts between any two), ReLU lets NaN through (x < 0 ? 0 : x) and its
