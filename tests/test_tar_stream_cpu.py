@@ -1,8 +1,11 @@
 """tar_stream.regular_files against tarfile: the same (name, bytes) for every format tarfile writes, clear errors
-for corrupt or truncated archives, and Unsupported (tarfile's turn) for what it does not model."""
+for corrupt or truncated archives, and Unsupported (tarfile's turn) for what it does not model; the xz reader
+on its read-ahead thread against lzma.open."""
 
 import io
+import lzma
 import tarfile
+import threading
 
 import numpy as np
 import pytest
@@ -142,3 +145,51 @@ def test_a_truncated_global_header_raises(tmp_path):
     path.write_bytes(path.read_bytes()[:1024])
     with pytest.raises(ValueError, match="truncated tar archive in a global header"):
         list(tar_stream.regular_files(path))
+
+
+def random_files(rng, count=40, largest=200_000):
+    return [(f"m{i}", rng.integers(0, 256, int(rng.integers(0, largest)), dtype=np.uint8).tobytes())
+            for i in range(count)]
+
+
+def test_xz_in_many_pieces_concatenated_streams_and_trailing_bytes_read_as_lzma_open_reads_them(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.setattr(tar_stream, "_PIECE", 4096)  # many compressed pieces
+    monkeypatch.setattr(tar_stream, "_OUT_PIECE", 10_000)  # and many calls per piece
+    files = random_files(np.random.default_rng(0))
+    raw = write_tar(tmp_path / "a.tar", files, extras=False).read_bytes()
+    half = len(raw) // 2
+    cases = {"one stream": lzma.compress(raw),
+             "two streams": lzma.compress(raw[:half]) + lzma.compress(raw[half:]),
+             "trailing bytes": lzma.compress(raw) + b"\0" * 8 + b"not xz"}
+    for name, data in cases.items():
+        path = tmp_path / f"{name}.tar.xz"
+        path.write_bytes(data)
+        with lzma.open(path) as f:
+            assert f.read() == raw, name
+        assert list(tar_stream.regular_files(path)) == files, name
+
+
+def test_a_truncated_or_corrupt_xz_stream_is_a_value_error_naming_the_file(tmp_path):
+    data = lzma.compress(write_tar(tmp_path / "a.tar", random_files(np.random.default_rng(1)), extras=False)
+                         .read_bytes())
+    path = tmp_path / "cut.tar.xz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cut\.tar\.xz: truncated xz stream"):
+        list(tar_stream.regular_files(path))
+    path = tmp_path / "bad.tar.xz"
+    path.write_bytes(data[:200] + bytes(b ^ 0x5A for b in data[200:400]) + data[400:])
+    with pytest.raises(ValueError, match=r"bad\.tar\.xz: corrupt xz stream"):
+        list(tar_stream.regular_files(path))
+
+
+def test_a_reader_that_stops_early_stops_the_read_ahead_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(tar_stream, "_PIECE", 4096)
+    monkeypatch.setattr(tar_stream.ReadAhead, "QUEUED", 1)  # the thread blocks on the full queue
+    files = random_files(np.random.default_rng(2), count=60)
+    path = tmp_path / "a.tar.xz"
+    path.write_bytes(lzma.compress(write_tar(tmp_path / "a.tar", files, extras=False).read_bytes()))
+    reader = tar_stream.regular_files(path)
+    assert next(reader) == files[0]
+    reader.close()
+    assert not [t for t in threading.enumerate() if t.name == "tar-read-ahead"]

@@ -7,6 +7,8 @@ import hashlib
 import importlib
 import json
 import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -468,3 +470,20 @@ def test_the_command_counts_its_wall_time_from_the_process_start(monkeypatch, tm
 def test_the_evaluation_graph_is_on_unless_turned_off():
     assert cfg_from(["--recipe", "A"]).eval_cuda_graph is True
     assert cfg_from(["--recipe", "A", "--no-eval-cuda-graph"]).eval_cuda_graph is False
+
+
+def test_the_command_exits_without_the_interpreters_teardown_once_the_run_is_done(tmp_path):
+    """After main() returns, `python -m resnet_native.train` flushes its output and ends the process: an exit
+    handler registered before the run does not run, and what the run printed is all there."""
+    marker = tmp_path / "teardown-ran"
+    script = (
+        "import atexit, pathlib, runpy\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).touch)\n"
+        "import resnet_native.training.cli as cli\n"
+        "cli.main = lambda started_at: print('the run', end='')\n"
+        "runpy.run_module('resnet_native.train', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the run"
+    assert not marker.exists()

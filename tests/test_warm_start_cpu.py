@@ -1,6 +1,10 @@
-"""warm_start.load_while_priming: the source decoded by a child into the data cache while the first steps are
-primed here, the same arrays as a plain load, a cached source loaded without either, and a bad source's error
-raised by the parent's own load."""
+"""warm_start.load_while_priming: the source decoded by a child while the first steps are primed and the network
+built here, the same arrays as a plain load sent through a pipe, the child's cache write left to the run's end, a
+cached source loaded without either, and a bad source's error raised by the parent's own load."""
+
+import contextlib
+import multiprocessing
+import time
 
 import numpy as np
 import pytest
@@ -78,6 +82,55 @@ def test_a_priming_error_waits_for_the_child_and_leaves_no_temporary_file(tmp_pa
         warm_start.load_while_priming(config(), source, cache, Stopwatch())
     assert [p.name for p in cache.iterdir() if p.name.endswith(".tmp")] == []
     assert cifar10.cache_path_for(source, cache) is not None
+
+
+def decoding_children() -> list:
+    return [p.name for p in multiprocessing.active_children() if p.name == "cifar10-decode"]
+
+
+def test_the_network_is_built_before_the_wait_and_the_cache_write_is_left_to_the_run(tmp_path, primed,
+                                                                                     monkeypatch):
+    fake = fake_arrays(np.random.default_rng(3))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    cache.mkdir()
+
+    def held_write(path, data, cache_dir):  # the child's cache write, held until the test lets it go
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return cifar10.write_cache(path, data, cache_dir)
+
+    monkeypatch.setattr(warm_start, "write_cache", held_write)
+    built, spent = [], Stopwatch()
+    with contextlib.ExitStack() as stack:
+        data = warm_start.load_while_priming(config(), source, cache, spent, meanwhile=lambda: built.append(
+            len(primed)), cleanup=stack)
+        assert_same(data, fake)  # received while the child still holds its write
+        assert built == [1] and set(spent.seconds) == {"warm-up", "build", "data"}
+        assert cifar10.cache_path_for(source, cache) is None
+        assert decoding_children() == ["cifar10-decode"]
+        go.touch()
+    assert cifar10.cache_path_for(source, cache) is not None  # closing the stack waited for the write
+    assert decoding_children() == []
+
+
+def test_an_error_while_building_stops_the_sending_and_the_child_still_writes_the_cache(tmp_path, primed):
+    """The arrays outgrow the pipe's buffer, so the child is still sending when the parent gives up on them."""
+    fake = fake_arrays(np.random.default_rng(4))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def fail():
+        time.sleep(0.5)
+        raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError, match="build failed"), contextlib.ExitStack() as stack:
+        warm_start.load_while_priming(config(), source, cache, Stopwatch(), meanwhile=fail, cleanup=stack)
+    assert decoding_children() == []
+    assert [p.name for p in cache.iterdir() if p.name.endswith(".tmp")] == []
+    assert_same(cifar10.load_cached(source, cache), fake)
 
 
 @pytest.mark.parametrize("n, batch, expected", [(50_000, 512, (512, 336)), (50_000, 250, (250,)),

@@ -435,17 +435,24 @@ def load_cifar10(path=None, *, cache: bool = True, cache_dir=None, workers: int 
     if data is not None:
         return data
     data = decode_source(path, workers)
+    write_cache(path, data, cache_dir)
+    return data
+
+
+def write_cache(path, data: CIFAR10Data, cache_dir=None) -> pathlib.Path | None:
+    """Write a source's decoded arrays to its cache file (see load_cifar10) and remove its older ones; the file
+    written, or None when no cache folder could be written."""
+    path = pathlib.Path(path)
     name = _cache_name(path, source_fingerprint(path))
-    arrays = dict(train_images=data.train_images, train_labels=data.train_labels,
-                  test_images=data.test_images, test_labels=data.test_labels)
+    arrays = {key: getattr(data, key) for key in _CACHE_ARRAYS}
     for d in _cache_dirs(path, cache_dir):
         try:
             atomic_write_npz(d / name, arrays)
         except OSError:
             continue  # read-only folder: try the next place
         _remove_stale_caches(d, path, name)
-        break
-    return data
+        return d / name
+    return None
 
 
 def _remove_stale_caches(folder: pathlib.Path, path: pathlib.Path, keep: str) -> None:

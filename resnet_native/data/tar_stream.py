@@ -15,6 +15,8 @@ import bz2
 import gzip
 import lzma
 import pathlib
+import queue
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,7 +24,10 @@ import numpy as np
 BLOCK = 512
 _REGULAR = frozenset(b"0\x007")  # regular file, its pre-POSIX spelling, contiguous file
 _SKIPPED = frozenset(b"123456K")  # links, devices, directories, FIFOs, a GNU long link target
-_COMPRESSED = ((b"\xfd7zXZ\x00", lzma.open), (b"\x1f\x8b", gzip.open), (b"BZh", bz2.open))
+_XZ = b"\xfd7zXZ\x00"
+_COMPRESSED = ((b"\x1f\x8b", gzip.open), (b"BZh", bz2.open))
+_PIECE = 1 << 20  # compressed (xz) or decompressed bytes read at a time on the read-ahead thread
+_OUT_PIECE = 8 << 20  # decompressed xz bytes at most per call: a small file may expand without bound
 _CHUNK = 1 << 20  # bytes of a skipped member read at a time
 
 
@@ -31,14 +36,112 @@ class Unsupported(Exception):
 
 
 def open_stream(path):
-    """A binary file object of the archive's tar bytes, decompressing xz, gzip or bzip2 by their magic."""
+    """A binary file object of the archive's tar bytes, decompressing xz, gzip or bzip2 by their magic, on a thread
+    of its own (ReadAhead) so that the caller's parsing runs beside the decompression."""
     path = pathlib.Path(path)
     with open(path, "rb") as f:
         magic = f.read(6)
+    if magic.startswith(_XZ):
+        return ReadAhead(_xz_pieces(path))
     for prefix, opener in _COMPRESSED:
         if magic.startswith(prefix):
-            return opener(path, "rb")
+            return ReadAhead(_pieces(opener(path, "rb")))
     return open(path, "rb")
+
+
+def _pieces(stream):
+    """A stream's bytes in large reads."""
+    with stream:
+        while piece := stream.read(_PIECE):
+            yield piece
+
+
+def _xz_pieces(path):
+    """The decompressed bytes of an .xz file, at most _OUT_PIECE at a time, each from one call of the decompressor
+    on a large compressed piece: it releases the GIL for the whole call (lzma.open's reads hand it 8 kB at a time).
+    Concatenated streams are read in turn and trailing bytes that start no stream are ignored, as lzma.open does.
+    ValueError naming the file for a corrupt or truncated stream."""
+    with open(path, "rb") as f:
+        decompressor = lzma.LZMADecompressor()
+        while True:
+            try:
+                if decompressor.eof:  # another stream, or trailing bytes
+                    data = decompressor.unused_data or f.read(_PIECE)
+                    if not data:
+                        return
+                    decompressor = lzma.LZMADecompressor()
+                    try:
+                        piece = decompressor.decompress(data, _OUT_PIECE)
+                    except lzma.LZMAError:
+                        return
+                else:
+                    data = f.read(_PIECE) if decompressor.needs_input else b""
+                    if decompressor.needs_input and not data:
+                        raise ValueError(f"{path}: truncated xz stream")
+                    piece = decompressor.decompress(data, _OUT_PIECE)
+            except lzma.LZMAError as e:
+                raise ValueError(f"{path}: corrupt xz stream ({e})") from None
+            if piece:
+                yield piece
+
+
+class ReadAhead:
+    """read(n) of a stream of byte pieces that a thread produces ahead of the reader: a caller parsing in Python
+    runs beside the decompression (which releases the GIL) instead of waiting in each of its small reads. At most
+    QUEUED pieces wait unread; an error of the stream is raised by the read that reaches it; close() stops the
+    thread."""
+
+    QUEUED = 8
+
+    def __init__(self, pieces):
+        self._pieces, self._stop = pieces, threading.Event()
+        self._queue = queue.Queue(self.QUEUED)
+        self._buf, self._pos, self._done = b"", 0, False
+        self._thread = threading.Thread(target=self._fill, name="tar-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        try:
+            for piece in self._pieces:
+                if not self._put(piece):
+                    break
+            self._put(b"")
+        except BaseException as e:  # raised again by the reader's read()
+            self._put(e)
+        finally:
+            self._pieces.close()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) - self._pos < n and not self._done:
+            piece = self._queue.get()
+            if isinstance(piece, BaseException):
+                self._done = True
+                raise piece
+            self._done = not piece
+            self._buf, self._pos = self._buf[self._pos:] + piece, 0
+        out = self._buf[self._pos:self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 def regular_files(path) -> Iterator[tuple[str, bytes]]:

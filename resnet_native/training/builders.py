@@ -97,13 +97,15 @@ def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None)
                      overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
 
 
-def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int):
-    """The weights' moving average of a recipe with ema.decay > 0 (else None), in a second copy of the network."""
+def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int, shadow=None):
+    """The weights' moving average of a recipe with ema.decay > 0 (else None), in a second copy of the network
+    (shadow: one built ahead by build_network, else built here)."""
     e = cfg.ema
     if e.decay == 0.0:
         return None
     start = int(round(e.start * cfg.epochs * steps_per_epoch))
-    return optim.WeightAverage(model, build_model(cfg), e.decay, every=e.every, start_step=start)
+    shadow = build_model(cfg) if shadow is None else shadow
+    return optim.WeightAverage(model, shadow, e.decay, every=e.every, start_step=start)
 
 
 def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
@@ -191,31 +193,46 @@ class Parts:
             self.ema.shadow.load_state_dict(state["ema"])
 
 
-def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None) -> Parts:
-    """Everything a rank of a run trains with, from its configuration and its CIFAR10Data."""
-    import cupy
+@dataclass
+class Network:
+    """What a run trains that needs no data: built while a fresh machine still decodes it (warm_start.py)."""
+
+    model: Any
+    optimizer: Any
+    scaler: Any
+    step: Any
+    shadow: Any = None  # the moving average's copy of the network, for build_weight_average
 
 
-    n = world.world_size
+def build_network(cfg: TrainConfig, world, store=None, allreduce=None) -> Network:
+    """The model, optimizer, loss scaler, training step and (with ema) the average's network of a rank."""
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
+    scaler = build_scaler(cfg)
+    if world.world_size > 1 and allreduce is None:
+        allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
+    if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
+        synchronize_batch_norms(model, allreduce)
+    step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
+    return Network(model, optimizer, scaler, step, build_model(cfg) if cfg.ema.decay else None)
+
+
+def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, network: Network | None = None) -> Parts:
+    """Everything a rank of a run trains with, from its configuration and its CIFAR10Data (network: the part
+    build_network made ahead, else built here)."""
+    import cupy
+
+    n = world.world_size
+    net = build_network(cfg, world, store, allreduce) if network is None else network
     augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
                              layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
                              world=world)
-    schedule = build_schedule(cfg, optimizer, len(augmenter))
-    scaler = build_scaler(cfg)
-    if n > 1 and allreduce is None:
-        allreduce = default_allreduce(model, world, store, cfg.allreduce_dtype)
-    if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
-
-        synchronize_batch_norms(model, allreduce)
-    step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
     test_images = cupy.asarray(data.test_images)  # uploaded once: the plain set and every TTA view are made from it
     test_inputs = normalize_on_gpu(test_images, layout=cfg.layout, dtype=cfg.precision)
     test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
-    return Parts(model, optimizer, schedule, scaler, step, augmenter, test_inputs, test_labels, n,
-                 test_views=test_set_views(cfg, test_images),
-                 ema=build_weight_average(cfg, model, len(augmenter)))
+    return Parts(net.model, net.optimizer, build_schedule(cfg, net.optimizer, len(augmenter)), net.scaler, net.step,
+                 augmenter, test_inputs, test_labels, n, test_views=test_set_views(cfg, test_images),
+                 ema=build_weight_average(cfg, net.model, len(augmenter), net.shadow))
 
 
 def default_allreduce(model, world, store, wire: str = "fp32"):

@@ -32,7 +32,7 @@ from ..distributed.world import World
 from ..formats.checkpoint import load_checkpoint
 from ..nn.models.registry import NUM_CLASSES
 from ..ops import conv
-from .builders import Parts, autoaugment_workers, build_parts, partial_batch_search, subset_indices
+from .builders import Parts, autoaugment_workers, build_network, build_parts, partial_batch_search, subset_indices
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
 from .config import TrainConfig, reduced_size, resume_differences
 from .epoch_upload import EpochUpload
@@ -115,10 +115,11 @@ class Trainer:
         runtime.require_gpu()  # before any data is decoded or the run folder is made
         prime = state is None and self.algorithms is None and self.world.world_size == 1
         warm_start = {}  # a fresh run's priming phases and decode seconds (warm_start.py)
-        data = self._load_data(spent, prime, warm_start)
-        if primary:
-            self.out.mkdir(parents=True, exist_ok=True)
-        with contextlib.ExitStack() as stack:  # closed in reverse: writer, metrics log, upload, workers
+        # Closed in reverse: writer, metrics log, upload, workers, the decoding child's cache write.
+        with contextlib.ExitStack() as stack:
+            data, network = self._load_data(spent, prime, warm_start, stack)
+            if primary:
+                self.out.mkdir(parents=True, exist_ok=True)
             aa = stack.enter_context(autoaugment_workers(cfg, data.train_images, self.aa_workers))
             upload = stack.enter_context(EpochUpload(aa)) if aa is not None else None
             if state is not None:  # --resume: the interrupted run's algorithms, before the first forward
@@ -126,7 +127,7 @@ class Trainer:
             elif self.algorithms is not None:  # another run's: its rounding, bit for bit (with --deterministic)
                 conv.load_algorithm_cache(self.algorithms)
             with spent("build"):
-                parts = build_parts(cfg, data, self.world, self.store, self.allreduce)
+                parts = build_parts(cfg, data, self.world, self.store, self.allreduce, network)
             # Page-locking memory takes a while: it runs on a thread beside the rest of the set-up.
             snapshots = HostSnapshot()
             device = _current_device() if parts.model.ensure_placed().on_gpu else None
@@ -225,14 +226,20 @@ class Trainer:
         check_resumed_state(state, path, saved.epochs)
         return state
 
-    def _load_data(self, spent: Stopwatch, prime: bool, warm_start: dict) -> CIFAR10Data:
-        """The training set (the configured subset of it) and the test set, their labels checked once, on the host,
-        before any worker forks: on the GPU an out-of-range label would only skew loss and accuracy. prime: when
-        the source has to be decoded, do the first steps' searches meanwhile (warm_start.py), whose phases and
-        decode seconds go into warm_start."""
+    def _load_data(self, spent: Stopwatch, prime: bool, warm_start: dict, cleanup) -> tuple:
+        """(the training set (the configured subset of it) and the test set, the Network built ahead or None). The
+        labels are checked once, on the host, before any worker forks: on the GPU an out-of-range label would only
+        skew loss and accuracy. prime: when the source has to be decoded, do the first steps' searches and build
+        the network meanwhile (warm_start.py), whose phases and decode seconds go into warm_start; the wait for the
+        decoding child's cache write goes on `cleanup`, an ExitStack."""
+        ahead = []
         if self.data is None:
             if prime:
-                self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent, warm_start)
+                def build():
+                    ahead.append(build_network(self.cfg, self.world, self.store, self.allreduce))
+
+                self.data = load_while_priming(self.cfg, self.data_path, self.cache_dir, spent, warm_start,
+                                               meanwhile=build, cleanup=cleanup)
             else:
                 with spent("data"):
                     self.data = load_cifar10(self.data_path, cache_dir=self.cache_dir)
@@ -244,7 +251,7 @@ class Trainer:
             if len(idx) < self.cfg.batch_size:
                 raise ValueError(f"batch_size: {self.cfg.batch_size} is larger than the {len(idx)} training images")
             return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels,
-                               source=d.source)
+                               source=d.source), (ahead[0] if ahead else None)
 
     def _queue_epoch(self, parts: Parts, epoch: int, end_epoch: int, upload, evaluation, snapshots,
                      spent: Stopwatch, last_row: dict | None) -> QueuedEpoch:

@@ -1,25 +1,29 @@
 """A fresh machine's two slow starts, run side by side: decoding the CIFAR-10 source and the first steps' searches.
 
 Decoding the source is CPU bound; the first epoch's cuDNN algorithm searches (every convolution of every batch
-shape) and cupy's kernel compiles are GPU and driver bound, and neither needs the other. So while a child process
-decodes the source into the data cache, this process trains one step per batch shape, downscales two zero images
-to each progressive-resizing size and runs one evaluation (with the run's test-time views) per evaluation shape with
-a throwaway copy of the model on zeros. Searches' choices and compiled kernels are per process, not per model, so
+shape) are GPU and driver bound, and neither needs the other. So while a child process decodes the source, this
+process trains one step per batch shape, downscales two zero images to each progressive-resizing size and runs one
+evaluation (with the run's test-time views) per evaluation shape with a throwaway copy of the model on zeros, then
+builds what the run trains that needs no data (`meanwhile`). Searches' choices are per process, not per model, so
 the run's own first steps find them, and the run never meets the throwaway: what it computes is unchanged, only
-where its first seconds go ("warm-up" in the summary). When the child fails, or the cache cannot be written, the
+where its first seconds go ("warm-up" in the summary). The child sends the decoded arrays through a pipe and only
+then writes the data cache, so the run waits for neither the file's write nor its read. When the child fails, the
 parent's load decodes the source itself, with the error it raises then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import sys
 import time
 import warnings
 
+import numpy as np
+
 from ..data.augment import storage_dtype
-from ..data.cifar10 import default_data_path, load_cached, load_cifar10
+from ..data.cifar10 import CIFAR10Data, decode_source, default_data_path, load_cached, load_cifar10, write_cache
 from ..data.resize import downscale_on_gpu
 from ..optim.step import TrainStep
 from .builders import build_model, build_optimizer, build_scaler, partial_batch_search, test_set_views
@@ -27,13 +31,17 @@ from .config import FULL_SIZE, TrainConfig, train_image_sizes
 from .evaluation import Evaluation
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
+_ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")  # in the order the child sends them
 
 
-def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: dict | None = None):
+def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: dict | None = None, *,
+                       meanwhile=None, cleanup: contextlib.ExitStack | None = None):
     """load_cifar10(data_path, cache_dir=cache_dir), with the run's first-step searches done meanwhile when the
-    source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "data"). report: when the
-    source was decoded, receives the priming's phases ({phase: s}) and the child's decode seconds ("decode"), which
-    say which of the two a fresh run waited for."""
+    source has to be decoded (no cache yet). spent: the run's Stopwatch ("warm-up", "build", "data"). report: when
+    the source was decoded, receives the priming's phases ({phase: s}) and the child's decode seconds ("decode"),
+    which say which of the two a fresh run waited for. meanwhile: called after the priming, before the wait for
+    the data (its seconds are "build"). cleanup: where the wait for the child's cache write is left (closed at the
+    run's end); without one it is waited for before returning."""
     path = data_path if data_path is not None else default_data_path()
     if path is None:  # load_cifar10 says what is missing
         return load_cifar10(data_path, cache_dir=cache_dir)
@@ -45,35 +53,69 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: di
     # Not a daemon: a daemonic process may not start the decoding pool's workers.
     context = multiprocessing.get_context("fork")
     decode_s = context.Value("d", -1.0, lock=False)  # the child's seconds, once it has decoded
-    child = context.Process(target=_decode_into_cache, args=(path, cache_dir, decode_s), name="cifar10-decode")
+    ours, theirs = context.Pipe(duplex=False)
+    child = context.Process(target=_decode_and_send, args=(path, cache_dir, decode_s, theirs, ours),
+                            name="cifar10-decode")
     child.start()
+    theirs.close()
+    data = None
     try:
         with spent("warm-up"):
             phases = prime_first_steps(cfg)
-    finally:  # never killed: an interrupted cache write would leave its temporary file behind
+        if meanwhile is not None:
+            with spent("build"):
+                meanwhile()
         with spent("data"):
-            child.join()
+            data = _receive(ours, str(path))
+    finally:  # never killed: an interrupted cache write would leave its temporary file behind
+        ours.close()  # a child still sending (this process failed first) stops sending and writes the cache
+        if data is None or cleanup is None:
+            with spent("data"):
+                child.join()
+        else:
+            cleanup.callback(child.join)
     if report is not None:
         report.update(phases)
         if decode_s.value >= 0:
             report["decode"] = decode_s.value
-    with spent("data"):
-        data = load_cached(path, cache_dir)
-        if data is None:
-            warnings.warn(f"decoding {path} in a child process left no data cache (exit code {child.exitcode}); "
+    if data is None:
+        with spent("data"):
+            warnings.warn(f"decoding {path} in a child process sent no data (exit code {child.exitcode}); "
                           "decoding it here", RuntimeWarning, stacklevel=2)
             data = load_cifar10(path, cache_dir=cache_dir)
-        return data
+    return data
 
 
-def _decode_into_cache(path, cache_dir, seconds) -> None:
+def _decode_and_send(path, cache_dir, seconds, conn, parents_end) -> None:
+    """The child: decode, send the arrays (a header of their shapes and dtypes, then each one's bytes), write the
+    cache. A parent that stopped listening only loses the sending."""
+    parents_end.close()  # else a parent that closed its end would leave a reader, and the sending would block
     t0 = time.perf_counter()
     try:
-        load_cifar10(path, cache_dir=cache_dir)
+        data = decode_source(path)
         seconds.value = time.perf_counter() - t0
     except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
         print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
+    arrays = [np.ascontiguousarray(getattr(data, name)) for name in _ARRAYS]
+    with contextlib.suppress(OSError), conn:  # BrokenPipeError: the parent has gone on without the data
+        conn.send([(a.shape, a.dtype.str) for a in arrays])
+        for a in arrays:
+            conn.send_bytes(memoryview(a).cast("B"))
+    write_cache(path, data, cache_dir)
+
+
+def _receive(conn, source: str) -> CIFAR10Data | None:
+    """The child's arrays, or None when it sent none (it failed, and has exited)."""
+    try:
+        header = conn.recv()
+        arrays = [np.empty(shape, np.dtype(dtype)) for shape, dtype in header]
+        for a in arrays:
+            if conn.recv_bytes_into(memoryview(a).cast("B")) != a.nbytes:
+                raise RuntimeError(f"decoding {source} in a child process: an array of {a.nbytes} bytes came short")
+    except EOFError:
+        return None
+    return CIFAR10Data(*arrays, source=source)
 
 
 def batch_shapes(n: int, batch_size: int) -> tuple:
