@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import child_env
 from test_data_formats_cpu import archive_of_python_batches
 
 import resnet_native as rn
@@ -483,7 +484,8 @@ def test_the_command_exits_without_the_interpreters_teardown_once_the_run_is_don
         "cli.main = lambda started_at: print('the run', end='')\n"
         "runpy.run_module('resnet_native.train', run_name='__main__', alter_sys=True)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=child_env(), cwd=tmp_path)  # not the checkout: its unbuilt tree would shadow the package
     assert done.returncode == 0, done.stderr
     assert done.stdout == "the run"
     assert not marker.exists()
