@@ -367,7 +367,8 @@ def atomic_write_npz(target, arrays: dict) -> None:
     atomic_write_bytes(target, lambda f: np.savez(f, **arrays))
 
 
-_CACHE_ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")
+# CIFAR10Data's arrays in the order of its fields: what a cache file holds, and what the decoding child sends.
+ARRAY_FIELDS = ("train_images", "train_labels", "test_images", "test_labels")
 
 
 def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
@@ -376,9 +377,9 @@ def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
     (checkpoint.NpzReader) before anything is read."""
     try:
         with NpzReader(p) as z:
-            if any(name not in z for name in _CACHE_ARRAYS):
+            if any(name not in z for name in ARRAY_FIELDS):
                 return None
-            arrays = {name: z.read(name) for name in _CACHE_ARRAYS}
+            arrays = {name: z.read(name) for name in ARRAY_FIELDS}
     except (OSError, ValueError):
         return None
     images = (arrays["train_images"], arrays["test_images"])
@@ -395,7 +396,7 @@ def _load_cache(p: pathlib.Path, source: str) -> CIFAR10Data | None:
             warnings.warn(f"CIFAR-10 decode cache {p}: {name} outside [0, {len(CLASSES)}) (min {a.min()}, max "
                           f"{a.max()}); refused, decoding the source again", RuntimeWarning, stacklevel=3)
             return None
-    return CIFAR10Data(*(arrays[name] for name in _CACHE_ARRAYS), source=source)
+    return CIFAR10Data(*(arrays[name] for name in ARRAY_FIELDS), source=source)
 
 
 def cache_path_for(path, cache_dir=None) -> pathlib.Path | None:
@@ -444,7 +445,7 @@ def write_cache(path, data: CIFAR10Data, cache_dir=None) -> pathlib.Path | None:
     written, or None when no cache folder could be written."""
     path = pathlib.Path(path)
     name = _cache_name(path, source_fingerprint(path))
-    arrays = {key: getattr(data, key) for key in _CACHE_ARRAYS}
+    arrays = {key: getattr(data, key) for key in ARRAY_FIELDS}
     for d in _cache_dirs(path, cache_dir):
         try:
             atomic_write_npz(d / name, arrays)

@@ -97,14 +97,13 @@ def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None)
                      overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
 
 
-def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int, shadow=None):
-    """The weights' moving average of a recipe with ema.decay > 0 (else None), in a second copy of the network
-    (shadow: one built ahead by build_network, else built here)."""
+def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int, shadow):
+    """The weights' moving average of a recipe with ema.decay > 0 (else None), kept in `shadow`, the second copy
+    of the network that build_network made."""
     e = cfg.ema
     if e.decay == 0.0:
         return None
     start = int(round(e.start * cfg.epochs * steps_per_epoch))
-    shadow = build_model(cfg) if shadow is None else shadow
     return optim.WeightAverage(model, shadow, e.decay, every=e.every, start_step=start)
 
 

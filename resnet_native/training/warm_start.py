@@ -23,7 +23,15 @@ import warnings
 import numpy as np
 
 from ..data.augment import storage_dtype
-from ..data.cifar10 import CIFAR10Data, decode_source, default_data_path, load_cached, load_cifar10, write_cache
+from ..data.cifar10 import (
+    ARRAY_FIELDS,
+    CIFAR10Data,
+    decode_source,
+    default_data_path,
+    load_cached,
+    load_cifar10,
+    write_cache,
+)
 from ..data.resize import downscale_on_gpu
 from ..optim.step import TrainStep
 from .builders import build_model, build_optimizer, build_scaler, partial_batch_search, test_set_views
@@ -31,7 +39,6 @@ from .config import FULL_SIZE, TrainConfig, train_image_sizes
 from .evaluation import Evaluation
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
-_ARRAYS = ("train_images", "train_labels", "test_images", "test_labels")  # in the order the child sends them
 
 
 def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: dict | None = None, *,
@@ -97,7 +104,7 @@ def _decode_and_send(path, cache_dir, seconds, conn, parents_end) -> None:
     except BaseException as e:  # the parent decodes again, and raises a data error where it is handled
         print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
-    arrays = [np.ascontiguousarray(getattr(data, name)) for name in _ARRAYS]
+    arrays = [np.ascontiguousarray(getattr(data, name)) for name in ARRAY_FIELDS]
     with contextlib.suppress(OSError), conn:  # BrokenPipeError: the parent has gone on without the data
         conn.send([(a.shape, a.dtype.str) for a in arrays])
         for a in arrays:
