@@ -99,7 +99,8 @@ def time_ours(config, warmup, steps) -> dict:
     row = {"flops": flops}
     steps_kept = []
     for name, graph in (("ours_eager_ms", False), ("ours_graph_ms", True)):
-        step = rn.step.TrainStep(model, opt, scaler=scaler, cuda_graph=graph)
+        step = rn.step.TrainStep(model, opt, scaler=scaler, cuda_graph=graph,
+                                 direct_gradients=config.get("direct_gradients", True))
         row[name] = median_ms(lambda step=step, x=x, y=y: step.run(x, y), warmup, steps, cp.cuda.Event,
                               cp.cuda.get_elapsed_time)
         if graph and step.capture_error:
@@ -215,7 +216,8 @@ def configs(args) -> list:
            for m in args.models for d in args.dtypes for b in args.batches]
     out += [dict(model="resnet50", image=224, stem="imagenet", classes=1000, dtype=d, batch=b)
             for d in args.dtypes for b in args.imagenet]
-    return out
+    direct = getattr(args, "direct_gradients", "on") == "on"
+    return [dict(c, direct_gradients=direct) for c in out]
 
 
 def _csv(kind):
@@ -233,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--bn-fuse-bf16", choices=["on", "off"], help="resnet_native.norm.set_fuse_bf16 for the run")
+    p.add_argument("--direct-gradients", choices=["on", "off"], default="on",
+                   help="our optimizer reads the low-precision weight gradients in place, as the trainer's step does")
     p.add_argument("--json")
     p.add_argument("--markdown")
     args = p.parse_args(argv)

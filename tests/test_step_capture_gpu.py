@@ -25,7 +25,7 @@ def _batches(rng, count, n, layout, dtype):
     ]
 
 
-def _run(kind, dtype, batches, cuda_graph):
+def _run(kind, dtype, batches, cuda_graph, direct_gradients=False):
     model = ResNet18(num_classes=10, layout="NHWC", precision=dtype, seed=11)
     # Deterministic algorithms: the eager and the replayed steps then run the very same kernels, and what is
     # compared is the graph's bookkeeping (inputs, hyperparameters, state), not reduction order.
@@ -37,7 +37,7 @@ def _run(kind, dtype, batches, cuda_graph):
     # One-cycle moves lr and momentum/beta1 every step: the graph must read the new values at each replay.
     schedule = OneCycleSchedule(opt, len(batches))
     scaler = GradScaler(init_scale=2.0**12) if dtype == "fp16" else None
-    step = TrainStep(model, opt, scaler=scaler, cuda_graph=cuda_graph)
+    step = TrainStep(model, opt, scaler=scaler, cuda_graph=cuda_graph, direct_gradients=direct_gradients)
     losses = []
     for x, y in batches:
         loss, _ = step(x, y)
@@ -74,6 +74,21 @@ def test_captured_steps_follow_the_eager_steps(rng, kind, dtype):
     # The parameters moved (a graph that never ran would leave them at the initial values).
     initial = ResNet18(num_classes=10, layout="NHWC", precision=dtype, seed=11).state_dict()
     assert not np.allclose(graphed[4]["fc.weight"], initial["fc.weight"])
+
+
+@pytest.mark.parametrize("kind,dtype", [("sgd", "fp16"), ("adamw", "fp16")])
+def test_direct_gradients_replay_the_same_updates(rng, kind, dtype):
+    """The optimizer reading the convolutions' low-precision filter gradients in place (two batch shapes, each
+    captured) updates every parameter bit for bit as the step through the fp32 gradients does."""
+    batches = _batches(rng, 4, 16, "NHWC", dtype) + _batches(rng, 4, 12, "NHWC", dtype)
+    plain = _run(kind, dtype, batches, cuda_graph=True)
+    direct = _run(kind, dtype, batches, cuda_graph=True, direct_gradients=True)
+    assert direct[3] is None and direct[2] == plain[2] == 2, direct[3]
+    assert direct[0] == plain[0]
+    for name, want in plain[4].items():
+        np.testing.assert_array_equal(direct[4][name], want, err_msg=name)
+    for name, want in plain[5].items():
+        np.testing.assert_array_equal(np.asarray(direct[5][name]), np.asarray(want), err_msg=name)
 
 
 def test_a_new_input_shape_warms_up_and_gets_its_own_graph(rng):

@@ -1,8 +1,10 @@
 """warm_start.load_while_priming: the source decoded by a child while the first steps are primed and the network
-built here, the same arrays as a plain load sent through a pipe, the child's cache write left to the run's end, a
-cached source loaded without either, and a bad source's error raised by the parent's own load."""
+built here, the same arrays as a plain load handed over in a shared block (or through the pipe when they do not fit
+it), the child's cache write left to the run's end, a cached source loaded without either, and a bad source's error
+raised by the parent's own load."""
 
 import contextlib
+import mmap
 import multiprocessing
 import time
 
@@ -35,6 +37,7 @@ def test_a_fresh_source_is_decoded_by_a_child_while_the_steps_are_primed(tmp_pat
     spent, report = Stopwatch(), {}
     data = warm_start.load_while_priming(config(), source, cache, spent, report)
     assert_same(data, fake)
+    assert all(isinstance(memory_of(getattr(data, name)), mmap.mmap) for name in cifar10.ARRAY_FIELDS)
     assert len(primed) == 1
     assert report["step 512"] == 0.5 and 0 < report["decode"] < 60  # the priming's phases and the child's seconds
     assert cifar10.cache_path_for(source, cache) is not None  # the child's cache, which the parent read
@@ -43,6 +46,47 @@ def test_a_fresh_source_is_decoded_by_a_child_while_the_steps_are_primed(tmp_pat
     spent, report = Stopwatch(), {}
     assert_same(warm_start.load_while_priming(config(), source, cache, spent, report), fake)
     assert len(primed) == 1 and set(spent.seconds) == {"data"} and report == {}
+
+
+def memory_of(array):
+    """The object whose memory an array uses (following its views)."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj if isinstance(array, memoryview) else array
+
+
+def test_arrays_too_large_for_the_shared_block_come_through_the_pipe(tmp_path, primed, monkeypatch):
+    fake = fake_arrays(np.random.default_rng(5))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+    (train_images, _), _ = fake
+    monkeypatch.setattr(warm_start, "SHARED_BYTES", train_images.nbytes)  # the labels no longer fit
+    data = warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
+    assert_same(data, fake)
+    assert all(getattr(data, name).flags.owndata for name in cifar10.ARRAY_FIELDS)
+
+
+def test_without_shared_memory_the_arrays_come_through_the_pipe(tmp_path, primed, monkeypatch):
+    fake = fake_arrays(np.random.default_rng(6))
+    source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
+
+    def no_shared_memory(*args, **kwargs):
+        raise OSError("no shared memory")
+
+    monkeypatch.setattr(warm_start.mmap, "mmap", no_shared_memory)
+    data = warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
+    assert_same(data, fake)
+    assert all(getattr(data, name).flags.owndata for name in cifar10.ARRAY_FIELDS)
+
+
+@pytest.mark.parametrize("sizes, capacity, expected", [((100, 64, 1), 256, [0, 128, 192]), ((64, 64), 128, [0, 64]),
+                                                       ((64, 65), 128, None)])
+def test_shared_offsets_are_64_byte_aligned_and_fit(sizes, capacity, expected):
+    assert warm_start._shared_offsets(list(sizes), capacity) == expected
+
+
+def test_the_shared_block_holds_cifar10():
+    sizes = [50_000 * 32 * 32 * 3, 50_000 * 4, 10_000 * 32 * 32 * 3, 10_000 * 4]  # uint8 images, int32 labels
+    assert warm_start._shared_offsets(sizes, warm_start.SHARED_BYTES) is not None
 
 
 def test_the_child_decodes_image_folders_with_its_own_pool(tmp_path, primed, monkeypatch, recwarn):

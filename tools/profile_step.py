@@ -2,6 +2,7 @@
 
     python tools/profile_step.py --model resnet50 --batch 256 [--dtype fp16|bf16] [--steps 5] [--top 25]
                                  [--optimizer sgd|adamw] [--bn-fuse-bf16 on|off] [--size 32]
+                                 [--direct-gradients on|off] [--no-torch]
 
 Why torch.profiler for our step too: CUPTI records every kernel of the process, whoever launched it (cuDNN,
 our .cu kernels, cupy's elementwise kernels), so one tool measures both trainers the same way. The step is run
@@ -14,6 +15,7 @@ Nesterov) or recipe B's (AdamW); PyTorch's is its fused implementation of the sa
 
 import argparse
 import collections
+import functools
 
 import cupy as cp
 import torch
@@ -51,10 +53,11 @@ def optimizer(module, params, name):
     return module.SGD(params, lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4, **fused)
 
 
-def ours(name, batch, dtype, steps, opt_name, size):
+def ours(name, batch, dtype, steps, opt_name, size, direct_gradients=True):
     model = getattr(rn, name.replace("resnet", "ResNet"))(num_classes=10, stem="cifar", layout="NHWC", precision=dtype)
     opt = optimizer(rn.optim, model.parameters(), opt_name)
-    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler() if dtype == "fp16" else None)
+    step = rn.step.TrainStep(model, opt, scaler=rn.optim.GradScaler() if dtype == "fp16" else None,
+                             direct_gradients=direct_gradients)
     x32 = cp.random.standard_normal((batch, size, size, 3), dtype=cp.float32)
     x = rn.kernels.cast(x32, cp.empty(x32.shape, dtype=model.input_dtype))
     y = cp.random.randint(0, 10, batch).astype(cp.int32)
@@ -97,10 +100,15 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--size", type=int, default=32, help="image side in pixels")
+    p.add_argument("--direct-gradients", choices=["on", "off"], default="on",
+                   help="the optimizer reads the low-precision weight gradients in place, as the trainer's step does")
+    p.add_argument("--no-torch", action="store_true", help="profile ours alone")
     args = p.parse_args()
     if args.bn_fuse_bf16:
         rn.norm.set_fuse_bf16(args.bn_fuse_bf16 == "on")
-    for who, run in (("resnet_native", ours), ("torch", theirs)):
+    runs = [("resnet_native", functools.partial(ours, direct_gradients=args.direct_gradients == "on"))]
+    runs += [] if args.no_torch else [("torch", theirs)]
+    for who, run in runs:
         total, rows = run(args.model, args.batch, args.dtype, args.steps, args.optimizer, args.size)
         print(f"\n{who}: {args.model} {args.dtype} batch {args.batch} at {args.size} px {args.optimizer}: "
               f"{total / 1000:.2f} ms of kernels per step")

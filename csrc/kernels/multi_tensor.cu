@@ -37,19 +37,28 @@ __device__ __forceinline__ void store_element(uint64_t ptr, int32_t dtype, int64
   }
 }
 
-// Every block walks chunks; each thread of a block handles elements of the chunk with stride blockDim.x.
+// Every block walks chunks; each thread of a block handles elements of the chunk with stride blockDim.x, kUnroll
+// of them per pass, so a body that only reads (the finite check) has that many loads in flight per thread.
 // A Body (copied per thread) provides begin() once per thread, bind(t) once per chunk, apply(i) per element
 // and end() once per thread (all threads of a block reach it, so it may synchronise the block).
+constexpr int kUnroll = 4;
+
 template <typename Body>
 __global__ void multi_tensor_kernel(DeviceChunks chunks, Body body, const int32_t* skip_if_set) {
   if (skip_if_set != nullptr && *skip_if_set != 0) return;  // uniform over the grid: the update is skipped
   body.begin();
+  const int64_t stride = blockDim.x;
   for (int64_t c = blockIdx.x; c < chunks.count; c += gridDim.x) {
     const int32_t t = chunks.tensor[c];
     const int64_t start = chunks.start[c];
     const int64_t end = min(start + chunks.size, chunks.numel[t]);
     body.bind(t);
-    for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) body.apply(i);
+    for (int64_t i = start + threadIdx.x; i < end; i += stride * kUnroll) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (i + k * stride < end) body.apply(i + k * stride);
+      }
+    }
   }
   body.end();
 }

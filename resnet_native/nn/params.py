@@ -7,7 +7,14 @@ A Parameter starts on the host (a NumPy fp32 array: models are built without a G
         zeroes it in place;
   low   for fp16/bf16 models, the low-precision copy the ops read; the optimizer's fused step rewrites it from the
         master in the same kernel launch (None for fp32/tf32).
+
+While a gradient sink is active (`gradients_into`, which a training step opens around its backward pass), every
+accumulate_grad goes to the sink instead: the step's optimizer may then read a layer's low-precision gradient where
+the layer wrote it, without the conversion into `grad` (resnet_native.optim.direct_grads).
 """
+
+import contextlib
+import contextvars
 
 import numpy as np
 
@@ -54,8 +61,19 @@ class Parameter:
 
     def accumulate_grad(self, g) -> None:
         """grad += g, where g has the parameter's shape, in the master dtype or (from low-precision ops)
-        fp16/bf16: one kernel (kernels.cast with accumulate), the sum in fp32."""
-        if isinstance(self.grad, np.ndarray) and g.dtype == self.grad.dtype:
+        fp16/bf16: one kernel (kernels.cast with accumulate), the sum in fp32. Within gradients_into(sink), the
+        sink's accumulate(param, g) takes it instead."""
+        sink = _SINK.get()
+        if sink is not None:
+            sink.accumulate(self, g)
+            return
+        self.add_to_grad(g)
+
+    def add_to_grad(self, g, *, overwrite: bool = False) -> None:
+        """grad += g (grad = g with overwrite), as accumulate_grad does without a sink."""
+        if overwrite:
+            kernels.cast(g, self.grad)
+        elif isinstance(self.grad, np.ndarray) and g.dtype == self.grad.dtype:
             np.add(self.grad, g, out=self.grad)
         else:
             kernels.cast(g, self.grad, accumulate=True)
@@ -118,4 +136,18 @@ class ParameterArena:
         return f"ParameterArena({len(self.params)} parameters, {self.master.size} elements, on {self.placement})"
 
 
-__all__ = ["Parameter", "ParameterArena"]
+_SINK = contextvars.ContextVar("gradient_sink", default=None)
+
+
+@contextlib.contextmanager
+def gradients_into(sink):
+    """Within the block, Parameter.accumulate_grad(g) calls sink.accumulate(param, g) instead of adding g to
+    param.grad (a backward pass's gradients collected by a training step)."""
+    token = _SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _SINK.reset(token)
+
+
+__all__ = ["Parameter", "ParameterArena", "gradients_into"]

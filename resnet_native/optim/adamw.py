@@ -53,8 +53,8 @@ class AdamW(Optimizer):
         multi_tensor.advance_step(self._device_step, found_inf)
         super().launch_step(found_inf, inv_scale)
 
-    def _launch(self, group, shared):
-        multi_tensor.adamw_step(group.params, group.grads, group.state["exp_avg"], group.state["exp_avg_sq"],
+    def _launch(self, group, grads, shared):
+        multi_tensor.adamw_step(group.params, grads, group.state["exp_avg"], group.state["exp_avg_sq"],
                                 beta1=self.hyperparameter_on_device(1), beta2=self.betas[1], eps=self.eps,
                                 weight_decay=self.weight_decay, step=self._device_step, **shared)
 

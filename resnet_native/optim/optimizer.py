@@ -54,6 +54,7 @@ class Optimizer:
         self._pending_state = {}  # {name: [host array]} loaded before the parameters were placed
         self.placement = None  # the parameters' Placement, once they have one
         self._groups = None
+        self._grads = None  # use_gradients(): a TensorList per group read in place of the parameters' grads
         self._hyper = None  # master-dtype array: the values of device_hyperparameters(), see prepare_step
 
     # -- device state ----------------------------------------------------------------------------------------
@@ -113,14 +114,32 @@ class Optimizer:
             )
 
     def grad_lists(self) -> list:
-        """The gradient TensorLists (one per group), e.g. for multi_tensor.check_finite."""
+        """The gradient TensorLists (one per group) the update reads, e.g. for multi_tensor.check_finite."""
         self._require_ready()
-        return [g.grads for g in self._groups]
+        return list(self._grads) if self._grads is not None else [g.grads for g in self._groups]
+
+    def group_params(self) -> list:
+        """The parameters of each group, in the order of its tensor lists."""
+        self._require_ready()
+        return [[self.params[i] for i in g.indices] for g in self._groups]
+
+    def use_gradients(self, lists) -> None:
+        """Read the gradients from `lists` (a TensorList per group, shaped as group_params(); fp32, fp16 or bf16
+        entries) instead of the parameters' grads, until use_gradients(None). For DirectGradients."""
+        self._require_ready()
+        if lists is not None:
+            lists = list(lists)
+            shapes = [[p.shape for p in params] for params in self.group_params()]
+            if [[tuple(a.shape) for a in lst] for lst in lists] != shapes:
+                raise ValueError("use_gradients: expected one list per group with its parameters' shapes")
+        self._grads = lists
 
     def unscale_grads(self, inv_scale) -> None:
         """grad *= inv_scale (a device array of shape (1,)) for every parameter: one launch per parameter
         arena wholly owned by this optimizer (normally one), one per parameter otherwise."""
         self._require_ready()
+        if self._grads is not None:
+            raise RuntimeError("unscale_grads: the update reads the lists of use_gradients(), not the grads")
         mine = {id(p) for p in self.params}
         arenas = {}
         for p in self.params:
@@ -159,14 +178,14 @@ class Optimizer:
         (GradScaler). inv_scale: optional float32 (1,) device array the gradients are multiplied by first
         (GradScaler's 1/scale, fused into the update instead of a separate pass)."""
         self._require_ready()
-        for g in self._groups:
+        for g, grads in zip(self._groups, self.grad_lists(), strict=True):
             shared = dict(lr=self.hyperparameter_on_device(0), inv_scale=1.0 if inv_scale is None else inv_scale,
                           found_inf=found_inf, model_copies=g.copies)
-            self._launch(g, shared)
+            self._launch(g, grads, shared)
 
-    def _launch(self, group, shared: dict):
-        """One group's fused update; `shared` holds the keyword arguments every multi_tensor update takes (the
-        device learning rate, inv_scale, found_inf, model_copies)."""
+    def _launch(self, group, grads, shared: dict):
+        """One group's fused update reading `grads`; `shared` holds the keyword arguments every multi_tensor update
+        takes (the device learning rate, inv_scale, found_inf, model_copies)."""
         raise NotImplementedError
 
     def set_momentum(self, value: float) -> None:

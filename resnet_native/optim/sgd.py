@@ -28,13 +28,13 @@ class SGD(Optimizer):
     def device_hyperparameters(self) -> tuple:
         return (self.lr, self.momentum)
 
-    def _launch(self, group, shared):
+    def _launch(self, group, grads, shared):
         # PyTorch starts the momentum buffer at the first gradient, undamped; the kernel needs telling only
         # when dampening makes that differ from updating a zero buffer.
         first = {"first_step": True} if self.dampening and self.step_count == 1 else {}
         # A momentum of 0 stays a host number: the kernel then skips the buffers altogether.
         momentum = self.hyperparameter_on_device(1) if self.momentum else 0.0
-        multi_tensor.sgd_step(group.params, group.grads, group.state["momentum_buffer"], momentum=momentum,
+        multi_tensor.sgd_step(group.params, grads, group.state["momentum_buffer"], momentum=momentum,
                               weight_decay=self.weight_decay, nesterov=self.nesterov, dampening=self.dampening,
                               **first, **shared)
 

@@ -20,7 +20,9 @@ import numpy as np
 from .._core.capture import WorkspaceHold, capture_graph, graph_buffers, launch_ordered
 from .._core.readback import DeviceValues
 from ..nn.layers import BatchNorm2d
+from ..nn.params import gradients_into
 from ..ops.losses import SoftmaxCrossEntropy
+from .direct_grads import DirectGradients
 
 
 class _CapturedStep:
@@ -56,10 +58,15 @@ class TrainStep:
     overlap_allreduce=True starts each bucket's all-reduce during backward once its gradients are final
     (distributed/overlap.py); not with synchronized batch norm, whose NCCL sums would then share the communicator
     from a second stream.
+
+    direct_gradients=True (without allreduce): the optimizer reads each low-precision weight gradient where its
+    layer wrote it (optim/direct_grads.py), which saves the zeroing, the conversions into the fp32 grads and half
+    the bytes the finite check and the update read; the update is the same bit for bit, and those weights' `grad`
+    arrays are left as they were.
     """
 
     def __init__(self, model, optimizer, *, label_smoothing=0.0, scaler=None, cuda_graph=False, allreduce=None,
-                 overlap_allreduce=False):
+                 overlap_allreduce=False, direct_gradients=False):
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -81,6 +88,11 @@ class TrainStep:
         if overlap_allreduce and allreduce is None:
             raise ValueError("overlap_allreduce: needs an allreduce to overlap")
         self.overlap_allreduce = overlap_allreduce
+        if not isinstance(direct_gradients, bool):
+            raise TypeError(f"direct_gradients: expected True or False, got {direct_gradients!r}")
+        if direct_gradients and allreduce is not None:
+            raise ValueError("direct_gradients: not with an allreduce, which averages the parameters' grads")
+        self.direct = DirectGradients(optimizer) if direct_gradients else None
         self._param_index = {id(p): i for i, p in enumerate(optimizer.params)}
 
         # Found once: synchronize_batch_norms may switch their sync on after this, so each step looks at them.
@@ -149,8 +161,11 @@ class TrainStep:
         return self._device_half(x, labels)
 
     def _device_half(self, x, labels):
-        model, optimizer, scaler = self.model, self.optimizer, self.scaler
-        optimizer.zero_grad()
+        model, optimizer, scaler, direct = self.model, self.optimizer, self.scaler, self.direct
+        if direct is not None:
+            direct.zero()
+        else:
+            optimizer.zero_grad()
         logits = model.forward(x, train=True, copy=False)
         loss, correct = self.loss_fn.forward(logits, labels, train=True, totals=self._totals_arrays())
         scale = scaler.scale_array if scaler is not None and scaler.enabled else None
@@ -158,15 +173,23 @@ class TrainStep:
         # The all-reduce comes before the scaler's inf check: every rank then skips alike.
         if self.allreduce is not None and self.overlap_allreduce:
             self._backward_overlapped(dlogits)
+        elif direct is not None:
+            with gradients_into(direct):
+                model.backward(dlogits)
+            direct.finish()
         else:
             model.backward(dlogits)
             if self.allreduce is not None:
                 self.allreduce.average([p.grad for p in optimizer.params])
-        if scaler is not None:
-            scaler.launch_step(optimizer)
-            scaler.update()
-        else:
-            optimizer.launch_step()
+        try:
+            if scaler is not None:
+                scaler.launch_step(optimizer)
+                scaler.update()
+            else:
+                optimizer.launch_step()
+        finally:
+            if direct is not None:
+                direct.release()
         return loss, correct
 
     def _backward_overlapped(self, dlogits) -> None:

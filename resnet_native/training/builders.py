@@ -91,10 +91,12 @@ def build_scaler(cfg: TrainConfig):
 
 
 def build_train_step(cfg: TrainConfig, model, optimizer, scaler, allreduce=None):
-    """allreduce: a data-parallel step's GradientAllReduce (None: a single process)."""
+    """allreduce: a data-parallel step's GradientAllReduce (None: a single process, whose optimizer reads the
+    low-precision weight gradients where the layers wrote them)."""
     return TrainStep(model, optimizer, label_smoothing=cfg.label_smoothing, scaler=scaler,
                      cuda_graph=cfg.cuda_graph, allreduce=allreduce,
-                     overlap_allreduce=cfg.overlap_allreduce and allreduce is not None)
+                     overlap_allreduce=cfg.overlap_allreduce and allreduce is not None,
+                     direct_gradients=allreduce is None)
 
 
 def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int, shadow):

@@ -250,8 +250,10 @@ class Trainer:
             idx = subset_indices(len(d.train_labels), self.cfg.subset, self.cfg.seed)
             if len(idx) < self.cfg.batch_size:
                 raise ValueError(f"batch_size: {self.cfg.batch_size} is larger than the {len(idx)} training images")
-            return CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels,
-                               source=d.source), (ahead[0] if ahead else None)
+            if len(idx) < len(d.train_labels):  # the whole set is taken as it is: nothing writes into it
+                d = CIFAR10Data(d.train_images[idx], d.train_labels[idx], d.test_images, d.test_labels,
+                                source=d.source)
+            return d, (ahead[0] if ahead else None)
 
     def _queue_epoch(self, parts: Parts, epoch: int, end_epoch: int, upload, evaluation, snapshots,
                      spent: Stopwatch, last_row: dict | None) -> QueuedEpoch:

@@ -6,15 +6,18 @@ process trains one step per batch shape, downscales two zero images to each prog
 evaluation (with the run's test-time views) per evaluation shape with a throwaway copy of the model on zeros, then
 builds what the run trains that needs no data (`meanwhile`). Searches' choices are per process, not per model, so
 the run's own first steps find them, and the run never meets the throwaway: what it computes is unchanged, only
-where its first seconds go ("warm-up" in the summary). The child sends the decoded arrays through a pipe and only
-then writes the data cache, so the run waits for neither the file's write nor its read. When the child fails, the
-parent's load decodes the source itself, with the error it raises then.
+where its first seconds go ("warm-up" in the summary). The child copies the decoded arrays into a shared memory
+block this process mapped before the fork, says so through a pipe and only then writes the data cache: the run
+waits for neither the file's write nor its read, and takes the arrays without a copy of its own (arrays that do not
+fit the block, from a larger source, come through the pipe instead). When the child fails, the parent's load
+decodes the source itself, with the error it raises then.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import multiprocessing
 import sys
 import time
@@ -39,6 +42,8 @@ from .config import FULL_SIZE, TrainConfig, train_image_sizes
 from .evaluation import Evaluation
 
 TRAIN_IMAGES, TEST_IMAGES = 50_000, 10_000  # CIFAR-10's splits: the batch shapes a run will see
+# The shared block: CIFAR-10's arrays (uint8 images, int32 labels), each at a 64-byte aligned offset.
+SHARED_BYTES = (TRAIN_IMAGES + TEST_IMAGES) * (32 * 32 * 3 + 4) + 4 * 64
 
 
 def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: dict | None = None, *,
@@ -61,7 +66,11 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: di
     context = multiprocessing.get_context("fork")
     decode_s = context.Value("d", -1.0, lock=False)  # the child's seconds, once it has decoded
     ours, theirs = context.Pipe(duplex=False)
-    child = context.Process(target=_decode_and_send, args=(path, cache_dir, decode_s, theirs, ours),
+    try:  # anonymous and shared: the child's writes are ours to read
+        shared = mmap.mmap(-1, SHARED_BYTES)
+    except OSError:  # no shared memory to be had here: the arrays come through the pipe
+        shared = None
+    child = context.Process(target=_decode_and_send, args=(path, cache_dir, decode_s, theirs, ours, shared),
                             name="cifar10-decode")
     child.start()
     theirs.close()
@@ -73,7 +82,7 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: di
             with spent("build"):
                 meanwhile()
         with spent("data"):
-            data = _receive(ours, str(path))
+            data = _receive(ours, str(path), shared)
     finally:  # never killed: an interrupted cache write would leave its temporary file behind
         ours.close()  # a child still sending (this process failed first) stops sending and writes the cache
         if data is None or cleanup is None:
@@ -93,9 +102,10 @@ def load_while_priming(cfg: TrainConfig, data_path, cache_dir, spent, report: di
     return data
 
 
-def _decode_and_send(path, cache_dir, seconds, conn, parents_end) -> None:
-    """The child: decode, send the arrays (a header of their shapes and dtypes, then each one's bytes), write the
-    cache. A parent that stopped listening only loses the sending."""
+def _decode_and_send(path, cache_dir, seconds, conn, parents_end, shared) -> None:
+    """The child: decode, hand the arrays over (a header of their shapes, dtypes and where they are: copied into
+    the shared block when they fit, else each one's bytes sent after the header), write the cache. A parent that
+    stopped listening only loses the handing over."""
     parents_end.close()  # else a parent that closed its end would leave a reader, and the sending would block
     t0 = time.perf_counter()
     try:
@@ -105,17 +115,43 @@ def _decode_and_send(path, cache_dir, seconds, conn, parents_end) -> None:
         print(f"cifar10-decode: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
     arrays = [np.ascontiguousarray(getattr(data, name)) for name in ARRAY_FIELDS]
+    offsets = None if shared is None else _shared_offsets([a.nbytes for a in arrays], len(shared))
+    if offsets is not None:
+        for a, offset in zip(arrays, offsets, strict=True):
+            _view(shared, offset, a.shape, a.dtype)[...] = a
     with contextlib.suppress(OSError), conn:  # BrokenPipeError: the parent has gone on without the data
-        conn.send([(a.shape, a.dtype.str) for a in arrays])
-        for a in arrays:
-            conn.send_bytes(memoryview(a).cast("B"))
+        conn.send((offsets, [(a.shape, a.dtype.str) for a in arrays]))
+        if offsets is None:
+            for a in arrays:
+                conn.send_bytes(memoryview(a).cast("B"))
     write_cache(path, data, cache_dir)
 
 
-def _receive(conn, source: str) -> CIFAR10Data | None:
-    """The child's arrays, or None when it sent none (it failed, and has exited)."""
+def _shared_offsets(sizes: list, capacity: int) -> list | None:
+    """Where arrays of these byte sizes go in a shared block of `capacity` bytes (64-byte aligned), or None when
+    they do not fit."""
+    offsets, end = [], 0
+    for size in sizes:
+        offsets.append(end)
+        end += -(-size // 64) * 64
+    return offsets if end <= capacity else None
+
+
+def _view(shared: mmap.mmap, offset: int, shape, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(shared, dtype, count, offset).reshape(shape)
+
+
+def _receive(conn, source: str, shared: mmap.mmap | None) -> CIFAR10Data | None:
+    """The child's arrays (views of the shared block, or received through the pipe), or None when it sent none (it
+    failed, and has exited)."""
     try:
-        header = conn.recv()
+        offsets, header = conn.recv()
+        if offsets is not None:  # the block stays mapped while the views refer to it
+            arrays = [_view(shared, offset, shape, dtype) for offset, (shape, dtype) in zip(offsets, header,
+                                                                                              strict=True)]
+            return CIFAR10Data(*arrays, source=source)
         arrays = [np.empty(shape, np.dtype(dtype)) for shape, dtype in header]
         for a in arrays:
             if conn.recv_bytes_into(memoryview(a).cast("B")) != a.nbytes:
@@ -148,7 +184,7 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
     lap("imports and context")
     model = build_model(cfg)
     step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
-                     scaler=build_scaler(cfg), cuda_graph=False)
+                     scaler=build_scaler(cfg), cuda_graph=False, direct_gradients=True)
     lap("model")
     n_train = TRAIN_IMAGES if cfg.subset is None else min(cfg.subset, TRAIN_IMAGES)
     dtype = storage_dtype(cfg.precision)
