@@ -96,7 +96,7 @@ for stage in "${stages[@]}"; do
       python3 -c "import resnet_native as rn; print('cudnn', rn.cudnn_version(), rn.CUDNN_LIBRARY, 'gpu', rn.cuda_available())" | tee -a "$OUT/info.txt" ;;
     test)
       # shellcheck disable=SC2086
-      python3 -m pytest -q -rs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${PYTEST_TARGETS:-tests} 2>&1 | tee "$OUT/${PYTEST_LOG:-pytest.log}" | tail -60
+      python3 -m pytest -q -rfEs --durations=15 -p no:cacheprovider ${PYTEST_ARGS:-} ${PYTEST_TARGETS:-tests} 2>&1 | tee "$OUT/${PYTEST_LOG:-pytest.log}" | tail -60
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     bench)
       # shellcheck disable=SC2086
