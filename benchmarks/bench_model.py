@@ -100,7 +100,7 @@ def time_ours(config, warmup, steps) -> dict:
     steps_kept = []
     for name, graph in (("ours_eager_ms", False), ("ours_graph_ms", True)):
         step = rn.step.TrainStep(model, opt, scaler=scaler, cuda_graph=graph,
-                                 direct_gradients=config.get("direct_gradients", True))
+                                 direct_gradients=config["direct_gradients"])
         row[name] = median_ms(lambda step=step, x=x, y=y: step.run(x, y), warmup, steps, cp.cuda.Event,
                               cp.cuda.get_elapsed_time)
         if graph and step.capture_error:
@@ -216,7 +216,7 @@ def configs(args) -> list:
            for m in args.models for d in args.dtypes for b in args.batches]
     out += [dict(model="resnet50", image=224, stem="imagenet", classes=1000, dtype=d, batch=b)
             for d in args.dtypes for b in args.imagenet]
-    direct = getattr(args, "direct_gradients", "on") == "on"
+    direct = args.direct_gradients == "on"
     return [dict(c, direct_gradients=direct) for c in out]
 
 

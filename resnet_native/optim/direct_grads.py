@@ -39,9 +39,9 @@ class DirectGradients:
     def zero(self) -> None:
         """Zero the gradients this pass adds into: all but those the last pass took directly (one launch)."""
         self._taken, self._added = {}, set()
-        grads = [p.grad for p in self._params() if id(p) not in self._direct]
-        if grads:
-            multi_tensor.zero_(self._list(grads))
+        zeroing = self._zeroing_list()
+        if zeroing is not None:
+            multi_tensor.zero_(zeroing)
 
     def accumulate(self, param, g) -> None:
         """Parameter.accumulate_grad(g) while this sink is active."""
@@ -63,10 +63,7 @@ class DirectGradients:
         self._direct = frozenset(self._taken)
         self.optimizer.use_gradients([self._list([self._taken.get(id(p), p.grad) for p in params])
                                       for params in self.optimizer.group_params()])
-        # The next pass's zeroing list, made now: a capture must find it built.
-        grads = [p.grad for p in self._params() if id(p) not in self._direct]
-        if grads:
-            self._list(grads)
+        self._zeroing_list()  # the next pass's, made now: a capture must find it built
 
     def release(self) -> None:
         """The optimizer reads the parameters' own gradients again."""
@@ -83,6 +80,11 @@ class DirectGradients:
         key = id(param)
         param.add_to_grad(g, overwrite=key in self._direct and key not in self._added)
         self._added.add(key)
+
+    def _zeroing_list(self):
+        """The list of the gradients a pass adds into (all but those the last pass took directly), or None."""
+        grads = [p.grad for p in self._params() if id(p) not in self._direct]
+        return self._list(grads) if grads else None
 
     def _params(self) -> list:
         return self.optimizer.params
