@@ -6,6 +6,7 @@ import pytest
 
 import resnet_native as rn
 from resnet_native.nn.models import ResNet, ResNet18, ResNet34, ResNet50, ResNet101, ResNet152
+from resnet_native.nn.models.registry import create_model
 
 CONSTRUCTORS = {18: ResNet18, 34: ResNet34, 50: ResNet50, 101: ResNet101, 152: ResNet152}
 # sum(p.numel() for p in torchvision.models.resnetXX().parameters()) (ImageNet stem, 1000 classes).
@@ -101,6 +102,21 @@ def test_initialisation_follows_torchvision():
     assert np.all(state["layer3.0.bn2.weight"] == 1) and np.all(state["layer3.0.bn2.bias"] == 0)
     assert np.all(state["bn1.running_var"] == 1) and int(state["bn1.num_batches_tracked"]) == 0
     assert np.abs(state["fc.weight"]).max() <= 1 / np.sqrt(2048)
+
+
+@pytest.mark.parametrize("depth", [18, 50])
+def test_an_uninitialised_model_has_the_architecture_and_zero_weights(depth):
+    """initialize=False (the weight average's shadow): the same names, shapes and dtypes, every conv and fc weight
+    zero; the batch-norm parameters and statistics as initialised, since they are not drawn."""
+    drawn = CONSTRUCTORS[depth](num_classes=10, seed=0).state_dict()
+    blank = create_model(f"resnet{depth}", layout="NHWC", precision="fp16", initialize=False).state_dict()
+    assert [(k, v.shape, v.dtype) for k, v in blank.items()] == [(k, v.shape, v.dtype) for k, v in drawn.items()]
+    for k, v in blank.items():
+        if k.endswith("weight") and ("conv" in k or "downsample.0" in k or k.startswith("fc")) or k == "fc.bias":
+            assert not v.any(), k
+            assert drawn[k].any(), k  # not vacuous: the seeded model draws them
+        else:
+            np.testing.assert_array_equal(v, drawn[k], err_msg=k)
 
 
 @pytest.mark.parametrize("depth, last", [(18, "bn2"), (50, "bn3")])

@@ -341,24 +341,27 @@ def test_trainer_refuses_bool_step_counts(tiny, tmp_path):
 
 
 def test_a_write_that_would_wait_is_skipped_but_never_the_last(cpu_backend, tiny, tmp_path, monkeypatch):
-    """The writer held on its first write: epoch 2's checkpoint queues behind it, epoch 3's is skipped (not waited
-    for), and the run's last epoch is still the one in last.npz."""
-    save, backlogged = checkpoint_writer.save_checkpoint, checkpoint_writer.CheckpointWriter.backlogged
+    """The writer held on epoch 1's write: epoch 2's checkpoint is skipped (not queued behind it), epoch 3's is
+    written once the writer is idle again, and the run's last epoch is the one in last.npz."""
+    save, busy = checkpoint_writer.save_checkpoint, checkpoint_writer.CheckpointWriter.busy
     gate = threading.Event()
+    answers = []
 
     def held_save(path, state):
         gate.wait(60)
         save(path, state)
 
-    def backlogged_then_release(self):
-        busy = backlogged(self)
-        if busy:
+    def busy_then_release(self):
+        answers.append(busy(self))
+        if answers[-1]:  # release the held write and let it finish, so the next epoch finds the writer idle
             gate.set()
-        return busy
+            self.flush()
+        return answers[-1]
 
     monkeypatch.setattr(checkpoint_writer, "save_checkpoint", held_save)
-    monkeypatch.setattr(checkpoint_writer.CheckpointWriter, "backlogged", backlogged_then_release)
+    monkeypatch.setattr(checkpoint_writer.CheckpointWriter, "busy", busy_then_release)
     summary = run(config("--epochs", "4", "--eval-every", "100"), tmp_path, tiny).run()
+    assert answers == [False, True, False]  # asked after epochs 1 to 3; never for the last
     assert summary["checkpoints_skipped"] == 1
     assert int(checkpoint.load_checkpoint(tmp_path / "last.npz")["epoch"]) == 3
 

@@ -29,6 +29,7 @@
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/workspace.h"
+#include "../kernels/channel_sums.h"
 #include "bindings.h"
 #include "op_args.h"
 #include "tensor_arg.h"
@@ -230,7 +231,7 @@ py::object conv_backward_bias(py::handle dy_obj, py::handle out_obj, Layout layo
   args.set_note(std::string("layout=") + layout_name(layout));
   args.prepare_device();
   OpContext context(&OpArgs::describe, &args);
-  legacy::backward_bias(dy, out, layout, cudnn_handle(stream_arg(stream)));
+  kernels::channel_sums(dy, out, layout, stream_arg(stream));
   return args.object(out);
 }
 

@@ -414,15 +414,4 @@ std::optional<FusionRefusal> run_forward_epilogue(const ConvParams& params, cons
   return refusal;
 }
 
-void backward_bias(const TensorView& dy, const TensorView& db, Layout layout, cudnnHandle_t handle) {
-  const std::array<int, 4> n = nchw_dims(dy, layout);
-  const cudnnDataType_t dtype = cudnn_dtype(dy.dtype);
-  TensorDescriptor dy_desc;
-  TensorDescriptor db_desc;
-  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(dy_desc.get(), tensor_format(layout), dtype, n[0], n[1], n[2], n[3]));
-  RN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(db_desc.get(), tensor_format(layout), dtype, 1, n[1], 1, 1));
-  const float one = 1.0f, zero = 0.0f;
-  RN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &one, dy_desc.get(), dy.data, &zero, db_desc.get(), db.data));
-}
-
 }  // namespace rn::legacy

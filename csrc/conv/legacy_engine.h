@@ -48,7 +48,4 @@ std::optional<FusionRefusal> run_forward_epilogue(const ConvParams& params, cons
                                                   const ConvOperands& ops, bool try_fusion, cudnnHandle_t handle,
                                                   cudaStream_t stream);
 
-// db = sum of dy over N, H, W (cudnnConvolutionBackwardBias); dy is 4-D in `layout`, db has shape (K,).
-void backward_bias(const TensorView& dy, const TensorView& db, Layout layout, cudnnHandle_t handle);
-
 }  // namespace rn::legacy

@@ -142,7 +142,8 @@ def _storage_dtype_of(array):
 
 
 def conv2d_backward_bias(dy, layout, *, out=None):
-    """db = sum of dy over N, H and W, of shape (K,) in dy's dtype (cudnnConvolutionBackwardBias)."""
+    """db = sum of dy over N, H and W, of shape (K,) in dy's dtype (fp32, fp16 or bf16): summed in float64 in a
+    fixed order (deterministic), rounded to float32 and then to dy's dtype."""
     choice("layout", layout, LAYOUTS)
     if isinstance(dy, np.ndarray):  # a host array: the float64 reference
         return reference.conv.conv2d_backward_bias(dy, layout, out=out)

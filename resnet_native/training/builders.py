@@ -43,9 +43,10 @@ def make_deterministic(model) -> None:
         m.deterministic = True
 
 
-def build_model(cfg: TrainConfig):
-    """The recipe's network, seeded, on the GPU, its convolutions on the recipe's engine."""
-    model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed)
+def build_model(cfg: TrainConfig, *, initialize: bool = True):
+    """The recipe's network, seeded (initialize=False: all weights zero, for the weight average's shadow, which
+    starts as a copy of the model), on the GPU, its convolutions on the recipe's engine."""
+    model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed, initialize=initialize)
     if cfg.zero_init_residual:
         model.zero_residual_scales()
     for m in _convolutions(model):
@@ -215,7 +216,7 @@ def build_network(cfg: TrainConfig, world, store=None, allreduce=None) -> Networ
     if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
         synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
-    return Network(model, optimizer, scaler, step, build_model(cfg) if cfg.ema.decay else None)
+    return Network(model, optimizer, scaler, step, build_model(cfg, initialize=False) if cfg.ema.decay else None)
 
 
 def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, network: Network | None = None) -> Parts:

@@ -57,8 +57,8 @@ class Trainer:
     data: a CIFAR10Data to train on, else load_cifar10(data_path, cache_dir=cache_dir). progress: a progress bar
     per epoch; tensorboard: TensorBoard event files (when the package is installed); aa_workers: AutoAugment worker
     processes; log_every: steps between progress-bar updates; checkpoint_every: epochs between writes
-    of last.npz (best.npz is written whenever the test accuracy improves; a due write is skipped while the writer
-    still has one queued, except the last epoch's); algorithms: an algorithm cache file (a
+    of last.npz (best.npz is written whenever the test accuracy improves; a due write of last.npz alone is skipped
+    while the writer is still writing, except the last epoch's); algorithms: an algorithm cache file (a
     run's algos.json) loaded before a run that does not resume, so a same-seed --deterministic run repeats that
     run's rounding.
 
@@ -299,7 +299,7 @@ class Trainer:
     def _finish_epoch(self, queued: QueuedEpoch, *, parts: Parts, end_epoch: int, progress: _Progress, log,
                       writer, algos, spent: Stopwatch) -> int:
         """Read a queued epoch's figures (waiting for its own work only), log its row and checkpoint it; 1 when a
-        due checkpoint was skipped because the writer is behind, else 0."""
+        due checkpoint was skipped because the writer was still writing, else 0."""
         epoch, primary = queued.epoch, self.world.is_primary
         with spent("train"):
             train_loss, train_acc, epoch_time = queued.training_figures()
@@ -322,8 +322,8 @@ class Trainer:
                   f"test {test} | {row['images_per_s']:.0f} img/s", file=sys.stderr)
         is_best = progress.record(row)
         due, skipped = _due(epoch, self.checkpoint_every, end_epoch), 0
-        if primary and due and not is_best and epoch + 1 < end_epoch and writer.backlogged():
-            due, skipped = False, 1  # the writer is a checkpoint behind: skip, never wait
+        if primary and due and not is_best and epoch + 1 < end_epoch and writer.busy():
+            due, skipped = False, 1  # still writing: skip, so the last epoch's write waits for one at most
         if not (primary and (due or is_best)):
             queued.release()
             return skipped

@@ -2,7 +2,7 @@
 
 The (N, C) input is an NHWC image of shape (N, 1, 1, C) and the (K, C) weight a (K, 1, 1, C) filter (both are
 views: no copy), so the three products go through the same cuDNN convolution engines and algorithm cache as the
-rest of the model; the bias is the convolution's epilogue and its gradient cudnnConvolutionBackwardBias. Why not
+rest of the model; the bias is the convolution's epilogue and its gradient conv2d_backward_bias. Why not
 cuBLAS through cupy's matmul: cupy refuses cuBLAS calls during CUDA-graph capture, and the training step is
 captured whole. fp16/bf16 inputs (the pooled features) are converted to fp32 at this boundary with kernels.cast
 and the input gradient is converted back: at this size fp32 costs nothing while keeping the logits exact (strict

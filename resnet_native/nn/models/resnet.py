@@ -8,8 +8,9 @@ Stems: 'cifar' = 3x3 stride-1 conv 64, BN, ReLU (no max pool);
        'imagenet' = 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
 precision: 'fp32' (strict FMA math), 'tf32', 'fp16' or 'bf16' (bf16 activations are uint16 arrays of bf16 bits).
 Parameters are fp32 masters; for fp16/bf16 the ops read low-precision copies that the optimizer's fused step
-refreshes. Parameters are built on the host (NumPy, torchvision's init) and move to the GPU on first use or cuda(),
-or stay on the host with to_host() (_core/placement.py).
+refreshes. Parameters are built on the host (NumPy, torchvision's init; seed= seeds it, initialize=False makes every
+weight zero, for a copy that is to receive another model's values) and move to the GPU on first use or cuda(), or
+stay on the host with to_host() (_core/placement.py).
 """
 
 import numpy as np
@@ -32,6 +33,17 @@ DEPTHS = {
 STEMS = ("cifar", "imagenet")
 
 
+class _ZeroDraws:
+    """What the layers draw their initial weights from when a model is built with initialize=False: zeros, without
+    the cost of millions of random numbers, for a copy about to receive another model's values."""
+
+    def standard_normal(self, shape):
+        return np.zeros(shape)
+
+    def uniform(self, low, high, size):
+        return np.zeros(size)
+
+
 class ResNet(Module):
     def __init__(
         self,
@@ -45,6 +57,7 @@ class ResNet(Module):
         algo="find",
         fused_residual=True,
         seed=None,
+        initialize=True,
     ):
         super().__init__()
         if depth not in DEPTHS:
@@ -56,7 +69,7 @@ class ResNet(Module):
         self.precision = choice("precision", precision, PRECISIONS)
         if engine is not None:
             choice("engine", engine, ENGINES)
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed) if initialize else _ZeroDraws()
         block, counts = DEPTHS[depth]
         conv_args = dict(layout=layout, precision=precision, engine=engine, algo=algo, rng=rng)
         if stem == "cifar":
@@ -195,7 +208,7 @@ def _constructor(depth):
     build.__name__ = build.__qualname__ = f"ResNet{depth}"
     build.__doc__ = (
         f"ResNet-{depth} (torchvision names and shapes). Keyword extras: algo='find', "
-        "fused_residual=True, seed=None. See resnet_native.nn.models.resnet.ResNet."
+        "fused_residual=True, seed=None, initialize=True. See resnet_native.nn.models.resnet.ResNet."
     )
     return build
 
