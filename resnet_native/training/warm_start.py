@@ -3,7 +3,7 @@
 Decoding the source is CPU bound; the first epoch's cuDNN algorithm searches (every convolution of every batch
 shape) are GPU and driver bound, and neither needs the other. So while a child process decodes the source, this
 process trains one step per batch shape, downscales two zero images to each progressive-resizing size and runs one
-evaluation (with the run's test-time views) per evaluation shape with a throwaway copy of the model on zeros, then
+evaluation (with the run's test-time views) per evaluation shape with a throwaway model (undrawn weights) on zeros, then
 builds what the run trains that needs no data (`meanwhile`). Searches' choices are per process, not per model, so
 the run's own first steps find them, and the run never meets the throwaway: what it computes is unchanged, only
 where its first seconds go ("warm-up" in the summary). The child copies the decoded arrays into a shared memory
@@ -169,9 +169,9 @@ def batch_shapes(n: int, batch_size: int) -> tuple:
 def prime_first_steps(cfg: TrainConfig) -> dict:
     """One eager training step per training batch shape (at each image size progressive resizing trains at), the
     downscaling of two images to each of those sizes, and one evaluation (with the run's test-time views) per
-    evaluation batch shape, with a throwaway model of cfg on zeros. Everything it allocated goes back to cupy's
-    pool on return, where the run's own model and steps find blocks of the same sizes. Returns {phase: seconds} and
-    says it on stderr."""
+    evaluation batch shape, with a throwaway model of cfg (initialize=False: no weights drawn) on zeros. Everything
+    it allocated goes back to cupy's pool on return, where the run's own model and steps find blocks of the same
+    sizes. Returns {phase: seconds} and says it on stderr."""
     seconds, t0 = {}, time.perf_counter()
     import cupy
 
@@ -182,7 +182,7 @@ def prime_first_steps(cfg: TrainConfig) -> dict:
         seconds[what], t0 = t - t0, t
 
     lap("imports and context")
-    model = build_model(cfg)
+    model = build_model(cfg, initialize=False)  # only its shapes matter: the searches time kernels, not values
     step = TrainStep(model, build_optimizer(cfg, model), label_smoothing=cfg.label_smoothing,
                      scaler=build_scaler(cfg), cuda_graph=False, direct_gradients=True)
     lap("model")
