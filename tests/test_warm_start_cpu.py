@@ -69,8 +69,14 @@ def test_without_shared_memory_the_arrays_come_through_the_pipe(tmp_path, primed
     fake = fake_arrays(np.random.default_rng(6))
     source = write_python_batches(tmp_path / "cifar-10-batches-py", fake)
 
-    def no_shared_memory(*args, **kwargs):
-        raise OSError("no shared memory")
+    real_mmap = warm_start.mmap.mmap
+
+    # Only the trainer's anonymous block is refused: multiprocessing's own heap (context.Value) maps a file-backed
+    # arena through the same mmap module the first time a process needs one, and must still get it.
+    def no_shared_memory(fileno, length, *args, **kwargs):
+        if fileno == -1 and length == warm_start.SHARED_BYTES:
+            raise OSError("no shared memory")
+        return real_mmap(fileno, length, *args, **kwargs)
 
     monkeypatch.setattr(warm_start.mmap, "mmap", no_shared_memory)
     data = warm_start.load_while_priming(config(), source, tmp_path, Stopwatch())
