@@ -44,8 +44,9 @@ def make_deterministic(model) -> None:
 
 
 def build_model(cfg: TrainConfig, *, initialize: bool = True):
-    """The recipe's network, seeded (initialize=False: all weights zero, for the weight average's shadow, which
-    starts as a copy of the model), on the GPU, its convolutions on the recipe's engine."""
+    """The recipe's network, seeded (initialize=False: nothing drawn, for a copy whose values come from elsewhere,
+    such as the weight average's, which starts as a copy of the model), on the GPU, its convolutions on the
+    recipe's engine."""
     model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed, initialize=initialize)
     if cfg.zero_init_residual:
         model.zero_residual_scales()

@@ -36,8 +36,8 @@ def rename_legacy_keys(mapping: dict) -> dict:
 
 def create_model(name: str, *, layout: str, precision: str, seed=None, num_classes: int = NUM_CLASSES,
                  stem: str = STEM, initialize: bool = True):
-    """The registered network `name`, on the host (call .cuda() to move it to the GPU); initialize=False: every
-    weight zero, nothing drawn (a copy about to receive another model's values)."""
+    """The registered network `name`, on the host (call .cuda() to move it to the GPU); initialize=False:
+    nothing drawn, the convolutions' and fc's weights zero (a copy about to receive another model's values)."""
     constructor = MODELS[choice("model", name, MODEL_NAMES)]
     return constructor(num_classes=num_classes, stem=stem, layout=choice("layout", layout, LAYOUTS),
                        precision=choice("precision", precision, PRECISIONS), seed=seed, initialize=initialize)

@@ -8,9 +8,9 @@ Stems: 'cifar' = 3x3 stride-1 conv 64, BN, ReLU (no max pool);
        'imagenet' = 7x7/2 conv, BN, ReLU, 3x3/2 max pool.
 precision: 'fp32' (strict FMA math), 'tf32', 'fp16' or 'bf16' (bf16 activations are uint16 arrays of bf16 bits).
 Parameters are fp32 masters; for fp16/bf16 the ops read low-precision copies that the optimizer's fused step
-refreshes. Parameters are built on the host (NumPy, torchvision's init; seed= seeds it, initialize=False makes every
-weight zero, for a copy that is to receive another model's values) and move to the GPU on first use or cuda(), or
-stay on the host with to_host() (_core/placement.py).
+refreshes. Parameters are built on the host (NumPy, torchvision's init; seed= seeds it, initialize=False draws
+nothing and leaves the convolutions' and fc's weights zero, for a copy that is to receive another model's values)
+and move to the GPU on first use or cuda(), or stay on the host with to_host() (_core/placement.py).
 """
 
 import numpy as np
