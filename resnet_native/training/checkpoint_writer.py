@@ -44,8 +44,6 @@ class CheckpointWriter:
             remove_stale_temporaries(folder, files)
         self._q = queue.Queue(maxsize=1)
         self._error = None
-        self._jobs = 0  # submitted and not yet finished (queued or being written)
-        self._jobs_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
@@ -69,8 +67,6 @@ class CheckpointWriter:
             except BaseException as e:  # reported on the next submit/flush
                 self._error = e
             finally:
-                with self._jobs_lock:
-                    self._jobs -= 1
                 self._q.task_done()
 
     def _raise(self):
@@ -80,14 +76,12 @@ class CheckpointWriter:
 
     def submit(self, path, state, best_path=None):
         self._raise()
-        with self._jobs_lock:
-            self._jobs += 1
         self._q.put((pathlib.Path(path), state, best_path))
 
     def busy(self) -> bool:
         """Whether a write is in progress or queued: a checkpoint submitted now would be written after it."""
-        with self._jobs_lock:
-            return self._jobs > 0
+        with self._q.mutex:  # the queue's own count of jobs put and not yet marked done, which flush() joins on
+            return self._q.unfinished_tasks > 0
 
     def flush(self):
         self._q.join()
