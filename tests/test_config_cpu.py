@@ -19,7 +19,7 @@ def test_recipe_a_is_the_issue_recipe():
     assert cfg.name == "A" and cfg.model == "resnet18" and cfg.epochs == 120
     assert cfg.batch_size == 512 and cfg.precision == "fp16" and cfg.layout == "NHWC"
     assert cfg.optimizer.to_dict() == {"name": "sgd", "lr": 0.3, "momentum": 0.9, "nesterov": True,
-                                       "weight_decay": 5e-4}
+                                       "weight_decay": 5e-4, "norm_weight_decay": None}
     assert cfg.schedule.to_dict() == {"name": "cosine", "warmup_epochs": 2.0}
     assert cfg.augment.to_dict() == {"crop_padding": 4, "flip": True, "cutout": 16, "autoaugment": False,
                                       "alternate_flip": False}
@@ -30,7 +30,7 @@ def test_recipe_b_is_the_issue_recipe():
     cfg = cfg_from(["--recipe", "B"])
     assert cfg.epochs == 90 and cfg.batch_size == 512
     assert cfg.to_dict()["optimizer"] == {"name": "adamw", "lr": 8e-4, "betas": [0.9, 0.999], "eps": 1e-8,
-                                          "weight_decay": 0.05}
+                                          "weight_decay": 0.05, "norm_weight_decay": None}
     assert cfg.schedule.name == "onecycle"
     assert cfg.augment.autoaugment is True and cfg.augment.cutout == 16
     assert cfg.label_smoothing == 0.1 and cfg.eval_every == 10
@@ -50,6 +50,23 @@ def test_recipe_c_is_the_fast_recipe():
         cfg = cfg_from(["--recipe", other])
         assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.0, "every": 1, "start": 0.0}
         assert cfg.progressive.size == 0  # every epoch at full size
+
+
+def test_the_norm_weight_decay_and_lookahead_flags():
+    cfg = cfg_from(["--recipe", "C", "--norm-weight-decay", "0", "--lookahead-decay", "0.77", "--lookahead-every",
+                    "4"])
+    assert cfg.optimizer.norm_weight_decay == 0.0 and cfg.optimizer.weight_decay == 5e-4
+    assert cfg.lookahead.to_dict() == {"decay": 0.77, "every": 4}
+    assert cfg_from(["--recipe", "B", "--norm-weight-decay", "1e-3"]).optimizer.norm_weight_decay == 1e-3
+    plain = cfg_from(["--recipe", "C"])
+    assert plain.optimizer.norm_weight_decay is None and plain.lookahead.decay == 0.0  # off unless asked
+    for argv, message in ((["--norm-weight-decay", "-1"], "optimizer.norm_weight_decay: expected >= 0.0"),
+                          (["--lookahead-decay", "1"], "lookahead.decay: expected < 1.0"),
+                          (["--lookahead-every", "0"], "lookahead.every: expected >= 1")):
+        with pytest.raises(ValueError, match=message):
+            cfg_from(["--recipe", "C", *argv])
+    assert TrainConfig.from_dict({"epochs": 1, "optimizer": {"name": "sgd", "lr": 0.1, "norm_weight_decay": None}}
+                                 ).optimizer.norm_weight_decay is None
 
 
 def test_the_tta_ema_and_schedule_flags():

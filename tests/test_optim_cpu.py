@@ -277,6 +277,48 @@ def test_optimizer_steps_follow_pytorch_in_one_launch_each(rng, monkeypatch, cas
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_parameter_groups_set_their_own_weight_decay(rng, monkeypatch, kind):
+    """PyTorch's parameter groups: the second parameter without decay, the others with the optimizer's; one
+    launch per group."""
+    params = _params(rng)
+    groups = [{"params": [params[0], params[2]]}, {"params": [params[1]], "weight_decay": 0.0}]
+    if kind == "sgd":
+        opt, kernel = SGD(groups, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-2), "sgd_step"
+        updates = [_torch_sgd(0.9, True, 1e-2, 0.0), _torch_sgd(0.9, True, 0.0, 0.0)]
+    else:
+        opt, kernel = AdamW(groups, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1), "adamw_step"
+        updates = [_torch_adamw(0.01, (0.8, 0.99), 1e-6, 0.1), _torch_adamw(0.01, (0.8, 0.99), 1e-6, 0.0)]
+    assert opt.params == [params[0], params[2], params[1]]  # the groups' order
+    launches = []
+    original = getattr(reference.multi_tensor, kernel)
+    monkeypatch.setattr(reference.multi_tensor, kernel, lambda *a, **k: launches.append(1) or original(*a, **k))
+    expect = [p.data.copy() for p in params]
+    for step in range(3):
+        grads = _set_grads(params, rng)
+        opt.step()
+        expect = [updates[i == 1](step, i, e, g) for i, (e, g) in enumerate(zip(expect, grads, strict=True))]
+    for p, e in zip(params, expect, strict=True):
+        np.testing.assert_allclose(p.data, e, rtol=1e-10)
+    assert len(launches) == 2 * 3
+    assert sorted(len(g) for g in opt.group_params()) == [1, 2]
+
+
+def test_parameter_groups_are_checked():
+    p, q = Parameter(np.zeros(2)), Parameter(np.zeros(3))
+    with pytest.raises(ValueError, match=r"params\[1\]: a parameter group takes 'params' and optionally "
+                                         r"'weight_decay', got \['lr', 'params'\]"):
+        SGD([{"params": [p]}, {"params": [q], "lr": 0.1}], lr=0.1)
+    with pytest.raises(ValueError, match=r"params\[1\]: a parameter is also in params\[0\]"):
+        SGD([{"params": [p, q]}, {"params": [q], "weight_decay": 0.0}], lr=0.1)
+    with pytest.raises(ValueError, match=r"params\[0\].weight_decay"):
+        SGD([{"params": [p], "weight_decay": -1.0}], lr=0.1)
+    with pytest.raises(ValueError, match="'params'"):
+        AdamW([{"weight_decay": 0.0}])
+    with pytest.raises(TypeError, match=r"params\[0\]: expected resnet_native Parameters"):
+        SGD([{"params": [np.zeros(2)], "weight_decay": 0.0}], lr=0.1)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
 def test_optimizer_state_dict_round_trip_through_npz(tmp_path, rng, kind):
     def make(params):
         return (
@@ -425,3 +467,22 @@ def test_adamw_on_the_host_does_not_count_updates_the_scaler_skips(rng):
     assert {**opt.state_header(), **copies["o"]}["step"] == 1 and opt.state_header()["step"] == 2
     assert {**scaler.state_header(), **copies["s"]} == scaler.state_dict()
     assert copies["s"] == {"scale": 2.0, "growth_tracker": 1}
+
+
+def test_a_recipe_norm_weight_decay_puts_batch_norm_in_a_group_of_its_own():
+    from resnet_native.nn.layers import BatchNorm2d
+    from resnet_native.nn.models import ResNet18
+    from resnet_native.training.builders import build_optimizer
+    from resnet_native.training.config import TrainConfig
+
+    model = ResNet18(num_classes=10, layout="NHWC", precision="fp32", seed=0).to_host(np.float64)
+    norm = {id(p) for _, m in model.named_modules() if isinstance(m, BatchNorm2d) for p in m.parameters()}
+    sgd = {"name": "sgd", "lr": 0.1, "weight_decay": 5e-4}
+    plain = build_optimizer(TrainConfig.from_dict({"epochs": 1, "optimizer": sgd}), model)
+    assert len(plain.group_params()) == 1 and plain.params == model.parameters()
+    cfg = TrainConfig.from_dict({"epochs": 1, "optimizer": {**sgd, "norm_weight_decay": 0.0}})
+    opt = build_optimizer(cfg, model)
+    groups = opt.group_params()  # places the groups
+    decays = {id(p): opt.group_weight_decay(g) for g, ps in zip(opt._groups, groups, strict=True) for p in ps}
+    assert len(norm) == 2 * 20 and len(decays) == len(model.parameters())  # ResNet-18: 20 batch norms
+    assert all(decays[i] == (0.0 if i in norm else 5e-4) for i in decays)

@@ -131,6 +131,25 @@ def test_resume_after_epoch_one_equals_uninterrupted(uninterrupted, cifar, confi
         assert rb["test_loss"] == pytest.approx(ra["test_loss"], rel=1e-6)
 
 
+def test_lookahead_without_norm_decay_learns_and_resumes_exactly(cifar, tmp_path):
+    """Lookahead's slow weights (and batch norm without weight decay) in the captured step: the run learns, the
+    checkpoint holds the slow weights, and a run resumed after epoch one ends where the uninterrupted one does."""
+    cfg = cfg_from([*SUBSET_ARGS, "--lookahead-decay", "0.7", "--lookahead-every", "3", "--norm-weight-decay", "0"])
+    whole = loop.Trainer(cfg, tmp_path / "whole", data=cifar, progress=False, tensorboard=False).run()
+    assert whole["completed"] and whole["test_acc"] > SHORT_RUN_MIN_TEST_ACC, whole
+    parts = tmp_path / "parts"
+    loop.Trainer(cfg, parts, data=cifar, progress=False, tensorboard=False).run(stop_after=1)
+    assert loop.Trainer(cfg, parts, data=cifar, progress=False, tensorboard=False).run(resume=True)["completed"]
+    a, b = (checkpoint.load_checkpoint(d / "last.npz") for d in (tmp_path / "whole", parts))
+    for group in ("model", "lookahead"):
+        assert a[group].keys() == b[group].keys() and a[group].keys() == a["model"].keys()
+        for k in a[group]:
+            np.testing.assert_allclose(b[group][k], a[group][k], rtol=0, atol=1e-6, err_msg=f"{group}.{k}")
+    # The run ends on the slow weights: the last step's update resets the trained weights to them.
+    for k in a["model"]:
+        np.testing.assert_array_equal(a["model"][k], a["lookahead"][k], err_msg=k)
+
+
 def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
     """The commands the README shows, in fresh processes: recipe B (AdamW, one-cycle, AutoAugment workers)."""
     from conftest import child_env, cifar_path

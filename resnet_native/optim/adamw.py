@@ -56,7 +56,7 @@ class AdamW(Optimizer):
     def _launch(self, group, grads, shared):
         multi_tensor.adamw_step(group.params, grads, group.state["exp_avg"], group.state["exp_avg_sq"],
                                 beta1=self.hyperparameter_on_device(1), beta2=self.betas[1], eps=self.eps,
-                                weight_decay=self.weight_decay, step=self._device_step, **shared)
+                                weight_decay=self.group_weight_decay(group), step=self._device_step, **shared)
 
     def set_momentum(self, value: float) -> None:
         self.betas = (float(value), self.betas[1])

@@ -71,25 +71,12 @@ class WeightAverage:
                                   inv_scale=self._minus_one, model_copies=copies)
 
     def copy_model(self) -> None:
-        """shadow = model exactly (weights, their low-precision copies and the running statistics): one copy of
-        the parameter arena when both models keep their parameters in one (the same architecture, so the same
-        offsets), else one per array."""
-        xp = self.model.placement.xp
-        mine = {p.arena for p in self.shadow.parameters()}
-        theirs = {p.arena for p in self.model.parameters()}
-        groups = self._groups
-        if len(mine) == len(theirs) == 1 and None not in mine | theirs:
-            arena, source = mine.pop(), theirs.pop()
-            if arena.master.shape == source.master.shape:
-                xp.copyto(arena.master, source.master)
-                arena.refresh_low()
-                groups = groups[1:]
-        for average, source, copies in groups:
-            for dst, src in zip(average, source, strict=True):
-                xp.copyto(dst, src)
-            if copies is not None:
-                for dst, low in zip(average, copies, strict=True):
-                    kernels.cast(dst, low)
+        """shadow = model exactly (weights, their low-precision copies and the running statistics)."""
+        _copy(self.shadow, self.model)
+
+    def restore_model(self) -> None:
+        """model = shadow exactly: the reverse of copy_model (Lookahead's reset of the trained weights)."""
+        _copy(self.model, self.shadow)
 
     def after_step(self, step: int) -> None:
         """What is due after optimizer step number `step` (counted from 1): the copy at start_step, an update every
@@ -107,3 +94,22 @@ class WeightAverage:
 
     def __repr__(self):
         return f"WeightAverage(decay={self.decay}, every={self.every}, start_step={self.start_step})"
+
+
+def _copy(dst, src) -> None:
+    """dst's weights, low-precision copies and running statistics = src's (the same architecture and placement):
+    one copy of the parameter arena when each model keeps its parameters in one (the same offsets), else one per
+    array."""
+    xp = dst.placement.xp
+    mine, theirs = {p.arena for p in dst.parameters()}, {p.arena for p in src.parameters()}
+    arena = mine.pop() if len(mine) == len(theirs) == 1 and None not in mine | theirs else None
+    if arena is not None and arena.master.shape == next(iter(theirs)).master.shape:
+        xp.copyto(arena.master, next(iter(theirs)).master)
+        arena.refresh_low()
+    else:
+        for d, s in zip(dst.parameters(), src.parameters(), strict=True):
+            xp.copyto(d.data, s.data)
+            if d.low is not None:
+                kernels.cast(d.data, d.low)
+    for d, s in zip(running_statistics(dst), running_statistics(src), strict=True):
+        xp.copyto(d, s)

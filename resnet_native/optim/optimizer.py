@@ -1,8 +1,9 @@
 """What SGD and AdamW share: the parameter list, per-parameter state, device tensor lists, state_dict.
 
-Once placed, parameters are grouped by the dtype of their low-precision copies (normally one group: the whole
-model), each group's masters, gradients, state and copies held in ops.multi_tensor.TensorLists built once, so a
-step is one kernel launch per group whatever the number of tensors. On the host the lists are
+The parameters come as a list or, as PyTorch takes them, as groups that may set their own weight decay (e.g.
+none on batch norm's scales and shifts). Once placed, they are grouped by the dtype of their low-precision copies
+and their weight decay, each group's masters, gradients, state and copies held in ops.multi_tensor.TensorLists
+built once, so a step is one kernel launch per group whatever the number of tensors. On the host the lists are
 reference.multi_tensor's, which the same functions hand to the reference ops. A step has a host half
 (prepare_step: count the step, write the hyperparameters a schedule moves into a small device array, one tiny
 launch) and a device half (launch_step: the update kernels, which read them there), so the device half can be
@@ -19,10 +20,11 @@ from ..ops.multi_tensor import _non_negative
 
 
 class _Group:
-    def __init__(self, indices, params, state, names, placement):
+    def __init__(self, indices, params, state, names, placement, weight_decay):
         # A native list holds a device table of its arrays' pointers; host arrays go in the reference's lists.
         tensor_list = multi_tensor.TensorList if placement.on_gpu else reference.multi_tensor.TensorList
         self.indices = indices
+        self.weight_decay = weight_decay  # None: the optimizer's
         self.params = tensor_list([p.data for p in params])
         self.grads = tensor_list([p.grad for p in params])
         self.state = {name: tensor_list([state[name][i] for i in indices]) for name in names}
@@ -35,19 +37,7 @@ class Optimizer:
     hyperparameters = ()  # python scalars saved in state_dict, e.g. ("lr", "momentum")
 
     def __init__(self, params, lr):
-        params = list(params)
-        seen, unique = set(), []
-        for p in params:
-            if not isinstance(p, Parameter):
-                raise TypeError(
-                    f"params: expected resnet_native Parameters (model.parameters()), got {type(p).__name__}"
-                )
-            if id(p) not in seen:
-                seen.add(id(p))
-                unique.append(p)
-        if not unique:
-            raise ValueError("params: empty parameter list")
-        self.params = unique
+        self.params, self._decay_of = _parameters(params)
         self.lr = _non_negative(lr, "lr")
         self.step_count = 0
         self.state = None  # {name: [array per parameter, where they live]}, created with the tensor lists
@@ -83,13 +73,13 @@ class Optimizer:
                 for i, p in enumerate(self.params)
             ]
         self._pending_state = {}
-        by_dtype = {}
+        groups = {}
         for i, p in enumerate(self.params):
-            key = None if p.low is None else np.dtype(p.low.dtype).str
-            by_dtype.setdefault(key, []).append(i)
+            key = (None if p.low is None else np.dtype(p.low.dtype).str, self._decay_of.get(id(p)))
+            groups.setdefault(key, []).append(i)
         self._groups = [
-            _Group(idx, [self.params[i] for i in idx], self.state, self.state_names, where)
-            for idx in by_dtype.values()
+            _Group(idx, [self.params[i] for i in idx], self.state, self.state_names, where, decay)
+            for (_, decay), idx in groups.items()
         ]
         self._hyper = where.xp.zeros((len(self.device_hyperparameters()),), dtype=master)
         self._device_state_ready()
@@ -183,6 +173,10 @@ class Optimizer:
                           found_inf=found_inf, model_copies=g.copies)
             self._launch(g, grads, shared)
 
+    def group_weight_decay(self, group) -> float:
+        """The weight decay of a group's parameters: its own where the parameter groups set one."""
+        return self.weight_decay if group.weight_decay is None else group.weight_decay
+
     def _launch(self, group, grads, shared: dict):
         """One group's fused update reading `grads`; `shared` holds the keyword arguments every multi_tensor update
         takes (the device learning rate, inv_scale, found_inf, model_copies)."""
@@ -252,6 +246,36 @@ class Optimizer:
     def __repr__(self):
         hp = ", ".join(f"{k}={getattr(self, k)}" for k in self.hyperparameters)
         return f"{type(self).__name__}({len(self.params)} parameters, {hp}, step={self.step_count})"
+
+
+def _parameters(params) -> tuple[list, dict]:
+    """(the distinct Parameters in order, {id(parameter): weight decay} for those whose group sets one) of a list
+    of Parameters or, as PyTorch takes them, of groups: dicts of 'params' and optionally 'weight_decay'."""
+    params = list(params)
+    groups = params if params and all(isinstance(g, dict) for g in params) else [{"params": params}]
+    group_of, unique, decay_of = {}, [], {}
+    for gi, group in enumerate(groups):
+        where = "params" if len(groups) == 1 and group.keys() == {"params"} else f"params[{gi}]"
+        unknown = sorted(set(group) - {"params", "weight_decay"})
+        if unknown or "params" not in group:
+            raise ValueError(f"{where}: a parameter group takes 'params' and optionally 'weight_decay', got "
+                             f"{sorted(group)}")
+        decay = _non_negative(group["weight_decay"], f"{where}.weight_decay") if "weight_decay" in group else None
+        for p in group["params"]:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"{where}: expected resnet_native Parameters (model.parameters()), got "
+                                f"{type(p).__name__}")
+            if id(p) in group_of:
+                if group_of[id(p)] != gi:
+                    raise ValueError(f"{where}: a parameter is also in params[{group_of[id(p)]}]")
+                continue
+            group_of[id(p)] = gi
+            unique.append(p)
+            if decay is not None:
+                decay_of[id(p)] = decay
+    if not unique:
+        raise ValueError("params: empty parameter list")
+    return unique, decay_of
 
 
 def _as_float32(a):

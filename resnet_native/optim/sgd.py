@@ -35,8 +35,8 @@ class SGD(Optimizer):
         # A momentum of 0 stays a host number: the kernel then skips the buffers altogether.
         momentum = self.hyperparameter_on_device(1) if self.momentum else 0.0
         multi_tensor.sgd_step(group.params, grads, group.state["momentum_buffer"], momentum=momentum,
-                              weight_decay=self.weight_decay, nesterov=self.nesterov, dampening=self.dampening,
-                              **first, **shared)
+                              weight_decay=self.group_weight_decay(group), nesterov=self.nesterov,
+                              dampening=self.dampening, **first, **shared)
 
     def set_momentum(self, value: float) -> None:
         self.momentum = float(value)

@@ -14,7 +14,7 @@ from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize
 from ..data.autoaugment_workers import AutoAugmentWorkers
 from ..data.tta_views import tta_views
 from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
-from ..nn.layers import synchronize_batch_norms
+from ..nn.layers import BatchNorm2d, synchronize_batch_norms
 from ..nn.layers.conv2d import Conv2d
 from ..nn.layers.linear import Linear
 from ..nn.models.registry import create_model
@@ -59,11 +59,16 @@ def build_model(cfg: TrainConfig, *, initialize: bool = True):
 
 
 def build_optimizer(cfg: TrainConfig, model):
+    """The recipe's optimizer; with a norm_weight_decay the batch-norm scales and shifts are a group of their own."""
     o = cfg.optimizer
+    params = model.parameters()
+    if o.norm_weight_decay is not None:
+        norm = {id(p) for _, m in model.named_modules() if isinstance(m, BatchNorm2d) for p in m.parameters()}
+        params = [{"params": [p for p in params if id(p) not in norm]},
+                  {"params": [p for p in params if id(p) in norm], "weight_decay": o.norm_weight_decay}]
     if o.name == "sgd":
-        return optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
-                         weight_decay=o.weight_decay)
-    return optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        return optim.SGD(params, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
+    return optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
 
 
 def warmup_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
@@ -109,6 +114,15 @@ def build_weight_average(cfg: TrainConfig, model, steps_per_epoch: int, shadow):
         return None
     start = int(round(e.start * cfg.epochs * steps_per_epoch))
     return optim.WeightAverage(model, shadow, e.decay, every=e.every, start_step=start)
+
+
+def build_lookahead(cfg: TrainConfig, model, steps_per_epoch: int, slow):
+    """Lookahead's slow weights with lookahead.decay > 0 (else None), kept in `slow`, a copy of the network that
+    build_network made."""
+    la = cfg.lookahead
+    if la.decay == 0.0:
+        return None
+    return optim.Lookahead(model, slow, la.decay, every=la.every, total_steps=cfg.epochs * steps_per_epoch)
 
 
 def test_set_views(cfg: TrainConfig, test_images) -> tuple[tuple, tuple]:
@@ -171,6 +185,7 @@ class Parts:
     world_size: int = 1
     test_views: tuple = ((), (1.0,))  # test_set_views: the test set's other views and the weights, for TTA
     ema: Any = None  # the weights' moving average (optim.WeightAverage)
+    lookahead: Any = None  # the slow weights (optim.Lookahead)
 
     @property
     def eval_model(self):
@@ -194,6 +209,11 @@ class Parts:
                 raise ValueError("ema: the run keeps a moving average of the weights and the checkpoint holds none "
                                  "(field 'ema')")
             self.ema.shadow.load_state_dict(state["ema"])
+        if self.lookahead is not None:
+            if not isinstance(state.get("lookahead"), dict):
+                raise ValueError("lookahead: the run keeps slow weights and the checkpoint holds none (field "
+                                 "'lookahead')")
+            self.lookahead.slow.load_state_dict(state["lookahead"])
 
 
 @dataclass
@@ -205,6 +225,7 @@ class Network:
     scaler: Any
     step: Any
     shadow: Any = None  # the moving average's copy of the network, for build_weight_average
+    slow: Any = None  # Lookahead's copy of the network, for build_lookahead
 
 
 def build_network(cfg: TrainConfig, world, store=None, allreduce=None) -> Network:
@@ -217,7 +238,8 @@ def build_network(cfg: TrainConfig, world, store=None, allreduce=None) -> Networ
     if cfg.sync_bn and allreduce is not None:  # at world size 1 without an all-reduce, per-GPU is global already
         synchronize_batch_norms(model, allreduce)
     step = build_train_step(cfg, model, optimizer, scaler, allreduce=allreduce)  # a given one runs at world 1 too
-    return Network(model, optimizer, scaler, step, build_model(cfg, initialize=False) if cfg.ema.decay else None)
+    return Network(model, optimizer, scaler, step, build_model(cfg, initialize=False) if cfg.ema.decay else None,
+                   build_model(cfg, initialize=False) if cfg.lookahead.decay else None)
 
 
 def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, network: Network | None = None) -> Parts:
@@ -235,7 +257,8 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, netwo
     test_labels = cupy.asarray(np.asarray(data.test_labels, dtype=np.int32))  # converted on the host
     return Parts(net.model, net.optimizer, build_schedule(cfg, net.optimizer, len(augmenter)), net.scaler, net.step,
                  augmenter, test_inputs, test_labels, n, test_views=test_set_views(cfg, test_images),
-                 ema=build_weight_average(cfg, net.model, len(augmenter), net.shadow))
+                 ema=build_weight_average(cfg, net.model, len(augmenter), net.shadow),
+                 lookahead=build_lookahead(cfg, net.model, len(augmenter), net.slow))
 
 
 def default_allreduce(model, world, store, wire: str = "fp32"):

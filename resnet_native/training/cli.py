@@ -46,6 +46,8 @@ OVERRIDES = (
     ("--zero-init-residual", "zero_init_residual", "start each residual block's last batch-norm scale at zero"),
     ("--lr", "optimizer.lr", "(peak) learning rate"),
     ("--weight-decay", "optimizer.weight_decay", "weight decay"),
+    ("--norm-weight-decay", "optimizer.norm_weight_decay", "weight decay of the batch-norm scales and shifts "
+                                                           "(default: --weight-decay's)"),
     ("--momentum", "optimizer.momentum", "SGD's momentum"),
     ("--cutout", "augment.cutout", "Cutout square side in pixels, 0 for none"),
     ("--crop-padding", "augment.crop_padding", "random-crop padding in pixels, 0 for no crop"),
@@ -58,6 +60,9 @@ OVERRIDES = (
                                  "(0: none)"),
     ("--ema-every", "ema.every", "training steps between updates of the moving average"),
     ("--ema-start", "ema.start", "fraction of the run's steps before the moving average starts"),
+    ("--lookahead-decay", "lookahead.decay", "Lookahead: the slow weights' decay per update at the run's end "
+                                             "(ramped up from 0; 0: none)"),
+    ("--lookahead-every", "lookahead.every", "Lookahead: training steps between updates of the slow weights"),
     ("--progressive-size", "progressive.size", "side in pixels of the early epochs' downscaled images, 0 for none"),
     ("--progressive-until", "progressive.until", "fraction of the epochs trained at --progressive-size"),
     ("--progressive-mid-size", "progressive.mid_size", "side in pixels of a second stage, after --progressive-until "

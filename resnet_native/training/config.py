@@ -28,6 +28,7 @@ class SGDSettings(Settings):
     momentum: float = number(0.9, minimum=0.0, below=1.0)
     nesterov: bool = flag(False)
     weight_decay: float = number(0.0, minimum=0.0)
+    norm_weight_decay: float | None = number(None, minimum=0.0, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,7 @@ class AdamWSettings(Settings):
     betas: tuple = numbers((0.9, 0.999), 2, minimum=0.0, below=1.0)
     eps: float = number(1e-8, minimum=0.0)
     weight_decay: float = number(0.01, minimum=0.0)
+    norm_weight_decay: float | None = number(None, minimum=0.0, optional=True)
 
 
 OPTIMIZERS = {"sgd": SGDSettings, "adamw": AdamWSettings}
@@ -89,6 +91,15 @@ class EMASettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LookaheadSettings(Settings):
+    """Lookahead (optim/lookahead.py): every `every` steps a slow copy of the weights moves toward them with a
+    decay that ramps up to `decay` by the run's end, and the weights are reset to it. decay 0: none."""
+
+    decay: float = number(0.0, minimum=0.0, below=1.0)
+    every: int = integer(5, minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     engine: the convolutions' engine ('graph': cuDNN 9's graph API; 'legacy'; 'auto': both searched and timed,
@@ -102,8 +113,8 @@ class TrainConfig(Settings):
     evaluation ('flip': the mean logits of each test image and its mirror; 'flip-shift': also their copies shifted
     a pixel, data/tta_views.py; reported beside the plain figures);
     zero_init_residual: each residual block's last batch-norm scale starts at zero (the block starts as its
-    shortcut); ema: the weights' moving average (EMASettings); progressive: the early epochs at a lower resolution
-    (ProgressiveSettings)."""
+    shortcut); ema: the weights' moving average (EMASettings); lookahead: slow weights the trained ones are reset to
+    (LookaheadSettings); progressive: the early epochs at a lower resolution (ProgressiveSettings)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -131,6 +142,7 @@ class TrainConfig(Settings):
     schedule: ScheduleSettings = section(ScheduleSettings)
     augment: AugmentSettings = section(AugmentSettings)
     ema: EMASettings = section(EMASettings)
+    lookahead: LookaheadSettings = section(LookaheadSettings)
     progressive: ProgressiveSettings = section(ProgressiveSettings)
 
     def check(self) -> None:
@@ -159,7 +171,8 @@ class TrainConfig(Settings):
 
 # The settings whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
-               "zero_init_residual", "optimizer", "schedule", "augment", "ema", "progressive")
+               "zero_init_residual", "optimizer", "schedule", "augment", "ema", "lookahead",
+               "progressive")
 
 
 def reduced_size(cfg: TrainConfig, epoch: int) -> int | None:

@@ -273,6 +273,8 @@ class Trainer:
             for i, (x, y) in enumerate(parts.augmenter.epoch(epoch, images=images, size=size)):
                 with partial_batch_search(len(y), parts.augmenter.batch_size):
                     parts.step.run(x, y)  # loss and correct count stay on the device, summed
+                if parts.lookahead is not None:  # queued behind the step, as the average's update
+                    parts.lookahead.after_step(parts.optimizer.step_count)
                 if parts.ema is not None:  # queued behind the step: one launch or two, no wait
                     parts.ema.after_step(parts.optimizer.step_count)
                 if parts.schedule is not None:
@@ -354,6 +356,8 @@ class Trainer:
                    "scaler": scaler}
             if "ema" in copies:  # the weights' average: what is evaluated and released
                 out["ema"] = copies["ema"]
+            if "lookahead" in copies:  # the slow weights, for --resume
+                out["lookahead"] = copies["lookahead"]
             return out
 
         return state

@@ -90,6 +90,8 @@ def state_sources(parts) -> dict:
         groups["scaler"] = parts.scaler.state_sources()
     if parts.ema is not None:
         groups["ema"] = parts.ema.shadow.state_sources()
+    if parts.lookahead is not None:
+        groups["lookahead"] = parts.lookahead.slow.state_sources()
     return groups
 
 

@@ -73,10 +73,14 @@ def integer(default=REQUIRED, *, minimum=None, optional: bool = False, hint=None
     return _setting(default, check, kind=int, hint=hint)
 
 
-def number(default=REQUIRED, *, minimum=None, below=None, hint=None):
-    """A finite float in [minimum, below)."""
-    return _setting(default, lambda value, key: _bounded(key, _as_float(key, value), minimum, below), kind=float,
-                    hint=hint)
+def number(default=REQUIRED, *, minimum=None, below=None, optional: bool = False, hint=None):
+    """A finite float in [minimum, below); optional: None is a value too."""
+    def check(value, key):
+        if value is None and optional:
+            return None
+        return _bounded(key, _as_float(key, value), minimum, below)
+
+    return _setting(default, check, kind=float, hint=hint)
 
 
 def numbers(default, count: int, *, minimum=None, below=None):
