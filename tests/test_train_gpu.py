@@ -147,7 +147,8 @@ def test_lookahead_without_norm_decay_learns_and_resumes_exactly(cifar, tmp_path
             np.testing.assert_allclose(b[group][k], a[group][k], rtol=0, atol=1e-6, err_msg=f"{group}.{k}")
     # The run ends on the slow weights: the last step's update resets the trained weights to them.
     for k in a["model"]:
-        np.testing.assert_array_equal(a["model"][k], a["lookahead"][k], err_msg=k)
+        if not k.endswith("num_batches_tracked"):  # a count of the trained model's own batches
+            np.testing.assert_array_equal(a["model"][k], a["lookahead"][k], err_msg=k)
 
 
 def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
