@@ -102,9 +102,10 @@ def _copy(dst, src) -> None:
     array."""
     xp = dst.placement.xp
     mine, theirs = {p.arena for p in dst.parameters()}, {p.arena for p in src.parameters()}
-    arena = mine.pop() if len(mine) == len(theirs) == 1 and None not in mine | theirs else None
-    if arena is not None and arena.master.shape == next(iter(theirs)).master.shape:
-        xp.copyto(arena.master, next(iter(theirs)).master)
+    one_each = len(mine) == len(theirs) == 1 and None not in mine | theirs
+    arena, source = (mine.pop(), theirs.pop()) if one_each else (None, None)
+    if arena is not None and arena.master.shape == source.master.shape:
+        xp.copyto(arena.master, source.master)
         arena.refresh_low()
     else:
         for d, s in zip(dst.parameters(), src.parameters(), strict=True):
