@@ -35,13 +35,14 @@ TORCH_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(TORCH_CASES))
-def test_optimizer_matches_torch_over_several_steps(rng, case):
+def _steps_match_torch(rng, kind, hyper, tol, arrange=list):
+    """Five steps of ours and of torch.optim's `kind` on the same gradients, the parameters handed over as
+    arrange(parameters) (a list, or parameter groups); each parameter's movement within tol of torch's."""
     torch = pytest.importorskip("torch")
-    kind, hyper, tol = TORCH_CASES[case]
     params, values = _params(rng)
     tparams = _torch_params(torch, values)
-    opt, topt = {"SGD": SGD, "AdamW": AdamW}[kind](params, **hyper), getattr(torch.optim, kind)(tparams, **hyper)
+    opt = {"SGD": SGD, "AdamW": AdamW}[kind](arrange(params), **hyper)
+    topt = getattr(torch.optim, kind)(arrange(tparams), **hyper)
     for _ in range(5):
         for p, t in zip(params, tparams, strict=True):
             g = rng.standard_normal(p.shape).astype(np.float32)
@@ -54,29 +55,17 @@ def test_optimizer_matches_torch_over_several_steps(rng, case):
         assert ref.relative_error(moved, tmoved) <= tol
 
 
+@pytest.mark.parametrize("case", sorted(TORCH_CASES))
+def test_optimizer_matches_torch_over_several_steps(rng, case):
+    _steps_match_torch(rng, *TORCH_CASES[case])
+
+
 @pytest.mark.parametrize("kind", ["SGD", "AdamW"])
 def test_parameter_groups_match_torch(rng, kind):
     """Every other parameter in a group without weight decay, as torch.optim's parameter groups take it."""
-    torch = pytest.importorskip("torch")
-    params, values = _params(rng)
-    tparams = _torch_params(torch, values)
     hyper = TORCH_CASES["sgd-nesterov-decay" if kind == "SGD" else "adamw"][1]
-
-    def groups(ps):
-        return [{"params": ps[0::2]}, {"params": ps[1::2], "weight_decay": 0.0}]
-
-    opt = {"SGD": SGD, "AdamW": AdamW}[kind](groups(params), **hyper)
-    topt = getattr(torch.optim, kind)(groups(tparams), **hyper)
-    for _ in range(5):
-        for p, t in zip(params, tparams, strict=True):
-            g = rng.standard_normal(p.shape).astype(np.float32)
-            p.grad[...] = cp.asarray(g)
-            t.grad = torch.tensor(g, device="cuda")
-        opt.step()
-        topt.step()
-    for p, t, v in zip(params, tparams, values, strict=True):
-        moved, tmoved = cp.asnumpy(p.data) - v, t.detach().cpu().numpy() - v
-        assert ref.relative_error(moved, tmoved) <= 1e-4
+    _steps_match_torch(rng, kind, hyper, 1e-4,
+                       lambda ps: [{"params": ps[0::2]}, {"params": ps[1::2], "weight_decay": 0.0}])
 
 
 @pytest.mark.parametrize("low", ["fp16", "bf16"])

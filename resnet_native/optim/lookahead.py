@@ -13,7 +13,7 @@ whose fused lerp and copies this reuses; the optimizer's momentum is left as it 
 
 from __future__ import annotations
 
-from .._core.names import finite_number, whole_number
+from .._core.names import whole_number
 from .ema import WeightAverage
 
 
@@ -22,12 +22,10 @@ class Lookahead:
     at the last step, in [0, 1); every: optimizer steps between updates; total_steps: the run's steps."""
 
     def __init__(self, model, slow, decay: float, *, every: int = 5, total_steps: int):
-        self.decay = finite_number("decay", decay, 0.0)
-        if not self.decay < 1.0:
-            raise ValueError(f"decay: expected a value in [0, 1), got {self.decay!r}")
         self.every = whole_number("every", every, 1)
         self.total_steps = whole_number("total_steps", total_steps, 1)
-        self._average = WeightAverage(model, slow, self.decay)
+        self._average = WeightAverage(model, slow, decay)  # which checks the decay
+        self.decay = self._average.decay
 
     @property
     def slow(self):

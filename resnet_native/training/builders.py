@@ -169,6 +169,10 @@ def autoaugment_workers(cfg: TrainConfig, train_images, workers):
         aa.close()
 
 
+# The checkpoint fields of the networks a run may keep beside its model (Parts.model_copies), and what each holds.
+MODEL_COPIES = {"ema": "a moving average of the weights", "lookahead": "slow weights"}
+
+
 @dataclass
 class Parts:
     """What a run trains with, built from its configuration."""
@@ -188,6 +192,14 @@ class Parts:
     lookahead: Any = None  # the slow weights (optim.Lookahead)
 
     @property
+    def model_copies(self) -> dict:
+        """{checkpoint field: network} of the copies a run keeps beside the model (the weights' average, Lookahead's
+        slow weights), each checkpointed and restored with it."""
+        copies = {"ema": None if self.ema is None else self.ema.shadow,
+                  "lookahead": None if self.lookahead is None else self.lookahead.slow}
+        return {field: net for field, net in copies.items() if net is not None}
+
+    @property
     def eval_model(self):
         """What is evaluated, checkpointed as the release's weights and released: the average when there is one."""
         return self.model if self.ema is None else self.ema.shadow
@@ -204,16 +216,11 @@ class Parts:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
-        if self.ema is not None:
-            if not isinstance(state.get("ema"), dict):
-                raise ValueError("ema: the run keeps a moving average of the weights and the checkpoint holds none "
-                                 "(field 'ema')")
-            self.ema.shadow.load_state_dict(state["ema"])
-        if self.lookahead is not None:
-            if not isinstance(state.get("lookahead"), dict):
-                raise ValueError("lookahead: the run keeps slow weights and the checkpoint holds none (field "
-                                 "'lookahead')")
-            self.lookahead.slow.load_state_dict(state["lookahead"])
+        for field, net in self.model_copies.items():
+            if not isinstance(state.get(field), dict):
+                raise ValueError(f"{field}: the run keeps {MODEL_COPIES[field]} and the checkpoint holds none (field "
+                                 f"'{field}')")
+            net.load_state_dict(state[field])
 
 
 @dataclass

@@ -32,7 +32,15 @@ from ..distributed.world import World
 from ..formats.checkpoint import load_checkpoint
 from ..nn.models.registry import NUM_CLASSES
 from ..ops import conv
-from .builders import Parts, autoaugment_workers, build_network, build_parts, partial_batch_search, subset_indices
+from .builders import (
+    MODEL_COPIES,
+    Parts,
+    autoaugment_workers,
+    build_network,
+    build_parts,
+    partial_batch_search,
+    subset_indices,
+)
 from .checkpoint_writer import AlgorithmCacheFile, CheckpointWriter, load_algorithm_cache
 from .config import TrainConfig, reduced_size, resume_differences
 from .epoch_upload import EpochUpload
@@ -354,10 +362,8 @@ class Trainer:
             scaler = None if host["scaler"] is None else {**host["scaler"], **copies["scaler"]}
             out = {**scalars, "model": copies["model"], "optimizer": {**host["optimizer"], **copies["optimizer"]},
                    "scaler": scaler}
-            if "ema" in copies:  # the weights' average: what is evaluated and released
-                out["ema"] = copies["ema"]
-            if "lookahead" in copies:  # the slow weights, for --resume
-                out["lookahead"] = copies["lookahead"]
+            # The weights' average (what is evaluated and released) and Lookahead's slow weights, if kept.
+            out.update({field: copies[field] for field in MODEL_COPIES if field in copies})
             return out
 
         return state

@@ -88,10 +88,7 @@ def state_sources(parts) -> dict:
     groups = {"model": parts.model.state_sources(), "optimizer": parts.optimizer.state_sources()}
     if parts.scaler is not None:
         groups["scaler"] = parts.scaler.state_sources()
-    if parts.ema is not None:
-        groups["ema"] = parts.ema.shadow.state_sources()
-    if parts.lookahead is not None:
-        groups["lookahead"] = parts.lookahead.slow.state_sources()
+    groups.update({field: net.state_sources() for field, net in parts.model_copies.items()})
     return groups
 
 
