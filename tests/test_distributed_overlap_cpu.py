@@ -87,3 +87,34 @@ def test_the_trainer_takes_the_flag_and_refuses_it_with_sync_bn():
     assert cfg.overlap_allreduce and not cfg.sync_bn
     with pytest.raises((ValueError, SystemExit), match="overlap_allreduce: not with sync_bn"):
         cli.resolve_config(cli.build_parser().parse_args(["--recipe", "A", "--overlap-allreduce", "--sync-bn"]))
+
+
+def test_the_session_takes_the_gradients_in_the_model_s_order_whatever_the_optimizer_s_groups(rng):
+    """With the batch norms in a parameter group of their own the optimizer lists them last; the overlapped
+    all-reduce still plans its buckets in the order backward finishes the gradients, and trains as without it."""
+
+    class OrderRecording(RecordingAllReduce):
+        def overlapping(self, grads):
+            self.orders = getattr(self, "orders", []) + [[id(g) for g in grads]]
+            return super().overlapping(grads)
+
+    from resnet_native.nn.layers import BatchNorm2d
+
+    batches = [_batch(rng) for _ in range(2)]
+    states = []
+    for overlap in (False, True):
+        model = ResNet18(num_classes=10, layout="NHWC", seed=2).to_host()
+        norm = {id(p) for _, m in model.named_modules() if isinstance(m, BatchNorm2d) for p in m.parameters()}
+        opt = SGD([{"params": [p for p in model.parameters() if id(p) not in norm]},
+                   {"params": [p for p in model.parameters() if id(p) in norm], "weight_decay": 0.0}],
+                  lr=0.05, momentum=0.9, weight_decay=1e-3)
+        assert [id(p) for p in opt.params] != [id(p) for p in model.parameters()]
+        step = TrainStep(model, opt, allreduce=OrderRecording(), overlap_allreduce=overlap)
+        for x, y in batches:
+            step(x, y)
+        if overlap:
+            assert step.allreduce.orders == [[id(p.grad) for p in model.parameters()]] * 2
+        states.append(model.state_dict())
+    for name, want in states[0].items():
+        np.testing.assert_array_equal(states[1][name], want, err_msg=name)
+

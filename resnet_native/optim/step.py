@@ -93,7 +93,12 @@ class TrainStep:
         if direct_gradients and allreduce is not None:
             raise ValueError("direct_gradients: not with an allreduce, which averages the parameters' grads")
         self.direct = DirectGradients(optimizer) if direct_gradients else None
-        self._param_index = {id(p): i for i, p in enumerate(optimizer.params)}
+        # The overlapped all-reduce's gradients: the optimizer's parameters in the model's order, whatever order its
+        # groups list them in, so the session's reversed plan fills its first bucket with backward's first.
+        held = {id(p): p for p in optimizer.params}
+        in_model = [p for p in model.parameters() if held.pop(id(p), None) is not None]
+        self._overlap_params = in_model + list(held.values())
+        self._param_index = {id(p): i for i, p in enumerate(self._overlap_params)}
 
         # Found once: synchronize_batch_norms may switch their sync on after this, so each step looks at them.
         self._batch_norms = [m for _, m in model.named_modules() if isinstance(m, BatchNorm2d)]
@@ -196,7 +201,7 @@ class TrainStep:
         if any(m.sync is not None for m in self._batch_norms):
             raise ValueError("overlap_allreduce: not with synchronized batch norm (its NCCL sums would share the "
                              "communicator from a second stream)")
-        session = self.allreduce.overlapping([p.grad for p in self.optimizer.params])
+        session = self.allreduce.overlapping([p.grad for p in self._overlap_params])
         index = self._param_index
         self.model.backward(dlogits, on_ready=lambda params: session.ready([index[id(p)] for p in params
                                                                             if id(p) in index]))
