@@ -69,6 +69,19 @@ def test_the_norm_weight_decay_and_lookahead_flags():
                                  ).optimizer.norm_weight_decay is None
 
 
+def test_the_stem_flags():
+    cfg = cfg_from(["--recipe", "C", "--stem-init", "whiten", "--stem-frozen"])
+    assert cfg.stem.to_dict() == {"init": "whiten", "whiten_eps": 5e-4, "frozen": True}
+    plain = cfg_from(["--recipe", "C"])
+    assert plain.stem.to_dict() == {"init": "random", "whiten_eps": 5e-4, "frozen": False}  # off unless asked
+    assert resume_differences(plain, cfg) == ["stem"]
+    for bad, message in (({"init": "pca"}, "stem.init: expected one of"),
+                         ({"whiten_eps": 0}, r"stem.whiten_eps: expected > 0.0, got 0.0"),
+                         ({"frozen": "yes"}, "stem.frozen: expected true or false")):
+        with pytest.raises(ValueError, match=message):
+            TrainConfig.from_dict({"epochs": 1, "optimizer": {"lr": 0.1}, "stem": bad})
+
+
 def test_the_tta_ema_and_schedule_flags():
     cfg = cfg_from(["--recipe", "C", "--tta", "none", "--ema-decay", "0.999", "--ema-every", "2", "--ema-start",
                     "0.25", "--schedule", "onecycle", "--momentum", "0.85", "--crop-padding", "2"])

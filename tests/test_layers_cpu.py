@@ -76,6 +76,16 @@ def test_conv2d_stem_skips_input_gradient(rng):
     assert np.abs(layer.weight.grad).sum() > 0
 
 
+def test_conv2d_frozen_skips_the_filter_gradient_and_still_passes_dx_back(rng):
+    frozen = Conv2d(3, 4, 3, padding=1, needs_weight_grad=False, rng=np.random.default_rng(1)).to_host()
+    trained = Conv2d(3, 4, 3, padding=1, rng=np.random.default_rng(1)).to_host()
+    x = _act(rng, "NHWC", 2, 3, 5, 5)
+    dy = rng.standard_normal(frozen.forward(x, train=True).shape)
+    trained.forward(x, train=True)
+    np.testing.assert_array_equal(frozen.backward(dy), trained.backward(dy))
+    assert not np.any(frozen.weight.grad) and np.any(trained.weight.grad)
+
+
 def test_conv2d_validation():
     with pytest.raises(ValueError, match="layout"):
         Conv2d(3, 4, 3, layout="NWHC")
@@ -88,7 +98,7 @@ def test_conv2d_validation():
     with pytest.raises(ValueError, match="kernel_size"):
         Conv2d(3, 4, 0)
     with pytest.raises(ValueError, match="engine"):
-        conv.set_default_engine("fastest")  # the one default engine, which Conv2d and Linear take
+        conv.set_default_engine("fastest")  # the one default engine, which Conv2d takes
 
 
 def test_conv2d_rejects_wrong_channels(rng):
@@ -106,7 +116,6 @@ def test_layers_take_conv_default_engine_when_their_spec_is_built():
         conv.set_default_engine(other)
         assert Conv2d(3, 4, 3).spec().engine == other and Conv2d(3, 4, 3).engine is None
         assert Conv2d(3, 4, 3, engine="legacy").spec().engine == "legacy"
-        assert Linear(3, 4).spec().engine == other
         built = Conv2d(3, 4, 3)
         built.spec()
     finally:

@@ -486,3 +486,18 @@ def test_a_recipe_norm_weight_decay_puts_batch_norm_in_a_group_of_its_own():
     decays = {id(p): opt.group_weight_decay(g) for g, ps in zip(opt._groups, groups, strict=True) for p in ps}
     assert len(norm) == 2 * 20 and len(decays) == len(model.parameters())  # ResNet-18: 20 batch norms
     assert all(decays[i] == (0.0 if i in norm else 5e-4) for i in decays)
+
+
+def test_a_frozen_stem_is_left_out_of_the_optimizer():
+    from resnet_native.nn.models import ResNet18
+    from resnet_native.training.builders import build_optimizer
+    from resnet_native.training.config import TrainConfig
+
+    model = ResNet18(num_classes=10, layout="NHWC", precision="fp32", seed=0).to_host(np.float64)
+    sgd = {"name": "sgd", "lr": 0.1}
+    opt = build_optimizer(TrainConfig.from_dict({"epochs": 1, "optimizer": sgd, "stem": {"frozen": True}}), model)
+    assert opt.params == model.parameters()[1:] and model.parameters()[0] is model.conv1.weight
+    with_norm = build_optimizer(TrainConfig.from_dict({"epochs": 1, "optimizer": {**sgd, "norm_weight_decay": 0.0},
+                                                       "stem": {"frozen": True}}), model)
+    assert model.conv1.weight not in with_norm.params and len(with_norm.params) == len(model.parameters()) - 1
+

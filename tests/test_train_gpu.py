@@ -151,6 +151,29 @@ def test_lookahead_without_norm_decay_learns_and_resumes_exactly(cifar, tmp_path
             np.testing.assert_array_equal(a["model"][k], a["lookahead"][k], err_msg=k)
 
 
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_whitened_stem_learns_and_a_frozen_one_keeps_its_filters(cifar, tmp_path, frozen):
+    """--stem-init whiten writes the training images' whitening into the stem's first 54 filters before the first
+    step; with --stem-frozen the captured step leaves the stem as it started (no filter gradient, no update), and
+    the run still learns."""
+    from resnet_native.data.augment import normalize_on_host
+    from resnet_native.nn.whitening import MAX_IMAGES, patch_whitening_filters
+    from resnet_native.training.builders import subset_indices
+
+    cfg = cfg_from([*SUBSET_ARGS, "--stem-init", "whiten", *(["--stem-frozen"] if frozen else [])])
+    trainer = loop.Trainer(cfg, tmp_path, data=cifar, progress=False, tensorboard=False)
+    summary = trainer.run()
+    assert summary["completed"] and summary["test_acc"] > SHORT_RUN_MIN_TEST_ACC, summary
+    images = cifar.train_images[subset_indices(len(cifar.train_labels), cfg.subset, cfg.seed)[:MAX_IMAGES]]
+    whitening = patch_whitening_filters(normalize_on_host(images), 3, eps=cfg.stem.whiten_eps)
+    stem = checkpoint.load_checkpoint(tmp_path / "last.npz")["model"]["conv1.weight"]
+    if frozen:
+        np.testing.assert_array_equal(stem[:54], whitening)
+        assert np.all(trainer.model.conv1.weight.grad.get() == 0)
+    else:
+        assert 0 < np.abs(stem[:54] - whitening).max() < np.abs(whitening).max()
+
+
 def test_cli_recipe_b_with_autoaugment_then_release(cifar, cache_dir, tmp_path):
     """The commands the README shows, in fresh processes: recipe B (AdamW, one-cycle, AutoAugment workers)."""
     from conftest import child_env, cifar_path

@@ -48,12 +48,6 @@ std::vector<int64_t> as_vector(const Dims4& d) {
   return {d[0], d[1], d[2], d[3]};
 }
 
-TensorArgOptions rank(int ndim) {
-  TensorArgOptions options;
-  options.ndim = ndim;
-  return options;
-}
-
 // The per-call fields of the key: the device and the workspace cap in force (both need a GPU).
 void bind_to_current_device(ConvParams& p) {
   p.device = current_device();

@@ -29,12 +29,6 @@ namespace {
 using ownconv::ConvProblem;
 using ownconv::Epilogue;
 
-TensorArgOptions rank(int ndim) {
-  TensorArgOptions options;
-  options.ndim = ndim;
-  return options;
-}
-
 // The problem of x (N, H, W, C) and w (K, R, S, C) shapes; ValueError for C mismatch, a bad pad / stride or an
 // empty output.
 ConvProblem make_problem(const int64_t* x, const int64_t* w, py::handle pad_obj, py::handle stride_obj,

@@ -17,6 +17,7 @@ void bind_pool(pybind11::module_& m);            // max / global-average pooling
 void bind_graph_engine(pybind11::module_& m);    // graph-engine plan cache
 void bind_inference(pybind11::module_& m);       // the inference engine's uint8 input stage
 void bind_augment(pybind11::module_& m);         // the training pipeline's augmentation kernel
+void bind_linear(pybind11::module_& m);          // the fully connected layer's three products
 void bind_loss(pybind11::module_& m);            // softmax cross-entropy forward and backward
 void bind_device_scalars(pybind11::module_& m);  // learning-rate writes, step count, loss scale
 void bind_own_conv(pybind11::module_& m);        // the own convolution kernels (csrc/ownconv/)

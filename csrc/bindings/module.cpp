@@ -17,6 +17,7 @@ PYBIND11_MODULE(_C, m) {
   rn::bind_graph_engine(m);
   rn::bind_inference(m);
   rn::bind_augment(m);
+  rn::bind_linear(m);
   rn::bind_loss(m);
   rn::bind_device_scalars(m);
   rn::bind_own_conv(m);

@@ -43,6 +43,13 @@ struct TensorArgOptions {
   const char* dims = nullptr;
 };
 
+// The options of an array of rank `ndim`, nothing else asked.
+inline TensorArgOptions rank(int ndim) {
+  TensorArgOptions options;
+  options.ndim = ndim;
+  return options;
+}
+
 // The element type an array argument must have: one dtype, or (dtype=None from Python) the float dtype the array
 // holds: float32 -> F32, float16 -> F16, a DLPack bfloat16 -> BF16. A 16-bit integer array is taken as bf16
 // bits when inferring only with `uint16_is_bf16` (cast, where it has no other meaning), and is otherwise a

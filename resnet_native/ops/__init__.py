@@ -5,4 +5,16 @@ resnet_native.reference, so the same graph runs on the host. Ops never allocate 
 synchronise: whole forwards and steps are captured in CUDA graphs.
 """
 
-from . import conv, images, kernels, losses, multi_tensor, norm, own_conv, pool, quantized_conv, workspace  # noqa: F401
+from . import (  # noqa: F401
+    conv,
+    images,
+    kernels,
+    linear,
+    losses,
+    multi_tensor,
+    norm,
+    own_conv,
+    pool,
+    quantized_conv,
+    workspace,
+)

@@ -10,14 +10,14 @@ import numpy as np
 
 from .. import optim
 from .._core.rng import epoch_rng
-from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu
+from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu, normalize_on_host
 from ..data.autoaugment_workers import AutoAugmentWorkers
 from ..data.tta_views import tta_views
 from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
 from ..nn.layers import BatchNorm2d, synchronize_batch_norms
 from ..nn.layers.conv2d import Conv2d
-from ..nn.layers.linear import Linear
 from ..nn.models.registry import create_model
+from ..nn.whitening import MAX_IMAGES, whiten_first_filters
 from ..ops.conv import untimed_search
 from ..optim.step import TrainStep
 from .config import TrainConfig
@@ -31,9 +31,9 @@ def partial_batch_search(batch: int, full_batch: int):
 
 
 def _convolutions(model) -> list:
-    """The model's convolutions: Conv2d, and Linear, which runs as one. They build their ConvSpec lazily on first
-    use, so what is set on them before the first forward holds."""
-    return [m for _, m in model.named_modules() if isinstance(m, Conv2d | Linear)]
+    """The model's convolutions. They build their ConvSpec lazily on first use, so what is set on them before the
+    first forward holds."""
+    return [m for _, m in model.named_modules() if isinstance(m, Conv2d)]
 
 
 def make_deterministic(model) -> None:
@@ -50,6 +50,7 @@ def build_model(cfg: TrainConfig, *, initialize: bool = True):
     model = create_model(cfg.model, layout=cfg.layout, precision=cfg.precision, seed=cfg.seed, initialize=initialize)
     if cfg.zero_init_residual:
         model.zero_residual_scales()
+    model.conv1.needs_weight_grad = not cfg.stem.frozen
     for m in _convolutions(model):
         m.engine = cfg.engine
     if cfg.deterministic:
@@ -59,9 +60,10 @@ def build_model(cfg: TrainConfig, *, initialize: bool = True):
 
 
 def build_optimizer(cfg: TrainConfig, model):
-    """The recipe's optimizer; with a norm_weight_decay the batch-norm scales and shifts are a group of their own."""
+    """The recipe's optimizer; with a norm_weight_decay the batch-norm scales and shifts are a group of their own; a
+    frozen stem's filters are left out."""
     o = cfg.optimizer
-    params = model.parameters()
+    params = [p for p in model.parameters() if not (cfg.stem.frozen and p is model.conv1.weight)]
     if o.norm_weight_decay is not None:
         norm = {id(p) for _, m in model.named_modules() if isinstance(m, BatchNorm2d) for p in m.parameters()}
         params = [{"params": [p for p in params if id(p) not in norm]},
@@ -256,6 +258,9 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, netwo
 
     n = world.world_size
     net = build_network(cfg, world, store, allreduce) if network is None else network
+    if cfg.stem.init == "whiten":  # before the weights' average and Lookahead copy the model
+        whiten_first_filters(net.model.conv1, normalize_on_host(data.train_images[:MAX_IMAGES]),
+                             eps=cfg.stem.whiten_eps)
     augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
                              layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
                              world=world)

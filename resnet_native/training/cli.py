@@ -68,6 +68,9 @@ OVERRIDES = (
     ("--progressive-mid-size", "progressive.mid_size", "side in pixels of a second stage, after --progressive-until "
                                                        "(larger than --progressive-size; 0 for none)"),
     ("--progressive-mid-until", "progressive.mid_until", "fraction of the epochs at the end of the second stage"),
+    ("--stem-init", "stem.init", "the first convolution's start: random (torchvision's) or whiten (54 of its filters a "
+                                 "whitening of the training images' 3 x 3 patches)"),
+    ("--stem-frozen", "stem.frozen", "never update the first convolution (its filter gradient is skipped too)"),
     ("--engine", "engine", "convolution engine: graph (cuDNN 9's graph API), legacy, or auto (both timed per "
                            "problem; the recipes: graph)"),
     ("--deterministic", "deterministic",

@@ -100,6 +100,17 @@ class LookaheadSettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StemSettings(Settings):
+    """The first convolution: init 'random' (torchvision's draw) or 'whiten' (its first 54 filters a whitening of the
+    training images' 3 x 3 patches and their negations, nn/whitening.py; whiten_eps bounds the scale of the
+    directions of least variance); frozen: never updated (its filter gradient is not computed either)."""
+
+    init: str = one_of("random", ("random", "whiten"))
+    whiten_eps: float = number(5e-4, above=0.0)
+    frozen: bool = flag(False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig(Settings):
     """A training run's hyperparameters. seed seeds the initial weights, the subset, shuffling and augmentation;
     engine: the convolutions' engine ('graph': cuDNN 9's graph API; 'legacy'; 'auto': both searched and timed,
@@ -114,7 +125,8 @@ class TrainConfig(Settings):
     a pixel, data/tta_views.py; reported beside the plain figures);
     zero_init_residual: each residual block's last batch-norm scale starts at zero (the block starts as its
     shortcut); ema: the weights' moving average (EMASettings); lookahead: slow weights the trained ones are reset to
-    (LookaheadSettings); progressive: the early epochs at a lower resolution (ProgressiveSettings)."""
+    (LookaheadSettings); progressive: the early epochs at a lower resolution (ProgressiveSettings); stem: how the
+    first convolution starts and whether it trains (StemSettings)."""
 
     RENAMED = LEGACY_KEYS
 
@@ -144,6 +156,7 @@ class TrainConfig(Settings):
     ema: EMASettings = section(EMASettings)
     lookahead: LookaheadSettings = section(LookaheadSettings)
     progressive: ProgressiveSettings = section(ProgressiveSettings)
+    stem: StemSettings = section(StemSettings)
 
     def check(self) -> None:
         p = self.progressive
@@ -172,7 +185,7 @@ class TrainConfig(Settings):
 # The settings whose change makes a resumed run differ from the interrupted one.
 RESUME_KEYS = ("model", "epochs", "batch_size", "precision", "layout", "seed", "subset", "label_smoothing",
                "zero_init_residual", "optimizer", "schedule", "augment", "ema", "lookahead",
-               "progressive")
+               "progressive", "stem")
 
 
 def reduced_size(cfg: TrainConfig, epoch: int) -> int | None:

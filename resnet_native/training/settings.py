@@ -31,9 +31,11 @@ def _setting(default, check, *, kind=None, choices=None, hint=None, nested=None,
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _bounded(key, value, minimum, below):
+def _bounded(key, value, minimum, below, above=None):
     if minimum is not None and value < minimum:
         raise ValueError(f"{key}: expected >= {minimum}, got {value}")
+    if above is not None and value <= above:
+        raise ValueError(f"{key}: expected > {above}, got {value}")
     if below is not None and value >= below:
         raise ValueError(f"{key}: expected < {below}, got {value}")
     return value
@@ -73,12 +75,12 @@ def integer(default=REQUIRED, *, minimum=None, optional: bool = False, hint=None
     return _setting(default, check, kind=int, hint=hint)
 
 
-def number(default=REQUIRED, *, minimum=None, below=None, optional: bool = False, hint=None):
-    """A finite float in [minimum, below); optional: None is a value too."""
+def number(default=REQUIRED, *, minimum=None, below=None, above=None, optional: bool = False, hint=None):
+    """A finite float in [minimum, below), and > above if given; optional: None is a value too."""
     def check(value, key):
         if value is None and optional:
             return None
-        return _bounded(key, _as_float(key, value), minimum, below)
+        return _bounded(key, _as_float(key, value), minimum, below, above)
 
     return _setting(default, check, kind=float, hint=hint)
 

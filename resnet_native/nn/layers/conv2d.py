@@ -20,8 +20,9 @@ class Conv2d(Module):
 
     The weight is stored in the layout the op reads: (K, C/g, R, S) for NCHW, (K, R, S, C/g) for NHWC;
     state_dict() always shows torch's (K, C/g, R, S). needs_input_grad=False (the stem) skips the
-    backward-data convolution. engine=None takes resnet_native.ops.conv.default_engine() when the spec is first built
-    (the first forward, or spec()).
+    backward-data convolution; needs_weight_grad=False (a frozen filter bank) skips the filter gradient's.
+    engine=None takes resnet_native.ops.conv.default_engine() when the spec is first built (the first forward,
+    or spec()).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class Conv2d(Module):
         algo="find",
         deterministic=False,
         needs_input_grad=True,
+        needs_weight_grad=True,
         rng=None,
     ):
         super().__init__()
@@ -60,6 +62,7 @@ class Conv2d(Module):
         self.algo = algo
         self.deterministic = bool(deterministic)
         self.needs_input_grad = bool(needs_input_grad)
+        self.needs_weight_grad = bool(needs_weight_grad)
         rng = rng if rng is not None else np.random.default_rng()
         torch_shape = (out_channels, in_channels // groups, kernel_size, kernel_size)
         self.weight = self.add_parameter(
@@ -125,9 +128,9 @@ class Conv2d(Module):
         return y
 
     def backward(self, dy, *, accumulate_into=None):
-        """dx (None without needs_input_grad), after adding dw into the weight's gradient. accumulate_into: an
-        array of x's shape that the convolution adds dx into (beta = 1) and returns, in place of its own buffer: a
-        residual block's other input gradient, summed without a pass of its own."""
+        """dx (None without needs_input_grad), after adding dw into the weight's gradient (with needs_weight_grad).
+        accumulate_into: an array of x's shape that the convolution adds dx into (beta = 1) and returns, in place
+        of its own buffer: a residual block's other input gradient, summed without a pass of its own."""
         x = self._saved_x
         if x is None:
             raise RuntimeError("Conv2d.backward: nothing saved; call forward(x, train=True) first")
@@ -135,9 +138,10 @@ class Conv2d(Module):
         spec = self.spec()
         # The filter gradient goes to scratch and is then added: accumulation stays right even when algorithm
         # search (which may use the output as scratch) runs inside this call.
-        dw = self._buffers.get("dw", self.weight.shape, dy.dtype)
-        conv.conv2d_backward_filter(x, dy, spec, self.weight.shape, out=dw)
-        self.weight.accumulate_grad(dw)
+        if self.needs_weight_grad:
+            dw = self._buffers.get("dw", self.weight.shape, dy.dtype)
+            conv.conv2d_backward_filter(x, dy, spec, self.weight.shape, out=dw)
+            self.weight.accumulate_grad(dw)
         if not self.needs_input_grad:
             return None
         if accumulate_into is not None:
