@@ -24,3 +24,12 @@ def test_a_second_stage_is_not_recipe_c():
     assert as_shipped("C", recipe_c(), "--seed 0 --progressive-mid-size 24") is None
     assert as_shipped("C", recipe_c(size=24), "--seed 0") is None
     assert as_shipped("C", {**recipe_c(), "epochs": 64, "epochs_done": 64}, "--seed 0 --epochs 64") is None
+
+
+def test_recipe_c_starts_from_a_whitened_stem():
+    assert as_shipped("C", {**recipe_c(), "stem": "whiten"}, "--seed 1") == "1"
+    assert as_shipped("C", recipe_c(), "--seed 2 --stem-init whiten") == "2"  # a summary from before it was recorded
+    assert as_shipped("C", {**recipe_c(), "stem": "random"}, "--seed 0") is None
+    assert as_shipped("C", recipe_c(), "--seed 0 --stem-init random") is None
+    assert as_shipped("C", recipe_c(), "--seed 0", folder=("2026-12-07", 44)) is None  # the definition before
+

@@ -46,8 +46,10 @@ def test_recipe_c_is_the_fast_recipe():
     assert cfg.tta == "flip-shift" and cfg.ema.decay > 0 and cfg.eval_every >= cfg.epochs
     assert (cfg.precision, cfg.layout, cfg.augment.autoaugment) == ("fp16", "NHWC", False)
     assert 16 <= cfg.progressive.size < 32 and 0 < cfg.progressive.until < 1  # the early epochs downscaled
+    assert cfg.stem.init == "whiten" and not cfg.stem.frozen
     for other in ("A", "B"):
         cfg = cfg_from(["--recipe", other])
+        assert cfg.stem.init == "random"
         assert cfg.tta == "none" and cfg.ema.to_dict() == {"decay": 0.0, "every": 1, "start": 0.0}
         assert cfg.progressive.size == 0  # every epoch at full size
 
@@ -70,11 +72,12 @@ def test_the_norm_weight_decay_and_lookahead_flags():
 
 
 def test_the_stem_flags():
-    cfg = cfg_from(["--recipe", "C", "--stem-init", "whiten", "--stem-frozen"])
+    cfg = cfg_from(["--recipe", "A", "--stem-init", "whiten", "--stem-frozen"])
     assert cfg.stem.to_dict() == {"init": "whiten", "whiten_eps": 5e-4, "frozen": True}
-    plain = cfg_from(["--recipe", "C"])
+    plain = cfg_from(["--recipe", "A"])
     assert plain.stem.to_dict() == {"init": "random", "whiten_eps": 5e-4, "frozen": False}  # off unless asked
     assert resume_differences(plain, cfg) == ["stem"]
+    assert cfg_from(["--recipe", "C", "--stem-init", "random"]).stem.init == "random"
     for bad, message in (({"init": "pca"}, "stem.init: expected one of"),
                          ({"whiten_eps": 0}, r"stem.whiten_eps: expected > 0.0, got 0.0"),
                          ({"frozen": "yes"}, "stem.frozen: expected true or false")):

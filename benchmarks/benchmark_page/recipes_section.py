@@ -29,8 +29,9 @@ def same_value(a, b):
 
 
 # The results folder from which a recipe has its current definition, for what a run's summary does not record
-# (recipe C's progressive resizing, from session 31 on): an older folder's runs are of an earlier definition.
-DEFINED_SINCE = {"C": ("2026-12-06", 31)}
+# (recipe C's whitened stem, from session 45 on; its progressive resizing from session 31): an older folder's runs
+# are of an earlier definition.
+DEFINED_SINCE = {"C": ("2026-12-07", 45)}
 
 
 def as_shipped(recipe, summary, args, folder=("9999", 0)):
@@ -45,6 +46,8 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
     shipped = {key: type(value)(settings.get(key, value)) for key, value in off.items()}
     if "progressive" in summary and {**off, **(summary["progressive"] or {})} != shipped:
         return None
+    if summary.get("stem", settings.get("init", "random")) != settings.get("init", "random"):
+        return None
     if (
         summary.get("epochs") != int(settings["epochs"])
         or summary.get("epochs_done", summary["epochs"]) != summary["epochs"]
@@ -53,7 +56,7 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
     words, seed = shlex.split(args or ""), ""
     names = {"--epochs": "epochs", "--batch-size": "batch_size", "--lr": "lr", "--eval-every": "eval_every",
              "--progressive-size": "size", "--progressive-until": "until", "--progressive-mid-size": "mid_size",
-             "--progressive-mid-until": "mid_until"}
+             "--progressive-mid-until": "mid_until", "--stem-init": "init"}
     for flag, value in zip(words[::2], words[1::2], strict=False):
         if flag == "--seed":
             seed = value

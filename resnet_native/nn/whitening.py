@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 MAX_IMAGES = 1000  # the estimate's sample: 900 k patches of a 32 x 32 set, far more than 27 x 27 moments need
-_CHUNK = 250  # images whose patches are gathered at a time (bounded host memory)
+_CHUNK = 100  # images whose patches are gathered and multiplied at a time, in float32 (bounded memory and error)
 
 
 def patch_whitening_filters(images, kernel_size: int, *, eps: float = 5e-4,
@@ -33,9 +33,10 @@ def patch_whitening_filters(images, kernel_size: int, *, eps: float = 5e-4,
     dim = c * kernel_size * kernel_size
     moments, count = np.zeros((dim, dim)), 0
     for start in range(0, len(x), _CHUNK):
-        # (n, H-k+1, W-k+1, C, k, k): each patch flattened in torch's (C, R, S) filter order.
+        # (n, H-k+1, W-k+1, C, k, k): each patch flattened in torch's (C, R, S) filter order. A chunk's products
+        # are summed in float32 (tens of thousands of terms), the chunks' sums in float64.
         windows = np.lib.stride_tricks.sliding_window_view(
-            x[start:start + _CHUNK].astype(np.float64), (kernel_size, kernel_size), axis=(1, 2))
+            x[start:start + _CHUNK].astype(np.float32, copy=False), (kernel_size, kernel_size), axis=(1, 2))
         patches = windows.reshape(-1, dim)
         moments += patches.T @ patches
         count += len(patches)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import optim
 from .._core.rng import epoch_rng
-from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalize_on_gpu, normalize_on_host
+from ..data.augment import STREAM_SUBSET, AugmentConfig, GpuAugmenter, normalization_lut, normalize_on_gpu
 from ..data.autoaugment_workers import AutoAugmentWorkers
 from ..data.tta_views import tta_views
 from ..distributed.allreduce import NcclAllReduce, StoreAllReduce
@@ -57,6 +57,13 @@ def build_model(cfg: TrainConfig, *, initialize: bool = True):
         make_deterministic(model)
     model.cuda()
     return model
+
+
+def whiten_stem(cfg: TrainConfig, model, train_images) -> None:
+    """The stem's first filters as the whitening of the first training images' patches (nn/whitening.py), the
+    images normalised as the network sees them (the training kernel's table, applied on the host)."""
+    images = normalization_lut("fp32")[np.arange(3), train_images[:MAX_IMAGES]]
+    whiten_first_filters(model.conv1, images, eps=cfg.stem.whiten_eps)
 
 
 def build_optimizer(cfg: TrainConfig, model):
@@ -259,8 +266,7 @@ def build_parts(cfg: TrainConfig, data, world, store=None, allreduce=None, netwo
     n = world.world_size
     net = build_network(cfg, world, store, allreduce) if network is None else network
     if cfg.stem.init == "whiten":  # before the weights' average and Lookahead copy the model
-        whiten_first_filters(net.model.conv1, normalize_on_host(data.train_images[:MAX_IMAGES]),
-                             eps=cfg.stem.whiten_eps)
+        whiten_stem(cfg, net.model, data.train_images)
     augmenter = GpuAugmenter(data.train_images, data.train_labels, batch_size=cfg.batch_size // n,
                              layout=cfg.layout, dtype=cfg.precision, config=augment_config(cfg), seed=cfg.seed,
                              world=world)
