@@ -27,9 +27,11 @@ def test_a_second_stage_is_not_recipe_c():
 
 
 def test_recipe_c_starts_from_a_whitened_stem():
-    assert as_shipped("C", {**recipe_c(), "stem": "whiten"}, "--seed 1") == "1"
+    assert as_shipped("C", {**recipe_c(), "stem": {"init": "whiten", "whiten_eps": 5e-4, "frozen": False}},
+                      "--seed 1") == "1"
     assert as_shipped("C", recipe_c(), "--seed 2 --stem-init whiten") == "2"  # a summary from before it was recorded
-    assert as_shipped("C", {**recipe_c(), "stem": "random"}, "--seed 0") is None
+    assert as_shipped("C", {**recipe_c(), "stem": {"init": "random", "frozen": False}}, "--seed 0") is None
+    assert as_shipped("C", {**recipe_c(), "stem": {"init": "whiten", "frozen": True}}, "--seed 0") is None
     assert as_shipped("C", recipe_c(), "--seed 0 --stem-init random") is None
     assert as_shipped("C", recipe_c(), "--seed 0", folder=("2026-12-07", 44)) is None  # the definition before
 

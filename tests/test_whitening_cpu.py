@@ -71,6 +71,8 @@ def test_what_cannot_be_whitened_is_refused_by_name(rng):
         patch_whitening_filters(images[:0], 3)
     with pytest.raises(ValueError, match="eps: expected a positive number"):
         patch_whitening_filters(images, 3, eps=0.0)
+    with pytest.raises(ValueError, match="max_images: expected at least 1"):
+        patch_whitening_filters(images, 3, max_images=0)
     bad = images.copy()
     bad[0, 0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="images: hold NaN"):

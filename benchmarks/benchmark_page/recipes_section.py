@@ -46,7 +46,8 @@ def as_shipped(recipe, summary, args, folder=("9999", 0)):
     shipped = {key: type(value)(settings.get(key, value)) for key, value in off.items()}
     if "progressive" in summary and {**off, **(summary["progressive"] or {})} != shipped:
         return None
-    if summary.get("stem", settings.get("init", "random")) != settings.get("init", "random"):
+    stem = {"init": settings.get("init", "random"), "frozen": False}  # as shipped; older summaries lack it
+    if {key: (summary.get("stem") or stem).get(key, value) for key, value in stem.items()} != stem:
         return None
     if (
         summary.get("epochs") != int(settings["epochs"])

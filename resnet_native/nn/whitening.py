@@ -28,6 +28,8 @@ def patch_whitening_filters(images, kernel_size: int, *, eps: float = 5e-4,
         raise ValueError(f"images: expected (N, H, W, C) with N >= 1 and H, W >= {kernel_size}, got {x.shape}")
     if not (np.isfinite(eps) and eps > 0):
         raise ValueError(f"eps: expected a positive number, got {eps}")
+    if max_images < 1:
+        raise ValueError(f"max_images: expected at least 1, got {max_images}")
     x = x[:max_images]
     c = x.shape[3]
     dim = c * kernel_size * kernel_size

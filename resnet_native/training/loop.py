@@ -382,7 +382,7 @@ class Trainer:
             "parameters": int(parts.model.num_parameters()) if hasattr(parts.model, "num_parameters") else None,
             "out": str(self.out), "tta": cfg.tta, "ema": parts.ema is not None,
             "progressive": cfg.progressive.to_dict() if cfg.progressive.size else None,
-            "stem": cfg.stem.init + (" frozen" if cfg.stem.frozen else ""),
+            "stem": cfg.stem.to_dict(),
         }
         if cfg.tta != "none":
             # The last evaluation's TTA figures, and the GPU seconds every evaluation's mirrored pass took.
