@@ -1,5 +1,6 @@
 // A fully connected layer's three products, our own kernels: on a (N, C) batch with a few outputs K, cuDNN's fp32
-// 1x1 convolutions cost several times these, and each needed a conversion of the low-precision features first.
+// 1x1 convolutions cost more, and each needed a conversion of the low-precision features first (and cuBLAS through
+// cupy cannot be captured in a CUDA graph).
 //   forward         y[n, k]  = b[k] + sum_c x[n, c] w[k, c]
 //   backward data   dx[n, c] = sum_k dy[n, k] w[k, c]
 //   backward weight dw[k, c] = sum_n dy[n, k] x[n, c]
