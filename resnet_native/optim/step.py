@@ -94,10 +94,10 @@ class TrainStep:
             raise ValueError("direct_gradients: not with an allreduce, which averages the parameters' grads")
         self.direct = DirectGradients(optimizer) if direct_gradients else None
         # The overlapped all-reduce's gradients: the optimizer's parameters in the model's order, whatever order its
-        # groups list them in, so the session's reversed plan fills its first bucket with backward's first.
-        held = {id(p): p for p in optimizer.params}
-        in_model = [p for p in model.parameters() if held.pop(id(p), None) is not None]
-        self._overlap_params = in_model + list(held.values())
+        # groups list them in, so the session's reversed plan fills its first bucket with backward's first (any
+        # the model does not list keep their order, after the rest).
+        position = {id(p): i for i, p in enumerate(model.parameters())}
+        self._overlap_params = sorted(optimizer.params, key=lambda p: position.get(id(p), len(position)))
         self._param_index = {id(p): i for i, p in enumerate(self._overlap_params)}
 
         # Found once: synchronize_batch_norms may switch their sync on after this, so each step looks at them.
