@@ -12,7 +12,7 @@ from resnet_native.ops.linear import linear_backward_data, linear_backward_weigh
 pytestmark = pytest.mark.gpu
 
 # (N, C, K): ResNet-18's classifier at recipe C's batch and its partial batch, an evaluation batch, odd sizes (a
-# C under a warp's width, a K over the 16 outputs a backward pass holds at once).
+# C under a warp's width, a K over the 16 outputs a pass holds at once).
 SHAPES = [(512, 512, 10), (336, 512, 10), (1000, 512, 10), (5, 37, 3), (70, 1000, 17), (3, 20, 33)]
 
 

@@ -154,6 +154,56 @@ def test_inv_scale_unscales_gradients_and_copies_follow_the_masters(optimizer, r
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), f"copy {i} ({dt})"
 
 
+def misaligned_like(arrays, dtypes):
+    """Copies of `arrays` whose data starts one element into a buffer of their own: an address that four elements'
+    width does not divide, which the kernels take one element at a time."""
+    out = []
+    for a, dt in zip(arrays, dtypes, strict=True):
+        flat = cp.empty(a.size + 1, a.dtype)[1:]
+        assert flat.data.ptr % (4 * a.dtype.itemsize) != 0, dt
+        flat[...] = a.reshape(-1)
+        out.append(flat.reshape(a.shape))
+    return out
+
+
+def bits(arrays):
+    return [cp.asnumpy(a).view(f"u{a.dtype.itemsize}") for a in arrays]
+
+
+@pytest.mark.parametrize("grads_kind", ["fp16", "bf16", "mixed"])
+def test_aligned_and_misaligned_tensors_update_to_the_same_bits(grads_kind, rng):
+    """Aligned tensors are updated four elements at a time (one 16- or 8-byte access each), misaligned ones one at
+    a time: SGD with momentum, Nesterov, decay, unscaling and low-precision copies, and the finite check, give the
+    same bits either way."""
+    dtypes = GRAD_DTYPES[grads_kind]
+    copy_dtypes = ["fp16", "bf16", "fp16", "bf16", "fp16", "bf16", "fp32", "fp16"]
+    params = device_f32(host_params(rng))
+    bufs = [cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in SHAPES]
+    grads, _ = grads_of(rng, SHAPES, dtypes, scale=512.0)
+    copies = [poisoned(s, dt) for s, dt in zip(SHAPES, copy_dtypes, strict=True)]
+    aligned = (params, bufs, grads, copies)
+    misaligned = tuple(misaligned_like(a, d) for a, d in zip(aligned, (["fp32"] * 8, ["fp32"] * 8, dtypes,
+                                                                      copy_dtypes), strict=True))
+    runs = []
+    for p, b, g, c in (aligned, misaligned):
+        for _ in range(2):
+            mt.sgd_step(mt.TensorList(p), mt.TensorList(g, dtype=dtypes), mt.TensorList(b), lr=0.1, momentum=0.9,
+                        nesterov=True, weight_decay=5e-4, inv_scale=1.0 / 512.0,
+                        model_copies=mt.TensorList(c, dtype=copy_dtypes))
+        found_inf = cp.zeros((1,), cp.int32)
+        mt.check_finite(mt.TensorList(g, dtype=dtypes), found_inf)
+        runs.append((bits(p), bits(b), bits(c), int(found_inf[0])))
+    (p0, b0, c0, f0), (p1, b1, c1, f1) = runs
+    for what, x, y in (("params", p0, p1), ("momentum", b0, b1), ("copies", c0, c1)):
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            np.testing.assert_array_equal(u, v, err_msg=f"{what}[{i}]")
+    assert f0 == f1 == 0
+    misaligned[2][5].reshape(-1)[-3] = to_storage(np.array([np.nan]), dtypes[5])[0]  # the misaligned path sees it
+    found_inf = cp.zeros((1,), cp.int32)
+    mt.check_finite(mt.TensorList(misaligned[2], dtype=dtypes), found_inf)
+    assert int(found_inf[0]) == 1
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_found_inf_skips_the_whole_update(optimizer, rng):
     params = device_f32(host_params(rng))

@@ -10,8 +10,9 @@ constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // forward: one warp a row
 constexpr int kThreads = 256;     // backward data: one thread an element
 constexpr int kColumns = 32;      // backward weight: input channels a block, one a lane
-constexpr int kSlices = 8;        // backward weight: warps a block, each summing every kSlices-th row
-constexpr int kOutputs = 16;      // backward weight: outputs a pass holds in registers
+constexpr int kSlices = 16;       // backward weight: warps a block, each summing every kSlices-th row
+constexpr int kOutputs = 16;      // outputs a pass holds in registers (forward, backward weight)
+constexpr int kRowUnroll = 4;     // backward weight: rows a warp has in flight
 
 __device__ __forceinline__ float warp_sum(float v) {  // a fixed butterfly: the same order every time
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -20,16 +21,30 @@ __device__ __forceinline__ float warp_sum(float v) {  // a fixed butterfly: the 
 
 template <typename T>
 __global__ void forward_kernel(const T* x, const float* w, const float* b, float* y, int64_t n, int64_t c, int64_t k) {
-  // A warp's rows: threadIdx.y is the same across a warp, so a warp runs its shuffles whole.
+  // A warp's rows: threadIdx.y is the same across a warp, so a warp runs its shuffles whole. Each lane reads its
+  // inputs once per kOutputs outputs, which it accumulates side by side.
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y; row < n;
        row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
     const T* xr = x + row * c;
-    for (int64_t o = 0; o < k; ++o) {
-      const float* wo = w + o * c;
-      float acc = 0.0f;
-      for (int64_t i = threadIdx.x; i < c; i += kWarp) acc = fmaf(to_float(xr[i]), wo[i], acc);
-      acc = warp_sum(acc);
-      if (threadIdx.x == 0) y[row * k + o] = acc + b[o];
+    for (int64_t first = 0; first < k; first += kOutputs) {
+      const int outputs = static_cast<int>(k - first < kOutputs ? k - first : kOutputs);
+      float acc[kOutputs];
+#pragma unroll
+      for (int j = 0; j < kOutputs; ++j) acc[j] = 0.0f;
+      for (int64_t i = threadIdx.x; i < c; i += kWarp) {
+        const float v = to_float(xr[i]);
+#pragma unroll
+        for (int j = 0; j < kOutputs; ++j) {
+          if (j < outputs) acc[j] = fmaf(v, w[(first + j) * c + i], acc[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOutputs; ++j) {
+        if (j < outputs) {
+          const float sum = warp_sum(acc[j]);
+          if (threadIdx.x == 0) y[row * k + first + j] = sum + b[first + j];
+        }
+      }
     }
   }
 }
@@ -62,6 +77,7 @@ __global__ void backward_weight_kernel(const T* x, const float* dy, float* dw, i
 #pragma unroll
       for (int j = 0; j < kOutputs; ++j) acc[j] = 0.0f;
       if (live) {
+#pragma unroll kRowUnroll
         for (int64_t row = threadIdx.y; row < n; row += kSlices) {
           const float v = to_float(x[row * c + col]);
           const float* g = dy + row * k + first;

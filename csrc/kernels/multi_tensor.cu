@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <utility>
 
 #include "../core/error.h"
 #include "../core/launch_config.h"
@@ -37,8 +39,90 @@ __device__ __forceinline__ void store_element(uint64_t ptr, int32_t dtype, int64
   }
 }
 
+// Four consecutive elements as floats, read or written in one access (16 bytes of fp32, 8 of fp16 or bf16) where
+// aligned4 allows it (the stores through __stwb, which the compiler keeps whole). The conversions are the scalar
+// ones, element by element, so both paths give the same bits.
+struct Four {
+  float v[4];
+};
+
+__device__ __forceinline__ bool aligned4(uint64_t ptr, int32_t dtype, int64_t i) {
+  const uint64_t bytes = dtype == 0 ? 4 : 2;
+  return ptr == 0 || (ptr + static_cast<uint64_t>(i) * bytes) % (4 * bytes) == 0;  // 0: an absent entry
+}
+
+__device__ __forceinline__ float2 to_float2(__half2 v) {
+  return __half22float2(v);
+}
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) {
+  return __bfloat1622float2(v);
+}
+template <typename Pair>
+__device__ __forceinline__ Pair from_float2(float a, float b);
+template <>
+__device__ __forceinline__ __half2 from_float2<__half2>(float a, float b) {
+  return __floats2half2_rn(a, b);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat162 from_float2<__nv_bfloat162>(float a, float b) {
+  return __floats2bfloat162_rn(a, b);
+}
+
+// Four 16-bit elements (Pair: __half2 or __nv_bfloat162) in one 8-byte access.
+template <typename Pair>
+__device__ __forceinline__ Four load4_16bit(uint64_t ptr, int64_t i) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(ptr + static_cast<uint64_t>(i) * 2);
+  const float2 a = to_float2(*reinterpret_cast<const Pair*>(&raw.x));
+  const float2 b = to_float2(*reinterpret_cast<const Pair*>(&raw.y));
+  return {{a.x, a.y, b.x, b.y}};
+}
+
+template <typename Pair>
+__device__ __forceinline__ void store4_16bit(uint64_t ptr, int64_t i, const Four& f) {
+  const Pair a = from_float2<Pair>(f.v[0], f.v[1]), b = from_float2<Pair>(f.v[2], f.v[3]);
+  uint2 raw;
+  raw.x = *reinterpret_cast<const uint32_t*>(&a);
+  raw.y = *reinterpret_cast<const uint32_t*>(&b);
+  __stwb(reinterpret_cast<uint2*>(ptr + static_cast<uint64_t>(i) * 2), raw);
+}
+
+__device__ __forceinline__ Four load4(uint64_t ptr, int32_t dtype, int64_t i) {
+  switch (dtype) {
+    case 1:
+      return load4_16bit<__half2>(ptr, i);
+    case 2:
+      return load4_16bit<__nv_bfloat162>(ptr, i);
+    default: {
+      const float4 f = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(ptr) + i);
+      return {{f.x, f.y, f.z, f.w}};
+    }
+  }
+}
+
+__device__ __forceinline__ void store4(uint64_t ptr, int32_t dtype, int64_t i, const Four& f) {
+  switch (dtype) {
+    case 1:
+      store4_16bit<__half2>(ptr, i, f);
+      break;
+    case 2:
+      store4_16bit<__nv_bfloat162>(ptr, i, f);
+      break;
+    default:
+      __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(ptr) + i), make_float4(f.v[0], f.v[1], f.v[2], f.v[3]));
+      break;
+  }
+}
+
+// A Body with apply4(i) (elements i..i+3) and aligned4(i) (whether its arrays allow that access at element i).
+template <typename Body, typename = void>
+struct Vectorized : std::false_type {};
+template <typename Body>
+struct Vectorized<Body, std::void_t<decltype(std::declval<Body&>().apply4(int64_t{}))>> : std::true_type {};
+
 // Every block walks chunks; each thread of a block handles elements of the chunk with stride blockDim.x, kUnroll
-// of them per pass, so a body that only reads (the finite check) has that many loads in flight per thread.
+// of them per pass, so a body that only reads (the finite check) has that many loads in flight per thread. A
+// vectorized body takes an aligned chunk four elements at a time (the chunk's last few one at a time), a chunk of
+// a misaligned tensor one at a time.
 // A Body (copied per thread) provides begin() once per thread, bind(t) once per chunk, apply(i) per element
 // and end() once per thread (all threads of a block reach it, so it may synchronise the block).
 constexpr int kUnroll = 4;
@@ -53,7 +137,19 @@ __global__ void multi_tensor_kernel(DeviceChunks chunks, Body body, const int32_
     const int64_t start = chunks.start[c];
     const int64_t end = min(start + chunks.size, chunks.numel[t]);
     body.bind(t);
-    for (int64_t i = start + threadIdx.x; i < end; i += stride * kUnroll) {
+    int64_t first = start;  // where the element-at-a-time walk begins
+    if constexpr (Vectorized<Body>::value) {
+      if (body.aligned4(start)) {
+        first = start + (end - start) / 4 * 4;
+        for (int64_t i = start + 4 * threadIdx.x; i < first; i += 4 * stride * kUnroll) {
+#pragma unroll
+          for (int k = 0; k < kUnroll; ++k) {
+            if (i + 4 * k * stride < first) body.apply4(i + 4 * k * stride);
+          }
+        }
+      }
+    }
+    for (int64_t i = first + threadIdx.x; i < end; i += stride * kUnroll) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         if (i + k * stride < end) body.apply(i + k * stride);
@@ -103,6 +199,13 @@ struct UpdateBody {
     p[i] = w;
     if (copy != 0) store_element(copy, copy_dtype, i, w);
   }
+  __device__ bool aligned4_update(int64_t i) const {
+    return aligned4(reinterpret_cast<uint64_t>(p), 0, i) && aligned4(g, g_dtype, i) && aligned4(copy, copy_dtype, i);
+  }
+  __device__ void store4_update(int64_t i, const Four& w) {
+    store4(reinterpret_cast<uint64_t>(p), 0, i, w);
+    if (copy != 0) store4(copy, copy_dtype, i, w);
+  }
   __device__ void end() {}
 };
 
@@ -133,17 +236,33 @@ struct SgdBody : UpdateBody {
     bind_update(t);
     buf = has_bufs ? reinterpret_cast<float*>(bufs.ptrs[t]) : nullptr;
   }
-  __device__ void apply(int64_t i) {
-    float d = scaled_grad(i);
-    float w = p[i];
+  // One element's update from its unscaled gradient d and parameter w; b is its momentum (with buffers).
+  __device__ float update(float d, float w, float& b) const {
     if (o.weight_decay != 0.0f) d += o.weight_decay * w;
     if (buf != nullptr) {
-      const float b = o.first_step ? d : momentum * buf[i] + (1.0f - o.dampening) * d;
-      buf[i] = b;
+      b = o.first_step ? d : momentum * b + (1.0f - o.dampening) * d;
       d = o.nesterov ? d + momentum * b : b;
     }
-    w -= lr * d;
+    return w - lr * d;
+  }
+  __device__ void apply(int64_t i) {
+    float b = buf != nullptr ? buf[i] : 0.0f;
+    const float w = update(scaled_grad(i), p[i], b);
+    if (buf != nullptr) buf[i] = b;
     store(i, w);
+  }
+  __device__ bool aligned4(int64_t i) const {
+    return aligned4_update(i) && ::rn::kernels::aligned4(reinterpret_cast<uint64_t>(buf), 0, i);
+  }
+  __device__ void apply4(int64_t i) {
+    const Four d = load4(g, g_dtype, i);
+    const Four w = load4(reinterpret_cast<uint64_t>(p), 0, i);
+    Four b = buf != nullptr ? load4(reinterpret_cast<uint64_t>(buf), 0, i) : Four{};
+    Four out;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out.v[k] = update(d.v[k] * inv_scale, w.v[k], b.v[k]);
+    if (buf != nullptr) store4(reinterpret_cast<uint64_t>(buf), 0, i, b);
+    store4_update(i, out);
   }
 };
 
@@ -197,6 +316,14 @@ struct FiniteBody {
   }
   __device__ void apply(int64_t i) {
     if (!isfinite(load_element(ptr, dtype, i))) bad = true;
+  }
+  __device__ bool aligned4(int64_t i) const { return ::rn::kernels::aligned4(ptr, dtype, i); }
+  __device__ void apply4(int64_t i) {
+    const Four f = load4(ptr, dtype, i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (!isfinite(f.v[k])) bad = true;
+    }
   }
   __device__ void end() {
     // One store per block that saw a non-finite value; 1 is the only value ever written, so races are benign.
