@@ -489,12 +489,17 @@ def test_a_recipe_norm_weight_decay_puts_batch_norm_in_a_group_of_its_own():
 
 
 def test_a_frozen_stem_is_left_out_of_the_optimizer():
+    """A layer that computes no gradient for its weight (the frozen stem build_model marks) keeps it out of
+    trainable_parameters(), and so out of the optimizer, with or without parameter groups."""
     from resnet_native.nn.models import ResNet18
     from resnet_native.training.builders import build_optimizer
     from resnet_native.training.config import TrainConfig
 
     model = ResNet18(num_classes=10, layout="NHWC", precision="fp32", seed=0).to_host(np.float64)
     sgd = {"name": "sgd", "lr": 0.1}
+    assert model.trainable_parameters() == model.parameters()
+    model.conv1.needs_weight_grad = False  # what build_model does for stem: {frozen: true}
+    assert model.conv1.frozen_parameters() == [model.conv1.weight]
     opt = build_optimizer(TrainConfig.from_dict({"epochs": 1, "optimizer": sgd, "stem": {"frozen": True}}), model)
     assert opt.params == model.parameters()[1:] and model.parameters()[0] is model.conv1.weight
     with_norm = build_optimizer(TrainConfig.from_dict({"epochs": 1, "optimizer": {**sgd, "norm_weight_decay": 0.0},

@@ -67,10 +67,10 @@ def whiten_stem(cfg: TrainConfig, model, train_images) -> None:
 
 
 def build_optimizer(cfg: TrainConfig, model):
-    """The recipe's optimizer; with a norm_weight_decay the batch-norm scales and shifts are a group of their own; a
-    frozen stem's filters are left out."""
+    """The recipe's optimizer over the model's trainable parameters (a frozen stem's filters, which build_model
+    marks, are left out); with a norm_weight_decay the batch-norm scales and shifts are a group of their own."""
     o = cfg.optimizer
-    params = [p for p in model.parameters() if not (cfg.stem.frozen and p is model.conv1.weight)]
+    params = model.trainable_parameters()
     if o.norm_weight_decay is not None:
         norm = {id(p) for _, m in model.named_modules() if isinstance(m, BatchNorm2d) for p in m.parameters()}
         params = [{"params": [p for p in params if id(p) not in norm]},

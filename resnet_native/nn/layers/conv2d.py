@@ -20,7 +20,8 @@ class Conv2d(Module):
 
     The weight is stored in the layout the op reads: (K, C/g, R, S) for NCHW, (K, R, S, C/g) for NHWC;
     state_dict() always shows torch's (K, C/g, R, S). needs_input_grad=False (the stem) skips the
-    backward-data convolution; needs_weight_grad=False (a frozen filter bank) skips the filter gradient's.
+    backward-data convolution; needs_weight_grad=False (a frozen filter bank) skips the filter gradient's, and
+    the weight leaves trainable_parameters().
     engine=None takes resnet_native.ops.conv.default_engine() when the spec is first built (the first forward,
     or spec()).
     """
@@ -118,6 +119,9 @@ class Conv2d(Module):
 
     def _weight_for_ops(self):
         return self.weight.low if self.weight.low is not None else self.weight.data
+
+    def frozen_parameters(self) -> list:
+        return [] if self.needs_weight_grad else [self.weight]
 
     def forward(self, x, train: bool):
         self.ensure_placed()

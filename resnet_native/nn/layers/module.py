@@ -48,6 +48,16 @@ class Module:
     def parameters(self) -> list:
         return [param for _, param in self.named_parameters()]
 
+    def frozen_parameters(self) -> list:
+        """This module's own parameters whose gradient its backward does not compute (none here)."""
+        return []
+
+    def trainable_parameters(self) -> list:
+        """parameters() less every layer's frozen_parameters(): what an optimizer should hold, since a frozen
+        weight's gradient is never written and weight decay or momentum would still move it."""
+        frozen = {id(p) for _, m in self.named_modules() for p in m.frozen_parameters()}
+        return [p for p in self.parameters() if id(p) not in frozen]
+
     def num_parameters(self) -> int:
         return sum(p.size for p in self.parameters())
 
