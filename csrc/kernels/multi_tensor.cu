@@ -40,7 +40,7 @@ __device__ __forceinline__ void store_element(uint64_t ptr, int32_t dtype, int64
 }
 
 // Four consecutive elements as floats, read or written in one access (16 bytes of fp32, 8 of fp16 or bf16) where
-// aligned4 allows it (the stores through __stwb, which the compiler keeps whole). The conversions are the scalar
+// aligned4 allows it (the stores in PTX, which the compiler keeps whole). The conversions are the scalar
 // ones, element by element, so both paths give the same bits.
 struct Four {
   float v[4];
@@ -49,6 +49,14 @@ struct Four {
 __device__ __forceinline__ bool aligned4(uint64_t ptr, int32_t dtype, int64_t i) {
   const uint64_t bytes = dtype == 0 ? 4 : 2;
   return ptr == 0 || (ptr + static_cast<uint64_t>(i) * bytes) % (4 * bytes) == 0;  // 0: an absent entry
+}
+
+// One 16- or 8-byte store, the instruction nvcc's __stwb emits (clang's CUDA headers lack its vector overloads).
+__device__ __forceinline__ void store_whole(float* ptr, float4 v) {
+  asm("st.global.wb.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void store_whole(uint2* ptr, uint2 v) {
+  asm("st.global.wb.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v.x), "r"(v.y) : "memory");
 }
 
 __device__ __forceinline__ float2 to_float2(__half2 v) {
@@ -83,7 +91,7 @@ __device__ __forceinline__ void store4_16bit(uint64_t ptr, int64_t i, const Four
   uint2 raw;
   raw.x = *reinterpret_cast<const uint32_t*>(&a);
   raw.y = *reinterpret_cast<const uint32_t*>(&b);
-  __stwb(reinterpret_cast<uint2*>(ptr + static_cast<uint64_t>(i) * 2), raw);
+  store_whole(reinterpret_cast<uint2*>(ptr + static_cast<uint64_t>(i) * 2), raw);
 }
 
 __device__ __forceinline__ Four load4(uint64_t ptr, int32_t dtype, int64_t i) {
@@ -108,7 +116,7 @@ __device__ __forceinline__ void store4(uint64_t ptr, int32_t dtype, int64_t i, c
       store4_16bit<__nv_bfloat162>(ptr, i, f);
       break;
     default:
-      __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(ptr) + i), make_float4(f.v[0], f.v[1], f.v[2], f.v[3]));
+      store_whole(reinterpret_cast<float*>(ptr) + i, make_float4(f.v[0], f.v[1], f.v[2], f.v[3]));
       break;
   }
 }
